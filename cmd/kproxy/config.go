@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
+)
+
+// fileConfig is the configuration file's shape; configs/kproxy.yaml
+// documents every field. Precedence: defaults < file < flags.
+type fileConfig struct {
+	Upstream        []string        `yaml:"upstream"`
+	Listen          string          `yaml:"listen"`
+	AdvertiseHost   string          `yaml:"advertise_host"`
+	BrokerPorts     map[int32]int   `yaml:"broker_ports"`
+	MaxFrameBytes   int32           `yaml:"max_frame_bytes"`
+	MaxInFlight     int             `yaml:"max_in_flight"`
+	DialTimeout     time.Duration   `yaml:"dial_timeout"`
+	MetadataRefresh time.Duration   `yaml:"metadata_interval"`
+	ShutdownTimeout time.Duration   `yaml:"shutdown_timeout"`
+	AdminListen     string          `yaml:"admin_listen"`
+	Log             logConfig       `yaml:"log"`
+	Groups          groupsConfig    `yaml:"groups"`
+	Telemetry       telemetryConfig `yaml:"telemetry"`
+}
+
+type logConfig struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // text or json
+}
+
+type groupsConfig struct {
+	Mode                  string        `yaml:"mode"` // local or forward
+	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
+	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
+	InitialRebalanceDelay time.Duration `yaml:"initial_rebalance_delay"`
+	MaxSize               int           `yaml:"max_size"`
+	CheckCommitOwnership  bool          `yaml:"check_commit_ownership"`
+}
+
+type telemetryConfig struct {
+	TracesExporter string `yaml:"traces_exporter"` // "", otlp-grpc, otlp-http, stdout, none
+	OTLPEndpoint   string `yaml:"otlp_endpoint"`
+	ServiceName    string `yaml:"service_name"`
+}
+
+func defaultConfig() fileConfig {
+	return fileConfig{
+		Listen:          "127.0.0.1:9092",
+		MaxFrameBytes:   100 << 20,
+		MaxInFlight:     128,
+		DialTimeout:     10 * time.Second,
+		MetadataRefresh: 30 * time.Second,
+		ShutdownTimeout: 15 * time.Second,
+		Log:             logConfig{Level: "info", Format: "text"},
+		Groups: groupsConfig{
+			Mode:                  "local",
+			MinSessionTimeout:     6 * time.Second,
+			MaxSessionTimeout:     30 * time.Minute,
+			InitialRebalanceDelay: 3 * time.Second,
+		},
+		Telemetry: telemetryConfig{ServiceName: "kproxy"},
+	}
+}
+
+// loadFile merges the YAML file at path over c. Unknown keys are errors,
+// so a typo does not silently fall back to a default.
+func (c *fileConfig) loadFile(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+
+// validate reports every problem at once.
+func (c *fileConfig) validate() error {
+	var errs []error
+	if len(c.Upstream) == 0 {
+		errs = append(errs, errors.New("no upstream broker: set --upstream or upstream in the config file"))
+	}
+	switch c.Groups.Mode {
+	case "local", "forward":
+	default:
+		errs = append(errs, fmt.Errorf("groups.mode %q: want local or forward", c.Groups.Mode))
+	}
+	if c.Groups.MinSessionTimeout > c.Groups.MaxSessionTimeout {
+		errs = append(errs, fmt.Errorf("groups.min_session_timeout %v exceeds max_session_timeout %v", c.Groups.MinSessionTimeout, c.Groups.MaxSessionTimeout))
+	}
+	if c.Groups.MaxSize < 0 {
+		errs = append(errs, errors.New("groups.max_size must be >= 0"))
+	}
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		errs = append(errs, err)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("log.format %q: want text or json", c.Log.Format))
+	}
+	return errors.Join(errs...)
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log.level %q: %w", s, err)
+	}
+	return l, nil
+}
+
+func (c *fileConfig) logger() *slog.Logger {
+	level, _ := parseLevel(c.Log.Level)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Log.Format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+// flagSet binds the flags shared by serve and dev. Flags are applied over
+// the file only when set on the command line (see apply).
+type flagSet struct {
+	fs          *pflag.FlagSet
+	configPath  string
+	upstream    []string
+	listen      string
+	advertise   string
+	adminListen string
+	logLevel    string
+	groupsMode  string
+	minSession  time.Duration
+	maxSession  time.Duration
+	initDelay   time.Duration
+	maxSize     int
+	checkOwner  bool
+	maxFrame    int32
+}
+
+func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
+	f := &flagSet{fs: fs}
+	fs.StringVar(&f.configPath, "config", "", "YAML configuration file (see configs/kproxy.yaml)")
+	if withUpstream {
+		fs.StringSliceVar(&f.upstream, "upstream", nil, "upstream bootstrap brokers, HOST:PORT[,HOST:PORT...]")
+	}
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:9092", "bootstrap listener; broker N is served on port+1+N")
+	fs.StringVar(&f.advertise, "advertise-host", "", "host advertised to clients (default: the listen host)")
+	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&f.groupsMode, "groups", "local", "local: kproxy's engine serves consumer groups; forward: the brokers do")
+	fs.DurationVar(&f.minSession, "group-min-session-timeout", 6*time.Second, "smallest session timeout a member may ask for")
+	fs.DurationVar(&f.maxSession, "group-max-session-timeout", 30*time.Minute, "largest session timeout a member may ask for")
+	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables)")
+	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
+	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
+	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
+	return f
+}
+
+// resolve builds the effective configuration: defaults, then the file,
+// then every flag given on the command line.
+func (f *flagSet) resolve() (fileConfig, error) {
+	c := defaultConfig()
+	if f.configPath != "" {
+		if err := c.loadFile(f.configPath); err != nil {
+			return c, err
+		}
+	}
+	set := func(name string, apply func()) {
+		if f.fs.Changed(name) {
+			apply()
+		}
+	}
+	set("upstream", func() { c.Upstream = f.upstream })
+	set("listen", func() { c.Listen = f.listen })
+	set("advertise-host", func() { c.AdvertiseHost = f.advertise })
+	set("admin-listen", func() { c.AdminListen = f.adminListen })
+	set("log-level", func() { c.Log.Level = f.logLevel })
+	set("groups", func() { c.Groups.Mode = f.groupsMode })
+	set("group-min-session-timeout", func() { c.Groups.MinSessionTimeout = f.minSession })
+	set("group-max-session-timeout", func() { c.Groups.MaxSessionTimeout = f.maxSession })
+	set("group-initial-rebalance-delay", func() { c.Groups.InitialRebalanceDelay = f.initDelay })
+	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
+	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
+	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
+	return c, nil
+}

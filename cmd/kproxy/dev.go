@@ -1,0 +1,56 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func newDevCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run kproxy in front of an in-memory 3-broker Kafka cluster",
+		Long: `dev starts an in-memory Kafka cluster of three brokers (franz-go's kfake,
+topics created on first use) on loopback, puts kproxy in front of it and
+prints the bootstrap address. Nothing is written to disk.`,
+		Args: cobra.NoArgs,
+	}
+	f := bindFlags(cmd.Flags(), false)
+	brokers := cmd.Flags().Int("brokers", 3, "brokers in the in-memory cluster")
+	partitions := cmd.Flags().Int("partitions", 6, "partitions of auto-created topics")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, err := f.resolve()
+		if err != nil {
+			return err
+		}
+		if !f.fs.Changed("admin-listen") && cfg.AdminListen == "" {
+			cfg.AdminListen = "127.0.0.1:9644"
+		}
+		log := cfg.logger()
+		cluster, err := kfake.NewCluster(
+			kfake.NumBrokers(*brokers),
+			kfake.AllowAutoTopicCreation(),
+			kfake.DefaultNumPartitions(*partitions),
+		)
+		if err != nil {
+			return fmt.Errorf("starting the in-memory cluster: %w", err)
+		}
+		defer cluster.Close()
+		cfg.Upstream = cluster.ListenAddrs()
+		if err := cfg.validate(); err != nil {
+			return err
+		}
+		return run(cmd.Context(), cfg, log, func(addr string) {
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "kproxy dev: an in-memory %d-broker Kafka cluster behind kproxy\n", *brokers)
+			fmt.Fprintf(out, "  bootstrap: %s\n", addr)
+			if cfg.AdminListen != "" {
+				fmt.Fprintf(out, "  admin:     http://%s/ (groups, rebalance timeline, /metrics)\n", cfg.AdminListen)
+			}
+			fmt.Fprintf(out, "  try:       kcat -b %s -P -t demo <<< hello && kcat -b %s -G demo-group demo\n", addr, addr)
+			fmt.Fprintln(out, "Ctrl-C stops it.")
+		})
+	}
+	return cmd
+}

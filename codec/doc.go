@@ -1,0 +1,12 @@
+// Package codec frames and parses the parts of the Kafka wire protocol that
+// kproxy must understand: the size prefix, request and response headers,
+// and the few responses that carry broker addresses and are rewritten so
+// that clients keep talking through the proxy.
+//
+// Everything else is opaque: a forwarded request or response body is never
+// decoded. Decoding and encoding of the messages kproxy does touch is done
+// by franz-go's kmsg; this package never hand-writes a message type.
+//
+// apis.go holds the one table of every API key the proxy intercepts or
+// rewrites, so the routing can be audited in one place.
+package codec

@@ -1,0 +1,116 @@
+package codec
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// AddrMap maps upstream brokers to the proxy addresses clients must see.
+// The proxy implements it; a call also teaches the proxy the upstream
+// address of nodeID, so a broker first seen in a response gets its
+// listener on the fly.
+type AddrMap interface {
+	Broker(nodeID int32, host string, port int32) (proxyHost string, proxyPort int32)
+}
+
+// NeedsRewrite reports whether a response to key at version must be
+// decoded by RewriteResponse before it reaches the client.
+func NeedsRewrite(key, version int16) bool {
+	switch key {
+	case KeyMetadata, KeyFindCoordinator, KeyDescribeCluster, KeyApiVersions:
+		return true
+	case KeyProduce:
+		return version >= 10
+	}
+	return false
+}
+
+// RewriteResponse decodes the response body to a request of key at
+// version, replaces every upstream broker address in it through m, and
+// returns the response to encode in its place. It returns nil when the
+// body needs no change and may be sent as it came. localGroups is passed
+// to MergeApiVersions.
+func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups bool) (kmsg.Response, error) {
+	req := kmsg.RequestForKey(key)
+	if req == nil {
+		return nil, fmt.Errorf("%w %d", ErrUnknownAPI, key)
+	}
+	resp := req.ResponseKind()
+	resp.SetVersion(version)
+	if err := resp.ReadFrom(body); err != nil {
+		return nil, fmt.Errorf("decoding %s v%d response: %w", kmsg.NameForKey(key), version, err)
+	}
+	switch r := resp.(type) {
+	case *kmsg.MetadataResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
+		}
+	case *kmsg.FindCoordinatorResponse:
+		rewriteCoordinator(m, &r.NodeID, &r.Host, &r.Port)
+		for i := range r.Coordinators {
+			c := &r.Coordinators[i]
+			rewriteCoordinator(m, &c.NodeID, &c.Host, &c.Port)
+		}
+	case *kmsg.DescribeClusterResponse:
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
+		}
+	case *kmsg.ProduceResponse:
+		if len(r.Brokers) == 0 {
+			return nil, nil
+		}
+		for i := range r.Brokers {
+			b := &r.Brokers[i]
+			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
+		}
+	case *kmsg.ApiVersionsResponse:
+		MergeApiVersions(r, localGroups)
+	default:
+		return nil, nil
+	}
+	return resp, nil
+}
+
+// rewriteCoordinator maps one coordinator; node -1 (no coordinator, with
+// an error) stays as is.
+func rewriteCoordinator(m AddrMap, node *int32, host *string, port *int32) {
+	if *node < 0 || *host == "" {
+		return
+	}
+	*host, *port = m.Broker(*node, *host, *port)
+}
+
+// ProduceAcks reads the acks field from the start of a Produce request
+// body at version. ok is false when b is too short to hold it.
+func ProduceAcks(b []byte, version int16) (acks int16, ok bool) {
+	i := 0
+	if version >= 3 { // transactional id, a nullable string
+		if version >= 9 {
+			n, w := binary.Uvarint(b)
+			if w <= 0 {
+				return 0, false
+			}
+			i = w
+			if n > 1 {
+				i += int(n - 1)
+			}
+		} else {
+			if len(b) < 2 {
+				return 0, false
+			}
+			n := int16(binary.BigEndian.Uint16(b))
+			i = 2
+			if n > 0 {
+				i += int(n)
+			}
+		}
+	}
+	if i < 0 || len(b) < i+2 {
+		return 0, false
+	}
+	return int16(binary.BigEndian.Uint16(b[i:])), true
+}

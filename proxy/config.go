@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/kproxy/kproxy/codec"
+)
+
+// Coordinator serves the consumer-group APIs (cmd/kproxy adapts
+// groupstate.Engine to it). Handle must call reply exactly once, from any
+// goroutine, possibly much later (a JoinGroup waits for the rebalance).
+type Coordinator interface {
+	Handle(c Client, req kmsg.Request, reply func(kmsg.Response))
+}
+
+// Client describes the connection a request arrived on.
+type Client struct {
+	ID   string // client id from the request header
+	Host string // peer IP address
+}
+
+// Config configures a Proxy. The zero value of every field but Upstreams
+// is usable.
+type Config struct {
+	// Upstreams are the seed brokers, host:port.
+	Upstreams []string
+	// Listen is the bootstrap listener's address; default 127.0.0.1:9092.
+	// With port 0 every listener takes an ephemeral port (tests).
+	Listen string
+	// AdvertiseHost is the host clients are told to connect to; default
+	// the listen host, or the machine's hostname when that is a
+	// wildcard.
+	AdvertiseHost string
+	// BrokerPorts pins the listen port of given broker node ids,
+	// overriding the rule listenPort+1+nodeID.
+	BrokerPorts map[int32]int
+	// MaxFrame is the largest request or response frame accepted; default
+	// codec.DefaultMaxFrame (100 MiB).
+	MaxFrame int32
+	// MaxInFlight bounds the requests in flight on one client connection;
+	// a full queue stops reading from the client. Default 128.
+	MaxInFlight int
+	// DialTimeout bounds connecting to a broker; default 10s.
+	DialTimeout time.Duration
+	// MetadataInterval is how often the proxy refreshes the broker list
+	// on its own to open listeners for new brokers; default 30s.
+	MetadataInterval time.Duration
+	// Coordinator serves group APIs. Nil forwards them to the brokers
+	// (FindCoordinator responses are then rewritten like any other).
+	Coordinator Coordinator
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// MeterProvider records request, byte and connection metrics; nil
+	// records nothing.
+	MeterProvider metric.MeterProvider
+}
+
+func (c *Config) setDefaults() error {
+	var errs []error
+	if len(c.Upstreams) == 0 {
+		errs = append(errs, errors.New("no upstream broker given"))
+	}
+	for _, u := range c.Upstreams {
+		if _, _, err := net.SplitHostPort(u); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %q: %w", u, err))
+		}
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:9092"
+	}
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("listen %q: %w", c.Listen, err))
+	} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		errs = append(errs, fmt.Errorf("listen %q: bad port", c.Listen))
+	}
+	if c.AdvertiseHost == "" {
+		c.AdvertiseHost = host
+		if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+			if h, err := osHostname(); err == nil {
+				c.AdvertiseHost = h
+			}
+		}
+	}
+	if c.MaxFrame <= 0 {
+		c.MaxFrame = codec.DefaultMaxFrame
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 128
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.MetadataInterval <= 0 {
+		c.MetadataInterval = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,14 @@
+// Package proxy is kproxy's data path: listeners, one session per client
+// connection, its upstream connection, the broker address map, and the
+// routing of each request either upstream or to the coordinator engine.
+//
+// A session has two goroutines. The reader parses each request's header,
+// reserves the request's place in the ordered slot queue, and either
+// streams the request upstream untouched or hands the decoded request to
+// the coordinator. The writer takes the slots in order and, for each,
+// streams the upstream response to the client (decoding only responses
+// that carry broker addresses) or encodes the coordinator's reply when it
+// arrives. Large bodies move between the two sockets without being copied
+// through user space (TCPConn.ReadFrom splices from an io.LimitedReader
+// over a TCPConn).
+package proxy

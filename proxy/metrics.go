@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"context"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+type route uint8
+
+const (
+	routeForwarded route = iota
+	routeRewritten
+	routeLocal
+	numRoutes
+)
+
+var routeNames = [numRoutes]string{"forwarded", "rewritten", "local"}
+
+// processStart anchors nanotime so that slots carry a plain int64.
+var processStart = time.Now()
+
+func nanotime() int64 { return int64(time.Since(processStart)) }
+
+// metrics holds the proxy's instruments. The attribute options for every
+// (api, route) pair are built once so that recording does not allocate.
+// Immutable after newMetrics; the instruments are safe for concurrent use.
+type metrics struct {
+	requests  metric.Int64Counter
+	duration  metric.Float64Histogram
+	bytesInC  metric.Int64Counter
+	bytesOutC metric.Int64Counter
+	conns     metric.Int64UpDownCounter
+	upErrors  metric.Int64Counter
+
+	addOpts    [][numRoutes][]metric.AddOption    // by api key
+	recordOpts [][numRoutes][]metric.RecordOption // by api key
+}
+
+func newMetrics(mp metric.MeterProvider) *metrics {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	m := mp.Meter("github.com/kproxy/kproxy/proxy")
+	x := &metrics{}
+	// Errors from instrument creation only happen for invalid names,
+	// which these are not; a failed instrument is a no-op one.
+	x.requests, _ = m.Int64Counter("kproxy.requests", metric.WithDescription("Requests handled, by API and route (forwarded, rewritten, local)."))
+	x.duration, _ = m.Float64Histogram("kproxy.request.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from reading a request to writing its response, by API and route."),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+	x.bytesInC, _ = m.Int64Counter("kproxy.bytes.in", metric.WithUnit("By"), metric.WithDescription("Request bytes read from clients."))
+	x.bytesOutC, _ = m.Int64Counter("kproxy.bytes.out", metric.WithUnit("By"), metric.WithDescription("Response bytes written to clients."))
+	x.conns, _ = m.Int64UpDownCounter("kproxy.connections.open", metric.WithDescription("Open client connections."))
+	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
+	x.addOpts = make([][numRoutes][]metric.AddOption, 100)
+	x.recordOpts = make([][numRoutes][]metric.RecordOption, 100)
+	for k := range x.addOpts {
+		name := kmsg.NameForKey(int16(k))
+		for r := range numRoutes {
+			set := attribute.NewSet(attribute.String("api", name), attribute.String("route", routeNames[r]))
+			x.addOpts[k][r] = []metric.AddOption{metric.WithAttributeSet(set)}
+			x.recordOpts[k][r] = []metric.RecordOption{metric.WithAttributeSet(set)}
+		}
+	}
+	return x
+}
+
+func (x *metrics) request(key int16, r route, start int64) {
+	if key < 0 || int(key) >= len(x.addOpts) {
+		return
+	}
+	ctx := context.Background()
+	x.requests.Add(ctx, 1, x.addOpts[key][r]...)
+	x.duration.Record(ctx, float64(nanotime()-start)/1e9, x.recordOpts[key][r]...)
+}
+
+func (x *metrics) bytesIn(n int64)  { x.bytesInC.Add(context.Background(), n) }
+func (x *metrics) bytesOut(n int64) { x.bytesOutC.Add(context.Background(), n) }
+func (x *metrics) connOpened()      { x.conns.Add(context.Background(), 1) }
+func (x *metrics) connClosed()      { x.conns.Add(context.Background(), -1) }
+
+func (x *metrics) upstreamError(ctx context.Context) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	x.upErrors.Add(ctx, 1)
+}

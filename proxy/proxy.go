@@ -1,0 +1,325 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+var osHostname = os.Hostname
+
+// Proxy is a running kproxy data path: a bootstrap listener plus one
+// listener per upstream broker.
+type Proxy struct {
+	cfg     Config // immutable after New
+	log     *slog.Logger
+	metrics *metrics
+	listenHost string // immutable after New
+	listenPort int    // immutable after New; 0 means ephemeral ports
+
+	disco *kgo.Client // discovers brokers; owned by the discovery loop
+
+	mu        sync.Mutex
+	brokers   map[int32]string    // node id -> upstream host:port; guarded by mu
+	listeners map[int32]*listener // node id -> listener (-1 is bootstrap); guarded by mu
+	sessions  map[*session]struct{} // guarded by mu
+	closing   bool                  // guarded by mu
+
+	wg   sync.WaitGroup // accept loops, sessions, discovery
+	stop chan struct{}  // closed by Shutdown
+}
+
+// listener is one TCP listener standing for an upstream broker (node >= 0)
+// or for the cluster as a whole (the bootstrap listener, node -1).
+type listener struct {
+	node int32
+	ln   net.Listener
+	port int32 // advertised port
+}
+
+// New validates cfg and returns a Proxy that is not yet listening.
+func New(cfg Config) (*Proxy, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, fmt.Errorf("proxy config: %w", err)
+	}
+	host, port, _ := net.SplitHostPort(cfg.Listen)
+	p := &Proxy{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		metrics:    newMetrics(cfg.MeterProvider),
+		listenHost: host,
+		brokers:    make(map[int32]string),
+		listeners:  make(map[int32]*listener),
+		sessions:   make(map[*session]struct{}),
+		stop:       make(chan struct{}),
+	}
+	p.listenPort, _ = strconv.Atoi(port)
+	return p, nil
+}
+
+// Start opens the bootstrap listener, learns the upstream brokers (opening
+// a listener for each) and starts accepting. It returns once clients can
+// connect; the proxy then runs until Shutdown.
+func (p *Proxy) Start(ctx context.Context) error {
+	if _, err := p.listen(-1, p.listenPort); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.cfg.Upstreams...), kgo.DialTimeout(p.cfg.DialTimeout))
+	if err != nil {
+		return fmt.Errorf("upstream client: %w", err)
+	}
+	p.disco = cl
+	if err := p.discover(ctx); err != nil {
+		// Clients can still connect through the bootstrap listener;
+		// the discovery loop keeps trying.
+		p.log.Warn("upstream metadata not available yet", "err", err)
+	}
+	p.wg.Add(1)
+	go p.discoveryLoop()
+	return nil
+}
+
+// Addr returns the bootstrap listener's address.
+func (p *Proxy) Addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.listeners[-1]; l != nil {
+		return net.JoinHostPort(p.cfg.AdvertiseHost, strconv.Itoa(int(l.port)))
+	}
+	return ""
+}
+
+// discover asks the upstream cluster for its brokers and opens a listener
+// for each new one.
+func (p *Proxy) discover(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	req.Topics = []kmsg.MetadataRequestTopic{} // brokers only
+	resp, err := req.RequestWith(ctx, p.disco)
+	if err != nil {
+		p.metrics.upstreamError(ctx)
+		return fmt.Errorf("metadata from %v: %w", p.cfg.Upstreams, err)
+	}
+	for _, b := range resp.Brokers {
+		p.Broker(b.NodeID, b.Host, b.Port)
+	}
+	return nil
+}
+
+func (p *Proxy) discoveryLoop() {
+	defer p.wg.Done()
+	t := time.NewTicker(p.cfg.MetadataInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+			if err := p.discover(context.Background()); err != nil {
+				p.log.Warn("broker discovery failed", "err", err)
+			}
+		}
+	}
+}
+
+// Broker records the upstream address of node and returns the proxy
+// address that stands for it, opening its listener if it has none. It
+// implements codec.AddrMap.
+func (p *Proxy) Broker(node int32, host string, port int32) (string, int32) {
+	addr := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	p.mu.Lock()
+	old, known := p.brokers[node]
+	p.brokers[node] = addr
+	l := p.listeners[node]
+	closing := p.closing
+	p.mu.Unlock()
+	if known && old != addr {
+		p.log.Info("broker moved", "node", node, "from", old, "to", addr)
+	}
+	if l == nil && !closing {
+		var err error
+		l, err = p.listen(node, p.brokerPort(node))
+		if err != nil {
+			// The mapping must never leak an upstream address, so the
+			// client is told the port the rule gives; it will fail to
+			// connect and retry, and this line says why.
+			p.log.Error("cannot open broker listener", "node", node, "upstream", addr, "err", err)
+			return p.cfg.AdvertiseHost, int32(p.brokerPort(node))
+		}
+	}
+	if l == nil {
+		return p.cfg.AdvertiseHost, int32(p.brokerPort(node))
+	}
+	return p.cfg.AdvertiseHost, l.port
+}
+
+// brokerPort is the stable rule mapping a node id to its listen port:
+// pinned in Config.BrokerPorts, else listenPort+1+node, else (ephemeral
+// mode, or a node id the rule cannot map) 0.
+func (p *Proxy) brokerPort(node int32) int {
+	if port, ok := p.cfg.BrokerPorts[node]; ok {
+		return port
+	}
+	if p.listenPort == 0 || node < 0 {
+		return 0
+	}
+	port := p.listenPort + 1 + int(node)
+	if port > 65535 {
+		return 0
+	}
+	return port
+}
+
+// listen opens the listener for node (-1: bootstrap) and starts its
+// accept loop. Two callers racing for the same node get the same
+// listener.
+func (p *Proxy) listen(node int32, port int) (*listener, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(p.listenHost, strconv.Itoa(port)))
+	if err != nil {
+		return nil, fmt.Errorf("listen for node %d: %w", node, err)
+	}
+	l := &listener{node: node, ln: ln, port: int32(ln.Addr().(*net.TCPAddr).Port)}
+	p.mu.Lock()
+	if have := p.listeners[node]; have != nil || p.closing {
+		p.mu.Unlock()
+		ln.Close()
+		if have == nil {
+			return nil, errors.New("proxy is shutting down")
+		}
+		return have, nil
+	}
+	p.listeners[node] = l
+	p.wg.Add(1)
+	p.mu.Unlock()
+	if node >= 0 {
+		p.log.Info("broker listener open", "node", node, "listen", ln.Addr().String(), "advertised_port", l.port)
+	} else {
+		p.log.Info("bootstrap listener open", "listen", ln.Addr().String())
+	}
+	go p.accept(l)
+	return l, nil
+}
+
+func (p *Proxy) accept(l *listener) {
+	defer p.wg.Done()
+	var delay time.Duration
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and similar: back off, keep going.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			p.log.Warn("accept failed", "node", l.node, "err", err, "retry_in", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		s := newSession(p, c.(*net.TCPConn), l.node)
+		p.mu.Lock()
+		if p.closing {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.sessions[s] = struct{}{}
+		p.wg.Add(1)
+		p.mu.Unlock()
+		go func() {
+			defer p.wg.Done()
+			s.run()
+			p.mu.Lock()
+			delete(p.sessions, s)
+			p.mu.Unlock()
+		}()
+	}
+}
+
+// upstreamFor returns the addresses to dial for a session of node: the
+// broker's own address, or every seed for the bootstrap listener.
+func (p *Proxy) upstreamFor(node int32) []string {
+	if node < 0 {
+		return p.cfg.Upstreams
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if a, ok := p.brokers[node]; ok {
+		return []string{a}
+	}
+	return nil
+}
+
+// coordinatorNode picks the node a client is sent to for group APIs: the
+// broker the request came through, else the lowest known broker. Every
+// listener serves group APIs, so any node is correct.
+func (p *Proxy) coordinatorNode(node int32) (int32, string, int32, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.listeners[node]; node >= 0 && l != nil {
+		return node, p.cfg.AdvertiseHost, l.port, true
+	}
+	ids := make([]int32, 0, len(p.listeners))
+	for id := range p.listeners {
+		if id >= 0 {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return -1, "", 0, false
+	}
+	id := slices.Min(ids)
+	return id, p.cfg.AdvertiseHost, p.listeners[id].port, true
+}
+
+// Shutdown stops accepting, lets every session answer the requests it
+// has already read until ctx ends, then closes everything.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closing = true
+	close(p.stop)
+	for _, l := range p.listeners {
+		l.ln.Close()
+	}
+	sessions := make([]*session, 0, len(p.sessions))
+	for s := range p.sessions {
+		sessions = append(sessions, s)
+	}
+	p.mu.Unlock()
+	for _, s := range sessions {
+		s.drain()
+	}
+	done := make(chan struct{})
+	go func() { p.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("shutdown: %w", ctx.Err())
+		p.mu.Lock()
+		for s := range p.sessions {
+			s.closeConns()
+		}
+		p.mu.Unlock()
+		<-done
+	}
+	if p.disco != nil {
+		p.disco.Close()
+	}
+	return err
+}

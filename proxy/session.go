@@ -1,0 +1,518 @@
+package proxy
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
+)
+
+const (
+	// bufSize is the read and write buffer of each socket. A request or
+	// response header always fits; bodies larger than spliceMin move by
+	// splice after the buffered part.
+	bufSize   = 64 << 10
+	spliceMin = 16 << 10
+)
+
+var sessionIDs atomic.Uint64
+
+// slotKind says how the writer completes one slot.
+type slotKind uint8
+
+const (
+	slotForward slotKind = iota // read the response from upstream
+	slotLocal                   // wait for the coordinator's reply
+)
+
+// slot holds one request's place in the response order. Forwarded slots
+// carry no pointers and cost no allocation.
+type slot struct {
+	kind    slotKind
+	key     int16
+	version int16
+	corr    int32
+	start   int64              // nanotime the request was read, for latency
+	reply   chan kmsg.Response // slotLocal: buffered(1), written once by the coordinator
+}
+
+// session is one client connection and its upstream connection.
+type session struct {
+	p    *Proxy
+	id   uint64
+	node int32 // listener's node id; -1 for bootstrap. Immutable.
+	log  *slog.Logger
+	rc   Client // Host immutable; ID owned by the reader
+
+	conn *net.TCPConn  // client socket
+	br   *bufio.Reader // client reads; owned by the reader goroutine
+	bw   *bufio.Writer // client writes; owned by the writer goroutine
+
+	// up, upW and upR are set by the reader before it queues the first
+	// forwarded slot (the channel send publishes them to the writer).
+	up  *net.TCPConn
+	upW *bufio.Writer // owned by the reader
+	upR *bufio.Reader // owned by the writer
+
+	slots      chan slot     // reader -> writer, in request order
+	writerDone chan struct{} // closed when the writer exits
+	draining   atomic.Bool   // set by Shutdown: read no new request
+	closeOnce  sync.Once
+
+	reqBuf  []byte // owned by the reader: whole frames of local requests
+	respBuf []byte // owned by the writer: encoded and rewritten responses
+}
+
+func newSession(p *Proxy, c *net.TCPConn, node int32) *session {
+	id := sessionIDs.Add(1)
+	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+	return &session{
+		p:          p,
+		id:         id,
+		node:       node,
+		log:        p.log.With("conn", id, "remote", c.RemoteAddr().String(), "node", node),
+		rc:         Client{Host: host},
+		conn:       c,
+		br:         bufio.NewReaderSize(c, bufSize),
+		bw:         bufio.NewWriterSize(c, bufSize),
+		slots:      make(chan slot, p.cfg.MaxInFlight),
+		writerDone: make(chan struct{}),
+	}
+}
+
+// run serves the session until the client or the upstream goes away.
+func (s *session) run() {
+	s.p.metrics.connOpened()
+	defer s.p.metrics.connClosed()
+	go s.writeLoop()
+	err := s.readLoop()
+	close(s.slots)
+	switch {
+	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), s.draining.Load():
+		s.log.Debug("client connection closed", "err", err)
+	default:
+		s.log.Warn("closing client connection", "reason", err.Error())
+	}
+	<-s.writerDone
+	s.closeConns()
+}
+
+// drain makes the reader stop at the next request boundary; the writer
+// then answers what was read and the session ends.
+func (s *session) drain() {
+	s.draining.Store(true)
+	s.conn.SetReadDeadline(time.Now())
+}
+
+func (s *session) closeConns() {
+	s.closeOnce.Do(func() {
+		s.conn.Close()
+		if up := s.up; up != nil {
+			up.Close()
+		}
+	})
+}
+
+// readLoop reads requests until an error, returning it.
+func (s *session) readLoop() error {
+	maxFrame := s.p.cfg.MaxFrame
+	for !s.draining.Load() {
+		if s.br.Buffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
+			// About to block on the client: push what is pending.
+			if err := s.upW.Flush(); err != nil {
+				return fmt.Errorf("writing upstream: %w", err)
+			}
+		}
+		prefix, err := s.br.Peek(4)
+		if err != nil {
+			if len(prefix) > 0 && errors.Is(err, io.EOF) {
+				return fmt.Errorf("truncated frame size: %w", io.ErrUnexpectedEOF)
+			}
+			return err
+		}
+		size, err := codec.CheckSize([4]byte(prefix), maxFrame)
+		if err != nil {
+			return err
+		}
+		total := 4 + int(size)
+		head, err := s.br.Peek(min(total, bufSize))
+		if err != nil {
+			return truncated(err)
+		}
+		h, err := codec.ParseRequestHeader(head[4:])
+		if err != nil {
+			if errors.Is(err, codec.ErrTruncated) && len(head) == total {
+				return fmt.Errorf("malformed request header: %w", err)
+			}
+			if errors.Is(err, codec.ErrTruncated) {
+				return fmt.Errorf("request header larger than %d bytes", bufSize)
+			}
+			return fmt.Errorf("request header: %w", err)
+		}
+		if string(h.ClientID) != s.rc.ID {
+			s.rc.ID = string(h.ClientID)
+		}
+		s.p.metrics.bytesIn(int64(total))
+		if err := s.route(h, head, total); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// route decides where one request goes and sends it there. head holds the
+// start of the frame (size prefix included), total its whole length.
+func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
+	start := nanotime()
+	info, special := codec.APIs[h.Key]
+	local := s.p.cfg.Coordinator != nil
+	switch {
+	case h.Key == codec.KeyApiVersions && h.Version > codec.MaxVersion(h.Key):
+		// As a broker does: answer in v0 with the versions we speak, so
+		// the client retries with one of them.
+		if _, err := s.br.Discard(total); err != nil {
+			return truncated(err)
+		}
+		resp := kmsg.NewPtrApiVersionsResponse()
+		resp.ErrorCode = kerr.UnsupportedVersion.Code
+		k := kmsg.NewApiVersionsResponseApiKey()
+		k.ApiKey, k.MaxVersion = codec.KeyApiVersions, codec.MaxVersion(codec.KeyApiVersions)
+		resp.ApiKeys = append(resp.ApiKeys, k)
+		return s.queueLocal(h, start, resp)
+	case special && info.Route == codec.Refuse:
+		return fmt.Errorf("refusing %s: %s", kmsg.NameForKey(h.Key), info.Why)
+	case local && (codec.IsGroupKey(h.Key) || h.Key == codec.KeyFindCoordinator):
+		if h.Version > codec.MaxVersion(h.Key) {
+			return fmt.Errorf("%w: %s v%d", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
+		}
+		frame, err := s.readFrame(total)
+		if err != nil {
+			return err
+		}
+		req := kmsg.RequestForKey(h.Key)
+		req.SetVersion(h.Version)
+		if err := req.ReadFrom(frame[4+h.Len:]); err != nil {
+			return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
+		}
+		if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
+			// Transactions (and anything else that is not a group)
+			// belong to the brokers.
+			return s.forwardBytes(h, start, frame)
+		}
+		return s.queueCoordinator(h, start, req)
+	}
+	if special && codec.NeedsRewrite(h.Key, h.Version) && h.Version > codec.MaxVersion(h.Key) {
+		return fmt.Errorf("%w: %s v%d responses cannot be rewritten", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
+	}
+	return s.forward(h, start, head, total)
+}
+
+func truncated(err error) error {
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("truncated frame: %w", io.ErrUnexpectedEOF)
+	}
+	return err
+}
+
+// readFrame reads a whole frame into the session's request buffer.
+func (s *session) readFrame(total int) ([]byte, error) {
+	if cap(s.reqBuf) < total {
+		s.reqBuf = make([]byte, total)
+	}
+	b := s.reqBuf[:total]
+	if _, err := io.ReadFull(s.br, b); err != nil {
+		return nil, truncated(err)
+	}
+	return b, nil
+}
+
+// push queues a slot, or fails when the writer is gone.
+func (s *session) push(sl slot) error {
+	select {
+	case s.slots <- sl:
+		return nil
+	case <-s.writerDone:
+		return errWriterGone
+	}
+}
+
+var errWriterGone = errors.New("client writer stopped")
+
+// queueLocal queues a response the proxy already has.
+func (s *session) queueLocal(h codec.RequestHeader, start int64, resp kmsg.Response) error {
+	resp.SetVersion(h.Version)
+	if h.Key == codec.KeyApiVersions && h.Version > codec.MaxVersion(h.Key) {
+		resp.SetVersion(0)
+	}
+	ch := make(chan kmsg.Response, 1)
+	ch <- resp
+	return s.push(slot{kind: slotLocal, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch})
+}
+
+// queueCoordinator hands a decoded group request to the coordinator (or,
+// for FindCoordinator, answers it) and queues its place.
+func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.Request) error {
+	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok {
+		return s.queueLocal(h, start, s.findCoordinator(fc))
+	}
+	ch := make(chan kmsg.Response, 1)
+	if err := s.push(slot{kind: slotLocal, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch}); err != nil {
+		return err
+	}
+	s.p.cfg.Coordinator.Handle(s.rc, req, func(resp kmsg.Response) { ch <- resp })
+	return nil
+}
+
+// findCoordinator answers FindCoordinator for groups with a kproxy
+// address: every listener serves group APIs.
+func (s *session) findCoordinator(req *kmsg.FindCoordinatorRequest) *kmsg.FindCoordinatorResponse {
+	resp := req.ResponseKind().(*kmsg.FindCoordinatorResponse)
+	node, host, port, ok := s.p.coordinatorNode(s.node)
+	code := int16(0)
+	if !ok {
+		node, host, port, code = -1, "", -1, kerr.CoordinatorNotAvailable.Code
+	}
+	if req.Version < 4 {
+		resp.NodeID, resp.Host, resp.Port, resp.ErrorCode = node, host, port, code
+		return resp
+	}
+	for _, key := range req.CoordinatorKeys {
+		c := kmsg.NewFindCoordinatorResponseCoordinator()
+		c.Key, c.NodeID, c.Host, c.Port, c.ErrorCode = key, node, host, port, code
+		resp.Coordinators = append(resp.Coordinators, c)
+	}
+	return resp
+}
+
+// ensureUpstream dials the broker this session stands for.
+func (s *session) ensureUpstream() error {
+	if s.up != nil {
+		return nil
+	}
+	addrs := s.p.upstreamFor(s.node)
+	if len(addrs) == 0 {
+		return fmt.Errorf("no known address for broker %d", s.node)
+	}
+	var errs []error
+	for _, a := range addrs {
+		c, err := net.DialTimeout("tcp", a, s.p.cfg.DialTimeout)
+		if err != nil {
+			s.p.metrics.upstreamError(nil)
+			errs = append(errs, err)
+			continue
+		}
+		s.up = c.(*net.TCPConn)
+		s.upW = bufio.NewWriterSize(s.up, bufSize)
+		s.upR = bufio.NewReaderSize(s.up, bufSize)
+		return nil
+	}
+	return fmt.Errorf("upstream unreachable: %w", errors.Join(errs...))
+}
+
+// forward streams one request frame upstream as it arrived.
+func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total int) error {
+	if err := s.ensureUpstream(); err != nil {
+		return err
+	}
+	expectResponse := true
+	if h.Key == codec.KeyProduce {
+		acks, ok := codec.ProduceAcks(head[4+h.Len:], h.Version)
+		if !ok {
+			return errors.New("malformed produce request: no acks")
+		}
+		expectResponse = acks != 0
+	}
+	if expectResponse {
+		if err := s.push(slot{kind: slotForward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
+			return err
+		}
+	}
+	if err := pipe(s.upW, s.up, s.br, s.conn, total); err != nil {
+		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
+	}
+	if !expectResponse {
+		s.p.metrics.request(h.Key, routeForwarded, start)
+	}
+	return nil
+}
+
+// forwardBytes sends a frame already read into memory upstream.
+func (s *session) forwardBytes(h codec.RequestHeader, start int64, frame []byte) error {
+	if err := s.ensureUpstream(); err != nil {
+		return err
+	}
+	if err := s.push(slot{kind: slotForward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
+		return err
+	}
+	if _, err := s.upW.Write(frame); err != nil {
+		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
+	}
+	return nil
+}
+
+// pipe moves n bytes from r (buffered over src) to w (buffered over dst).
+// What r has buffered is copied; a large remainder is spliced from src to
+// dst by the kernel.
+func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, n int) error {
+	for n > 0 && r.Buffered() > 0 {
+		b, _ := r.Peek(min(r.Buffered(), n))
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		r.Discard(len(b))
+		n -= len(b)
+	}
+	if n == 0 {
+		return nil
+	}
+	if n < spliceMin {
+		_, err := io.CopyN(w, r, int64(n))
+		return truncated(err)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	lr := io.LimitedReader{R: src, N: int64(n)}
+	for lr.N > 0 {
+		m, err := dst.ReadFrom(&lr)
+		if err != nil {
+			return err
+		}
+		if m == 0 {
+			return io.ErrUnexpectedEOF
+		}
+	}
+	return nil
+}
+
+// writeLoop answers the slots in order until the reader closes the queue
+// or a write fails.
+func (s *session) writeLoop() {
+	defer close(s.writerDone)
+	for {
+		var sl slot
+		var ok bool
+		select {
+		case sl, ok = <-s.slots:
+		default:
+			if err := s.bw.Flush(); err != nil {
+				s.fail(fmt.Errorf("writing to client: %w", err))
+				return
+			}
+			sl, ok = <-s.slots
+		}
+		if !ok {
+			if err := s.bw.Flush(); err != nil {
+				s.log.Debug("final flush failed", "err", err)
+			}
+			return
+		}
+		var err error
+		if sl.kind == slotForward {
+			err = s.writeForwarded(sl)
+		} else {
+			err = s.writeLocal(sl)
+		}
+		if err != nil {
+			s.fail(err)
+			return
+		}
+	}
+}
+
+// fail logs why the writer stopped and closes both sockets, which stops
+// the reader too.
+func (s *session) fail(err error) {
+	if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
+		s.log.Warn("closing client connection", "reason", err.Error())
+	}
+	s.closeConns()
+}
+
+// writeLocal waits for a coordinator reply and writes it.
+func (s *session) writeLocal(sl slot) error {
+	var resp kmsg.Response
+	select {
+	case resp = <-sl.reply:
+	default:
+		if err := s.bw.Flush(); err != nil {
+			return fmt.Errorf("writing to client: %w", err)
+		}
+		resp = <-sl.reply
+	}
+	s.respBuf = codec.AppendResponse(s.respBuf[:0], sl.corr, resp)
+	if _, err := s.bw.Write(s.respBuf); err != nil {
+		return fmt.Errorf("writing to client: %w", err)
+	}
+	s.p.metrics.bytesOut(int64(len(s.respBuf)))
+	s.p.metrics.request(sl.key, routeLocal, sl.start)
+	return nil
+}
+
+// writeForwarded reads the next upstream response and writes it to the
+// client, streamed as is or rewritten.
+func (s *session) writeForwarded(sl slot) error {
+	if s.upR.Buffered() < 8 {
+		if err := s.bw.Flush(); err != nil {
+			return fmt.Errorf("writing to client: %w", err)
+		}
+	}
+	hdr, err := s.upR.Peek(8)
+	if err != nil {
+		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
+	}
+	size := int32(binary.BigEndian.Uint32(hdr))
+	corr := int32(binary.BigEndian.Uint32(hdr[4:]))
+	if size < 4 || size > s.p.cfg.MaxFrame {
+		return fmt.Errorf("upstream sent a %d byte frame", size)
+	}
+	if corr != sl.corr {
+		return fmt.Errorf("upstream answered correlation id %d, expected %d (%s)", corr, sl.corr, kmsg.NameForKey(sl.key))
+	}
+	total := 4 + int(size)
+	s.p.metrics.bytesOut(int64(total))
+	if !codec.NeedsRewrite(sl.key, sl.version) {
+		if err := pipe(s.bw, s.conn, s.upR, s.up, total); err != nil {
+			return fmt.Errorf("streaming %s response: %w", kmsg.NameForKey(sl.key), err)
+		}
+		s.p.metrics.request(sl.key, routeForwarded, sl.start)
+		return nil
+	}
+	if cap(s.respBuf) < total {
+		s.respBuf = make([]byte, total)
+	}
+	frame := s.respBuf[:total]
+	if _, err := io.ReadFull(s.upR, frame); err != nil {
+		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
+	}
+	body, err := codec.ResponseBody(frame[4:], sl.key, sl.version)
+	if err != nil {
+		return err
+	}
+	resp, err := codec.RewriteResponse(sl.key, sl.version, body, s.p, s.p.cfg.Coordinator != nil)
+	if err != nil {
+		return err
+	}
+	if resp != nil {
+		out := codec.AppendResponse(nil, sl.corr, resp)
+		_, err = s.bw.Write(out)
+	} else {
+		_, err = s.bw.Write(frame)
+	}
+	if err != nil {
+		return fmt.Errorf("writing to client: %w", err)
+	}
+	s.p.metrics.request(sl.key, routeRewritten, sl.start)
+	return nil
+}
