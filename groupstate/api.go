@@ -73,18 +73,18 @@ type OffsetStore interface {
 type EventKind uint8
 
 const (
-	EventGroupCreated       EventKind = iota + 1 // a group came into existence
-	EventMemberJoined                            // a member was added to the group
-	EventMemberLeft                              // a member left with LeaveGroup
-	EventMemberExpired                           // a member's session (or join/sync) timer fired
-	EventMemberFenced                            // a static member was replaced by a newer instance
-	EventRebalanceStarted                        // the group entered PreparingRebalance; Cause says why
-	EventJoinCompleted                           // join phase done: new generation, leader chosen
-	EventSyncCompleted                           // sync phase done: assignments delivered, group Stable
-	EventRebalanceAborted                        // the rebalance ended without reaching Stable
-	EventGroupEmpty                              // the last member left
-	EventGroupDeleted                            // DeleteGroups removed the group
-	EventOffsetsCommitted                        // an OffsetCommit was stored
+	EventGroupCreated     EventKind = iota + 1 // a group came into existence
+	EventMemberJoined                          // a member was added to the group
+	EventMemberLeft                            // a member left with LeaveGroup
+	EventMemberExpired                         // a member's session (or join/sync) timer fired
+	EventMemberFenced                          // a static member was replaced by a newer instance
+	EventRebalanceStarted                      // the group entered PreparingRebalance; Cause says why
+	EventJoinCompleted                         // join phase done: new generation, leader chosen
+	EventSyncCompleted                         // sync phase done: assignments delivered, group Stable
+	EventRebalanceAborted                      // the rebalance ended without reaching Stable
+	EventGroupEmpty                            // the last member left
+	EventGroupDeleted                          // DeleteGroups removed the group
+	EventOffsetsCommitted                      // an OffsetCommit was stored
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.

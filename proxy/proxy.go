@@ -21,17 +21,17 @@ var osHostname = os.Hostname
 // Proxy is a running kproxy data path: a bootstrap listener plus one
 // listener per upstream broker.
 type Proxy struct {
-	cfg     Config // immutable after New
-	log     *slog.Logger
-	metrics *metrics
+	cfg        Config // immutable after New
+	log        *slog.Logger
+	metrics    *metrics
 	listenHost string // immutable after New
 	listenPort int    // immutable after New; 0 means ephemeral ports
 
 	disco *kgo.Client // discovers brokers; owned by the discovery loop
 
 	mu        sync.Mutex
-	brokers   map[int32]string    // node id -> upstream host:port; guarded by mu
-	listeners map[int32]*listener // node id -> listener (-1 is bootstrap); guarded by mu
+	brokers   map[int32]string      // node id -> upstream host:port; guarded by mu
+	listeners map[int32]*listener   // node id -> listener (-1 is bootstrap); guarded by mu
 	sessions  map[*session]struct{} // guarded by mu
 	closing   bool                  // guarded by mu
 

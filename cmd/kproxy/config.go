@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
 	"io"
+	"log/slog"
 	"os"
 	"time"
 
@@ -84,7 +84,6 @@ func (c *fileConfig) loadFile(path string) error {
 	}
 	return nil
 }
-
 
 // validate reports every problem at once.
 func (c *fileConfig) validate() error {
