@@ -13,6 +13,12 @@ import (
 )
 
 func newServeCmd() *cobra.Command {
+	cmd, _ := serveCmd()
+	return cmd
+}
+
+// serveCmd returns the serve command and its flags.
+func serveCmd() (*cobra.Command, *flagSet) {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Proxy an upstream Kafka cluster",
@@ -34,7 +40,7 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 			fmt.Fprintf(cmd.OutOrStdout(), "kproxy listening on %s\n", addr)
 		})
 	}
-	return cmd
+	return cmd, f
 }
 
 // run serves until ctx ends, then shuts down gracefully. ready is called

@@ -1,0 +1,264 @@
+// Command kbench measures kproxy's data path against the broker behind it.
+//
+// It starts an in-memory single-broker kfake cluster (discarding produced
+// records, or serving a canned batch to every fetch, so the broker is not
+// the bottleneck), starts `kproxy serve` in front of it as a child process
+// and drives the same franz-go load direct to the broker and through the
+// proxy, alternating slices of each so that noise from a shared machine
+// falls on both. It prints throughput, request latency at a moderate
+// fixed rate, the proxy's CPU seconds per GB moved, and the ratios.
+//
+// Run it from the module root: go run ./cmd/kbench --duration 10s.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+const (
+	modeProduce  = "produce"
+	modeFetch    = "fetch"
+	produceTopic = "kbench-produce"
+	fetchTopic   = "kbench-fetch"
+)
+
+// options are the command-line settings; immutable once parsed.
+type options struct {
+	duration     time.Duration // measured time per mode per path
+	rounds       int
+	recordSize   int
+	modes        []string
+	conns        int
+	partitions   int
+	batchBytes   int // bytes of records per synthetic fetch batch
+	latDuration  time.Duration
+	latRate      int
+	jsonOut      bool
+	kproxyBin    string
+	verbose      bool
+	loadAvgStart string
+}
+
+func parseOptions(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("kbench", flag.ContinueOnError)
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured throughput time per mode and per path, split into --rounds alternating slices")
+	fs.IntVar(&o.rounds, "rounds", 3, "alternations of direct and proxy slices per mode")
+	fs.IntVar(&o.recordSize, "record-size", 1024, "record value size in bytes")
+	mode := fs.String("mode", "produce,fetch", "comma-separated modes: produce, fetch")
+	fs.IntVar(&o.conns, "conns", 1, "concurrent clients (one connection each to the broker) per path")
+	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topics")
+	fs.IntVar(&o.batchBytes, "fetch-batch-bytes", 16<<10, "record bytes in each batch the synthetic broker serves")
+	fs.DurationVar(&o.latDuration, "latency-duration", 4*time.Second, "time per path per mode of the fixed-rate latency run (0 skips it)")
+	fs.IntVar(&o.latRate, "latency-rate", 500, "requests per second of the latency run, one at a time")
+	fs.BoolVar(&o.jsonOut, "json", false, "also print the results as JSON")
+	fs.StringVar(&o.kproxyBin, "kproxy", "", "kproxy binary to run (default: go build ./cmd/kproxy into a temporary directory)")
+	fs.BoolVar(&o.verbose, "v", false, "copy kproxy's log to stderr")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var errs []error
+	for m := range strings.SplitSeq(*mode, ",") {
+		switch m = strings.TrimSpace(m); m {
+		case modeProduce, modeFetch:
+			o.modes = append(o.modes, m)
+		case "":
+		default:
+			errs = append(errs, fmt.Errorf("--mode: unknown mode %q", m))
+		}
+	}
+	if len(o.modes) == 0 {
+		errs = append(errs, errors.New("--mode: no mode given"))
+	}
+	if o.duration < 100*time.Millisecond || o.duration > time.Hour {
+		errs = append(errs, errors.New("--duration must be between 100ms and 1h"))
+	}
+	if o.rounds < 1 || o.conns < 1 || o.conns > 256 || o.partitions < 1 {
+		errs = append(errs, errors.New("--rounds, --conns (<= 256) and --partitions must be positive"))
+	}
+	if o.recordSize < 1 || o.recordSize > 16<<20 {
+		errs = append(errs, errors.New("--record-size must be between 1 and 16 MiB"))
+	}
+	if o.batchBytes < 1 || o.batchBytes > 16<<20 {
+		errs = append(errs, errors.New("--fetch-batch-bytes must be between 1 and 16 MiB"))
+	}
+	if o.latDuration < 0 || o.latDuration > time.Hour || o.latRate < 1 || o.latRate > 100000 {
+		errs = append(errs, errors.New("--latency-duration must be in [0, 1h] and --latency-rate in [1, 100000]"))
+	}
+	return o, errors.Join(errs...)
+}
+
+func main() {
+	o, err := parseOptions(os.Args[1:])
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "kbench:", err)
+		os.Exit(2)
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	// Every phase is bounded; this bounds the whole run too, with room
+	// for builds and startup.
+	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	res, err := run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kbench:", err)
+		os.Exit(1)
+	}
+	res.print(os.Stdout)
+	if o.jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			fmt.Fprintln(os.Stderr, "kbench: json:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+func run(ctx context.Context, o options) (*results, error) {
+	tmp, err := os.MkdirTemp("", "kbench-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	bin := o.kproxyBin
+	if bin == "" {
+		slog.Info("building kproxy")
+		if bin, err = buildKproxy(ctx, tmp); err != nil {
+			return nil, err
+		}
+	}
+	res := &results{
+		RecordSize:  o.recordSize,
+		Conns:       o.conns,
+		Partitions:  o.partitions,
+		Rounds:      o.rounds,
+		DurationSec: o.duration.Seconds(),
+		LatencyRate: o.latRate,
+		CPUs:        runtime.NumCPU(),
+		LoadStart:   loadAvg(),
+		GoVersion:   runtime.Version(),
+	}
+	for _, mode := range o.modes {
+		mr, err := runMode(ctx, o, bin, tmp, mode)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", mode, err)
+		}
+		res.Modes = append(res.Modes, mr)
+	}
+	res.LoadEnd = loadAvg()
+	return res, nil
+}
+
+// runMode benchmarks one mode against its own cluster and kproxy child.
+func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult, error) {
+	kopts := []kfake.Opt{kfake.NumBrokers(1), kfake.BlackholeProduce()}
+	topic := produceTopic
+	if mode == modeFetch {
+		topic = fetchTopic
+		kopts = append(kopts, kfake.SyntheticFetch(kfake.SyntheticBatch{
+			RecordBytes: o.recordSize,
+			Records:     max(1, o.batchBytes/o.recordSize),
+		}))
+	}
+	kopts = append(kopts, kfake.SeedTopics(int32(o.partitions), topic))
+	cluster, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		return modeResult{}, fmt.Errorf("kfake: %w", err)
+	}
+	defer cluster.Close()
+	broker := cluster.ListenAddrs()[0]
+
+	ch, err := startChild(ctx, bin, broker, tmp, o.verbose)
+	if err != nil {
+		return modeResult{}, err
+	}
+	defer func() {
+		if err := ch.stop(); err != nil {
+			slog.Warn("stopping kproxy", "err", err)
+		}
+	}()
+	slog.Info("measuring", "mode", mode, "broker", broker, "kproxy", ch.addr, "kproxy_pid", ch.cmd.Process.Pid)
+
+	slice := o.duration / time.Duration(o.rounds)
+	paths := []struct {
+		name string
+		addr string
+		m    meter
+	}{
+		{"direct", broker, meter{}},
+		{"proxy", ch.addr, meter{cpu: ch.cpu}},
+	}
+	agg := map[string]*sample{"direct": {}, "proxy": {}}
+	for round := range o.rounds {
+		for _, p := range paths {
+			var s sample
+			if mode == modeProduce {
+				s, err = produceSlice(ctx, o, p.addr, slice, p.m)
+			} else {
+				s, err = fetchSlice(ctx, o, p.addr, slice, p.m)
+			}
+			if err != nil {
+				return modeResult{}, fmt.Errorf("%s round %d: %w", p.name, round, err)
+			}
+			if s.payload == 0 {
+				return modeResult{}, fmt.Errorf("%s round %d moved no data (%d client errors; kproxy log: %s)", p.name, round, s.errs, ch.logPath)
+			}
+			slog.Info("slice", "mode", mode, "path", p.name, "round", round, "MB/s", fmt.Sprintf("%.1f", mbps(s.payload, s.elapsed)))
+			a := agg[p.name]
+			a.payload += s.payload
+			a.wire += s.wire
+			a.elapsed += s.elapsed
+			a.proxyCPU += s.proxyCPU
+			a.selfCPU += s.selfCPU
+			a.errs += s.errs
+			a.lats = append(a.lats, s.lats...)
+		}
+	}
+	lat := map[string][]time.Duration{}
+	if o.latDuration > 0 {
+		// Two alternations of half the time each.
+		for range 2 {
+			for _, p := range paths {
+				l, err := latencyRun(ctx, o, p.addr, mode, o.latDuration/2)
+				if err != nil {
+					return modeResult{}, fmt.Errorf("%s latency run: %w (kproxy log: %s)", p.name, err, ch.logPath)
+				}
+				lat[p.name] = append(lat[p.name], l...)
+			}
+		}
+	}
+	mr := modeResult{Mode: mode}
+	for _, p := range paths {
+		mr.Paths = append(mr.Paths, pathResultFrom(p.name, agg[p.name], lat[p.name]))
+	}
+	mr.ratios()
+	return mr, nil
+}
+
+func mbps(bytes int64, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(bytes) / 1e6 / d.Seconds()
+}
