@@ -154,7 +154,9 @@ type Event struct {
 	Leader       string // leader member id, once chosen
 	// Cause is set for EventRebalanceStarted (one of the Cause
 	// constants) and for EventMemberExpired ("session_timeout",
-	// "join_timeout", "sync_timeout", "new_member_timeout").
+	// "join_timeout", "sync_timeout", "new_member_timeout"). For
+	// EventMemberLeft it is the client's reason (LeaveGroup v5+) or
+	// "group_max_size" when a rejoin was refused by the size limit.
 	Cause string
 	// Member is the member the event is about (joined, left, expired,
 	// fenced) or, for EventRebalanceStarted, the member that caused it

@@ -2,27 +2,82 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/proxy"
 )
 
 // wiring holds what run builds around the proxy: the coordinator engine,
 // its offset store's upstream client, telemetry and the admin server.
+// Owned by run; closers run in reverse order.
 type wiring struct {
+	engine        *groupstate.Engine // nil with groups forwarded
+	upstream      *kgo.Client        // kproxy's own client of the cluster
 	coordinator   proxy.Coordinator
 	meterProvider metric.MeterProvider
+	events        []func(groupstate.Event)
 	closers       []func(context.Context) error
 }
 
 func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error) {
 	w := &wiring{}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Upstream...), kgo.DialTimeout(cfg.DialTimeout), kgo.ClientID("kproxy"))
+	if err != nil {
+		return nil, fmt.Errorf("upstream client: %w", err)
+	}
+	w.upstream = cl
+	w.closers = append(w.closers, func(context.Context) error { cl.Close(); return nil })
+	if err := wireTelemetry(ctx, w, cfg, log); err != nil {
+		w.close(context.Background())
+		return nil, err
+	}
+	if cfg.Groups.Mode == "local" {
+		delay := cfg.Groups.InitialRebalanceDelay
+		if delay == 0 {
+			delay = -1 // the engine's zero value means Kafka's 3s default
+		}
+		eng, err := groupstate.New(groupstate.Config{
+			Store:                 groupstate.NewKafkaStore(cl),
+			Logger:                log.With("component", "engine"),
+			Events:                w.publish,
+			MinSessionTimeout:     cfg.Groups.MinSessionTimeout,
+			MaxSessionTimeout:     cfg.Groups.MaxSessionTimeout,
+			InitialRebalanceDelay: delay,
+			MaxGroupSize:          cfg.Groups.MaxSize,
+			CheckCommitOwnership:  cfg.Groups.CheckCommitOwnership,
+		})
+		if err != nil {
+			w.close(context.Background())
+			return nil, fmt.Errorf("coordinator engine: %w", err)
+		}
+		w.engine = eng
+		w.coordinator = engineCoordinator{eng}
+		// The engine closes before the upstream client it stores through.
+		w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+	}
 	return w, nil
 }
 
-func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy) error { return nil }
+// publish fans an engine event out to the sinks registered at wiring
+// time (tap). It runs on the engine's loop goroutines and never blocks.
+func (w *wiring) publish(ev groupstate.Event) {
+	for _, f := range w.events {
+		f(ev)
+	}
+}
+
+// engineCoordinator adapts groupstate.Engine to proxy.Coordinator.
+type engineCoordinator struct{ e *groupstate.Engine }
+
+func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+}
 
 func (w *wiring) close(ctx context.Context) error {
 	var err error

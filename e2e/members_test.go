@@ -1,0 +1,171 @@
+package e2e
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// records tracks which record values were consumed, and how often.
+type records struct {
+	mu   sync.Mutex
+	seen map[string]int // guarded by mu
+}
+
+func newRecords() *records { return &records{seen: map[string]int{}} }
+
+func (r *records) add(v string) {
+	r.mu.Lock()
+	r.seen[v]++
+	r.mu.Unlock()
+}
+
+func (r *records) distinct() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.seen)
+}
+
+// missing lists the values in [0, n) never consumed.
+func (r *records) missing(n int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for i := range n {
+		if r.seen[itoa(i)] == 0 {
+			out = append(out, itoa(i))
+		}
+	}
+	return out
+}
+
+// member is one franz-go group consumer that processes, commits and then
+// allows rebalances, so that a rebalance never loses a commit.
+type member struct {
+	name   string
+	cl     *kgo.Client
+	dialer *cuttableDialer
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type memberCfg struct {
+	group, topic string
+	own          *ownership
+	recs         *records
+	opts         []kgo.Opt
+}
+
+func (s *stack) startMember(name string, mc memberCfg) *member {
+	s.t.Helper()
+	m := &member{name: name, dialer: &cuttableDialer{}, done: make(chan struct{})}
+	opts := append([]kgo.Opt{
+		kgo.SeedBrokers(s.addr()),
+		kgo.ClientID(name),
+		kgo.Dialer(m.dialer.DialContext),
+		kgo.ConsumerGroup(mc.group),
+		kgo.ConsumeTopics(mc.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.SessionTimeout(3 * time.Second),
+		kgo.HeartbeatInterval(300 * time.Millisecond),
+		kgo.RebalanceTimeout(10 * time.Second),
+		kgo.FetchMaxWait(200 * time.Millisecond),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
+			mc.own.assigned(name, a[mc.topic])
+		}),
+		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, r map[string][]int32) {
+			mc.own.released(name, r[mc.topic])
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, l map[string][]int32) {
+			mc.own.released(name, l[mc.topic])
+		}),
+	}, mc.opts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	m.cl = cl
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go func() {
+		defer close(m.done)
+		for ctx.Err() == nil {
+			fs := cl.PollRecords(ctx, 200)
+			recs := fs.Records()
+			for _, r := range recs {
+				mc.recs.add(string(r.Value))
+			}
+			if len(recs) > 0 {
+				if err := cl.CommitRecords(ctx, recs...); err != nil && ctx.Err() == nil {
+					s.t.Logf("%s: commit: %v", name, err)
+				}
+			}
+			cl.AllowRebalance()
+		}
+	}()
+	return m
+}
+
+// leave stops the member cleanly: it leaves the group.
+func (m *member) leave() {
+	m.cancel()
+	<-m.done
+	m.cl.Close()
+}
+
+// kill cuts the member off the network without a goodbye, as a crashed
+// process; the coordinator must notice through the session timeout.
+func (m *member) kill(own *ownership) {
+	m.dialer.kill()
+	own.releaseAll(m.name)
+	m.cancel()
+	<-m.done
+	go m.cl.Close() // it cannot reach anyone; do not wait for it
+}
+
+// waitOwners waits until exactly the named members own all partitions.
+func waitOwners(t testing.TB, own *ownership, partitions int, names ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		owners := own.owners()
+		total := 0
+		for _, ps := range owners {
+			total += len(ps)
+		}
+		ok := total == partitions && len(owners) == len(names)
+		for _, n := range names {
+			ok = ok && len(owners[n]) > 0
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions never settled on %v: owners %v", names, owners)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitConsumed(t testing.TB, recs *records, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for recs.distinct() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("consumed %d of %d records; missing e.g. %v", recs.distinct(), n, head(recs.missing(n), 10))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func head(s []string, n int) []string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}

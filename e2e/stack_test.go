@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// stack is a cluster, an engine and a proxy wired as kproxy serve wires
+// them.
+type stack struct {
+	t       testing.TB
+	cluster *kfake.Cluster
+	engine  *groupstate.Engine
+	proxy   *proxy.Proxy
+	store   *kgo.Client
+	// brokerGroupReqs counts the group requests the brokers received,
+	// by api key, to prove the engine served them all.
+	brokerGroupReqs [100]atomic.Int64
+
+	mu     sync.Mutex
+	events []groupstate.Event // guarded by mu
+}
+
+type stackOpt func(*groupstate.Config)
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newStack(t testing.TB, opts ...stackOpt) *stack {
+	t.Helper()
+	s := &stack{t: t}
+	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	s.cluster = c
+	for _, key := range []int16{11, 12, 13, 14} {
+		c.ControlKey(key, func(kmsg.Request) (kmsg.Response, error, bool) {
+			s.brokerGroupReqs[key].Add(1)
+			return nil, nil, false
+		})
+	}
+	s.startEngineAndProxy(opts...)
+	return s
+}
+
+func (s *stack) startEngineAndProxy(opts ...stackOpt) {
+	t := s.t
+	store, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.store = store
+	cfg := groupstate.Config{
+		Store:                 groupstate.NewKafkaStore(store),
+		Logger:                testLogger().With("component", "engine"),
+		InitialRebalanceDelay: -1,
+		MinSessionTimeout:     time.Second,
+		Events: func(ev groupstate.Event) {
+			s.mu.Lock()
+			s.events = append(s.events, ev)
+			s.mu.Unlock()
+		},
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	eng, err := groupstate.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.engine = eng
+	listen := "127.0.0.1:0"
+	if s.proxy != nil {
+		// A restart keeps the address so clients find it again.
+		listen = s.proxy.Addr()
+	}
+	p, err := proxy.New(proxy.Config{
+		Upstreams:   s.cluster.ListenAddrs(),
+		Listen:      listen,
+		Coordinator: coordinator{eng},
+		Logger:      testLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s.proxy = p
+	t.Cleanup(s.stop)
+}
+
+// stop shuts the proxy, engine and store client down; safe to call twice.
+func (s *stack) stop() {
+	if s.proxy == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.proxy.Shutdown(ctx)
+	s.engine.Close()
+	s.store.Close()
+}
+
+type coordinator struct{ e *groupstate.Engine }
+
+func (c coordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+}
+
+func (s *stack) addr() string { return s.proxy.Addr() }
+
+// assertBrokersSawNoGroupTraffic fails if any JoinGroup, SyncGroup,
+// Heartbeat or LeaveGroup reached the brokers.
+func (s *stack) assertBrokersSawNoGroupTraffic() {
+	s.t.Helper()
+	for _, key := range []int16{11, 12, 13, 14} {
+		if n := s.brokerGroupReqs[key].Load(); n != 0 {
+			s.t.Fatalf("the brokers received %d %s requests", n, kmsg.NameForKey(key))
+		}
+	}
+}
+
+func (s *stack) eventsOf(kind groupstate.EventKind) []groupstate.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []groupstate.Event
+	for _, ev := range s.events {
+		if ev.Kind == kind {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+func (s *stack) client(opts ...kgo.Opt) *kgo.Client {
+	s.t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.addr())}, opts...)...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(cl.Close)
+	return cl
+}
+
+// produce writes n records with values "0".."n-1" to topic (created with
+// partitions partitions) through the proxy.
+func (s *stack) produce(ctx context.Context, topic string, partitions int32, n int) {
+	s.t.Helper()
+	cl := s.client(kgo.DefaultProduceTopic(topic))
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+		s.t.Fatalf("create topic: %v", err)
+	}
+	for i := range n {
+		cl.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				s.t.Errorf("produce: %v", err)
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// assertCommittedAtEnd checks, directly against the cluster, that the
+// group's committed offsets equal the end offsets of every partition.
+func (s *stack) assertCommittedAtEnd(ctx context.Context, group, topic string) {
+	s.t.Helper()
+	direct, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer direct.Close()
+	adm := kadm.NewClient(direct)
+	var last string
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		offs, err := adm.FetchOffsets(ctx, group)
+		ends, err2 := adm.ListEndOffsets(ctx, topic)
+		if err == nil && err2 == nil {
+			ok := true
+			last = ""
+			ends.Each(func(e kadm.ListedOffset) {
+				o, found := offs.Lookup(topic, e.Partition)
+				if !(found && o.At == e.Offset) && !(!found && e.Offset == 0) {
+					ok = false
+					last += " p" + itoa(int(e.Partition)) + ": committed " + itoa(int(o.At)) + " end " + itoa(int(e.Offset))
+				}
+			})
+			if ok {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("committed offsets of %s never reached the end offsets:%s", group, last)
+}
+
+func itoa(i int) string {
+	b := []byte{}
+	if i == 0 {
+		return "0"
+	}
+	neg := i < 0
+	if neg {
+		i = -i
+	}
+	for i > 0 {
+		b = append([]byte{byte('0' + i%10)}, b...)
+		i /= 10
+	}
+	if neg {
+		return "-" + string(b)
+	}
+	return string(b)
+}
+
+// ownership checks that no partition is owned by two live members at
+// once: a member must have given a partition up (revoked or lost, or been
+// killed) before another member is given it.
+type ownership struct {
+	t     testing.TB
+	mu    sync.Mutex
+	owner map[int32]string // guarded by mu
+	bad   []string         // guarded by mu
+}
+
+func newOwnership(t testing.TB) *ownership {
+	return &ownership{t: t, owner: map[int32]string{}}
+}
+
+func (o *ownership) assigned(member string, parts []int32) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range parts {
+		if have, ok := o.owner[p]; ok && have != member {
+			o.bad = append(o.bad, "partition "+itoa(int(p))+" given to "+member+" while "+have+" owned it")
+		}
+		o.owner[p] = member
+	}
+}
+
+func (o *ownership) released(member string, parts []int32) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range parts {
+		if o.owner[p] == member {
+			delete(o.owner, p)
+		}
+	}
+}
+
+// releaseAll drops everything member owns (it was killed).
+func (o *ownership) releaseAll(member string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for p, m := range o.owner {
+		if m == member {
+			delete(o.owner, p)
+		}
+	}
+}
+
+func (o *ownership) check() {
+	o.t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.bad) > 0 {
+		o.t.Fatalf("double ownership: %v", o.bad)
+	}
+}
+
+func (o *ownership) owners() map[string][]int32 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[string][]int32{}
+	for p, m := range o.owner {
+		out[m] = append(out[m], p)
+	}
+	for _, ps := range out {
+		sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	}
+	return out
+}
+
+// cuttableDialer lets a test cut a client off the network, as if its
+// process died: open connections are closed and new dials fail.
+type cuttableDialer struct {
+	mu    sync.Mutex
+	cut   bool
+	conns []net.Conn
+}
+
+func (d *cuttableDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cut {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
+	}
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err == nil {
+		d.conns = append(d.conns, c)
+	}
+	return c, err
+}
+
+func (d *cuttableDialer) kill() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cut = true
+	for _, c := range d.conns {
+		c.Close()
+	}
+}

@@ -1,0 +1,229 @@
+package groupstate
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// OffsetCommit (key 8), versions 0-10.
+//
+//   - v0: no generation or member id: a simple commit.
+//   - v1: Generation, MemberID; per-partition Timestamp (v1 only).
+//   - v2-4: RetentionTimeMillis (v5 removes it); the store applies its
+//     own retention, so it is accepted and ignored.
+//   - v3: ThrottleMillis in the response.
+//   - v6: LeaderEpoch per partition.
+//   - v7: InstanceID (KIP-345).
+//   - v8: flexible versions.
+//   - v9: first version for KIP-848 members; a commit to a missing group
+//     with a generation is GROUP_ID_NOT_FOUND instead of
+//     ILLEGAL_GENERATION.
+//   - v10: topics named by TopicID.
+//
+// The commit is validated on the loop (member, generation, state) and
+// stored off the loop; the client is answered only after the store
+// returned.
+
+// maxOffsetMetadata is offset.metadata.max.bytes.
+const maxOffsetMetadata = 4096
+
+// offsetCommit serves an OffsetCommit on the owning loop.
+func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Response)) {
+	gen, memberID, instanceID := r.Generation, r.MemberID, r.InstanceID
+	if r.Version == 0 {
+		gen, memberID, instanceID = -1, "", nil
+	}
+	var owned map[string]map[int32]struct{}
+	g, ok := s.groups[r.Group]
+	if !ok {
+		if gen >= 0 {
+			code := errIllegalGeneration
+			if r.Version >= 9 {
+				code = errGroupIDNotFound
+			}
+			reply(commitError(r, code))
+			return
+		}
+	} else {
+		code, m := g.validateCommit(gen, memberID, instanceID, false)
+		if code != errNone {
+			reply(commitError(r, code))
+			return
+		}
+		if m != nil {
+			owned = m.owned
+			if g.state == stateStable || g.state == statePreparingRebalance {
+				g.rearmSession(m)
+			}
+		}
+	}
+	topics := make([]kmsg.OffsetCommitRequestTopic, len(r.Topics))
+	for i, t := range r.Topics {
+		topics[i] = kmsg.OffsetCommitRequestTopic{Topic: t.Topic, TopicID: t.TopicID, Partitions: append([]kmsg.OffsetCommitRequestTopicPartition(nil), t.Partitions...)}
+	}
+	groupID := r.Group
+	e := s.e
+	s.enqueue(groupID, storeOp{
+		abort: commitError(r, errCoordinatorNotAvailable),
+		done:  func(res any) { reply(res.(kmsg.Response)) },
+		run: func(ctx context.Context) (any, func()) {
+			resp, stored := e.commit(ctx, groupID, topics, owned)
+			return resp, func() { s.emitCommitted(groupID, stored) }
+		},
+	})
+}
+
+// validateCommit applies Kafka's offset-commit validation to a classic
+// group and returns the committing member when identity was given.
+func (g *group) validateCommit(gen int32, memberID string, instanceID *string, txn bool) (int16, *member) {
+	if g.state == stateDead {
+		return errCoordinatorNotAvailable, nil
+	}
+	if gen < 0 && g.state == stateEmpty {
+		return errNone, nil
+	}
+	var m *member
+	if gen >= 0 || memberID != "" || instanceID != nil {
+		if code := g.validateMember(memberID, instanceID); code != errNone {
+			return code, nil
+		}
+		if gen != g.generation {
+			return errIllegalGeneration, nil
+		}
+		m = g.members[memberID]
+	} else if !txn && g.state != stateEmpty {
+		return errUnknownMemberID, nil
+	}
+	if !txn && g.state == stateCompletingRebalance {
+		return errRebalanceInProgress, nil
+	}
+	return errNone, m
+}
+
+// emitCommitted emits EventOffsetsCommitted for n stored partitions.
+func (s *shard) emitCommitted(groupID string, n int) {
+	if n == 0 || s.e.cfg.Events == nil {
+		return
+	}
+	var ev Event
+	if g, ok := s.groups[groupID]; ok {
+		ev = g.event(EventOffsetsCommitted)
+	} else {
+		ev = Event{Time: s.e.clock.Now(), Kind: EventOffsetsCommitted, Group: groupID, Generation: -1, State: stateEmpty.String()}
+	}
+	ev.Offsets = n
+	s.emit(ev)
+}
+
+// commit runs off the loop: it resolves topic IDs, applies the per
+// partition checks (metadata size, ownership), stores what passed and
+// returns the response and the number of partitions stored.
+func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic, owned map[string]map[int32]struct{}) (*kmsg.OffsetCommitResponse, int) {
+	names := e.namesFor(ctx, len(topics), func(i int) (string, [16]byte) { return topics[i].Topic, topics[i].TopicID })
+	resp := kmsg.NewPtrOffsetCommitResponse()
+	resp.Topics = make([]kmsg.OffsetCommitResponseTopic, len(topics))
+	type loc struct{ t, p int }
+	where := make(map[string]map[int32]loc)
+	var toStore []kmsg.OffsetCommitRequestTopic
+	for ti, t := range topics {
+		rt := &resp.Topics[ti]
+		*rt = kmsg.NewOffsetCommitResponseTopic()
+		rt.Topic, rt.TopicID = t.Topic, t.TopicID
+		name := names[ti]
+		var keep []kmsg.OffsetCommitRequestTopicPartition
+		for pi, p := range t.Partitions {
+			rp := kmsg.NewOffsetCommitResponseTopicPartition()
+			rp.Partition = p.Partition
+			switch {
+			case name == "" && t.TopicID == [16]byte{}:
+				rp.ErrorCode = errUnknownTopicOrPartition
+			case name == "":
+				rp.ErrorCode = errUnknownTopicID
+			case p.Metadata != nil && len(*p.Metadata) > maxOffsetMetadata:
+				rp.ErrorCode = errOffsetMetadataTooLarge
+			case owned != nil && !ownsPartition(owned, name, p.Partition):
+				rp.ErrorCode = errIllegalGeneration
+			default:
+				keep = append(keep, p)
+				if where[name] == nil {
+					where[name] = make(map[int32]loc)
+				}
+				where[name][p.Partition] = loc{ti, pi}
+			}
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		if len(keep) > 0 {
+			toStore = append(toStore, kmsg.OffsetCommitRequestTopic{Topic: name, TopicID: t.TopicID, Partitions: keep})
+		}
+	}
+	if len(toStore) == 0 {
+		return resp, 0
+	}
+	stored := 0
+	res, err := e.cfg.Store.CommitOffsets(ctx, group, toStore)
+	if err != nil {
+		e.log.Warn("groupstate: storing offsets failed", "group", group, "err", err)
+		code := storeErrorCode(err)
+		for _, locs := range where {
+			for _, l := range locs {
+				resp.Topics[l.t].Partitions[l.p].ErrorCode = code
+			}
+		}
+		return resp, 0
+	}
+	answered := make(map[loc]bool)
+	for _, t := range res {
+		for _, p := range t.Partitions {
+			l, ok := where[t.Topic][p.Partition]
+			if !ok {
+				continue
+			}
+			answered[l] = true
+			resp.Topics[l.t].Partitions[l.p].ErrorCode = p.ErrorCode
+			if p.ErrorCode == errNone {
+				stored++
+			}
+		}
+	}
+	for _, locs := range where {
+		for _, l := range locs {
+			if !answered[l] {
+				// The store did not say: do not claim durability.
+				resp.Topics[l.t].Partitions[l.p].ErrorCode = errUnknownServer
+			}
+		}
+	}
+	return resp, stored
+}
+
+// ownsPartition reports whether owned holds topic/partition.
+func ownsPartition(owned map[string]map[int32]struct{}, topic string, partition int32) bool {
+	_, ok := owned[topic][partition]
+	return ok
+}
+
+// namesFor returns the topic name for each of n topics, resolving IDs of
+// topics that carry no name; "" marks an unresolvable topic.
+func (e *Engine) namesFor(ctx context.Context, n int, at func(int) (string, [16]byte)) []string {
+	names := make([]string, n)
+	var ids [][16]byte
+	for i := range n {
+		name, id := at(i)
+		names[i] = name
+		if name == "" && id != ([16]byte{}) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return names
+	}
+	resolved := e.resolveNames(ctx, ids)
+	for i := range n {
+		if names[i] == "" {
+			_, id := at(i)
+			names[i] = resolved[id]
+		}
+	}
+	return names
+}

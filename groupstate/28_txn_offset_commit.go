@@ -1,0 +1,129 @@
+package groupstate
+
+import (
+	"context"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TxnOffsetCommit (key 28), versions 0-6.
+//
+//   - v2: LeaderEpoch per partition.
+//   - v3: Generation, MemberID, InstanceID (KIP-447) and flexible
+//     versions; identity is checked only when given.
+//   - v6: topics named by TopicID.
+//
+// The engine validates the group side; the store forwards the offsets to
+// the transaction's real group coordinator with the identity fields
+// cleared, so that they become visible when the transaction commits.
+
+// txnOffsetCommit serves a TxnOffsetCommit on the owning loop.
+func (s *shard) txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, reply func(kmsg.Response)) {
+	gen, memberID, instanceID := r.Generation, r.MemberID, r.InstanceID
+	if r.Version < 3 {
+		gen, memberID, instanceID = -1, "", nil
+	}
+	fail := func(code int16) kmsg.Response { return errorResponse(r, code) }
+	var owned map[string]map[int32]struct{}
+	if g, ok := s.groups[r.Group]; !ok {
+		if gen >= 0 {
+			reply(fail(errIllegalGeneration))
+			return
+		}
+	} else {
+		code, m := g.validateCommit(gen, memberID, instanceID, true)
+		if code != errNone {
+			reply(fail(code))
+			return
+		}
+		if m != nil {
+			owned = m.owned
+		}
+	}
+	fwd := kmsg.NewPtrTxnOffsetCommitRequest()
+	fwd.Version = r.Version
+	fwd.TransactionalID = r.TransactionalID
+	fwd.Group = r.Group
+	fwd.ProducerID = r.ProducerID
+	fwd.ProducerEpoch = r.ProducerEpoch
+	fwd.Generation, fwd.MemberID, fwd.InstanceID = -1, "", nil
+	for _, t := range r.Topics {
+		fwd.Topics = append(fwd.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: t.Topic, TopicID: t.TopicID, Partitions: append([]kmsg.TxnOffsetCommitRequestTopicPartition(nil), t.Partitions...)})
+	}
+	e := s.e
+	s.enqueue(r.Group, storeOp{
+		abort: fail(errCoordinatorNotAvailable),
+		done:  func(res any) { reply(res.(kmsg.Response)) },
+		run: func(ctx context.Context) (any, func()) {
+			return e.txnCommit(ctx, fwd, owned), nil
+		},
+	})
+}
+
+// txnCommit runs off the loop: resolves IDs, checks metadata size and
+// ownership, and forwards what passed to the store.
+func (e *Engine) txnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest, owned map[string]map[int32]struct{}) *kmsg.TxnOffsetCommitResponse {
+	names := e.namesFor(ctx, len(req.Topics), func(i int) (string, [16]byte) { return req.Topics[i].Topic, req.Topics[i].TopicID })
+	resp := kmsg.NewPtrTxnOffsetCommitResponse()
+	resp.Topics = make([]kmsg.TxnOffsetCommitResponseTopic, len(req.Topics))
+	type loc struct{ t, p int }
+	where := make(map[string]map[int32]loc)
+	fwd := *req
+	fwd.Topics = nil
+	for ti, t := range req.Topics {
+		rt := &resp.Topics[ti]
+		*rt = kmsg.NewTxnOffsetCommitResponseTopic()
+		rt.Topic, rt.TopicID = t.Topic, t.TopicID
+		name := names[ti]
+		var keep []kmsg.TxnOffsetCommitRequestTopicPartition
+		for pi, p := range t.Partitions {
+			rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+			rp.Partition = p.Partition
+			switch {
+			case name == "" && t.TopicID == [16]byte{}:
+				rp.ErrorCode = errUnknownTopicOrPartition
+			case name == "":
+				rp.ErrorCode = errUnknownTopicID
+			case p.Metadata != nil && len(*p.Metadata) > maxOffsetMetadata:
+				rp.ErrorCode = errOffsetMetadataTooLarge
+			case owned != nil && !ownsPartition(owned, name, p.Partition):
+				rp.ErrorCode = errIllegalGeneration
+			default:
+				keep = append(keep, p)
+				if where[name] == nil {
+					where[name] = make(map[int32]loc)
+				}
+				where[name][p.Partition] = loc{ti, pi}
+			}
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		if len(keep) > 0 {
+			fwd.Topics = append(fwd.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: name, TopicID: t.TopicID, Partitions: keep})
+		}
+	}
+	if len(fwd.Topics) == 0 {
+		return resp
+	}
+	res, err := e.cfg.Store.TxnCommitOffsets(ctx, &fwd)
+	setAll := func(code int16) {
+		for _, locs := range where {
+			for _, l := range locs {
+				resp.Topics[l.t].Partitions[l.p].ErrorCode = code
+			}
+		}
+	}
+	if err != nil {
+		e.log.Warn("groupstate: storing transactional offsets failed", "group", req.Group, "err", err)
+		setAll(storeErrorCode(err))
+		return resp
+	}
+	setAll(errUnknownServer) // overwritten below for every partition the store answered
+	for _, t := range res.Topics {
+		for _, p := range t.Partitions {
+			if l, ok := where[t.Topic][p.Partition]; ok {
+				resp.Topics[l.t].Partitions[l.p].ErrorCode = p.ErrorCode
+			}
+		}
+	}
+	return resp
+}

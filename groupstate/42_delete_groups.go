@@ -1,0 +1,83 @@
+package groupstate
+
+import (
+	"context"
+	"errors"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// DeleteGroups (key 42), versions 0-3.
+//
+//   - v2: flexible versions.
+//   - v3: ErrorMessage per group.
+//
+// A group with members answers NON_EMPTY_GROUP. An Empty group is
+// forgotten by the engine and its offsets are deleted from the store; a
+// group only the store knows (a simple group) has its offsets deleted; a
+// group nobody knows answers GROUP_ID_NOT_FOUND.
+
+// deleteGroups fans a DeleteGroups out to the loops owning its groups.
+func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Response)) {
+	ga := newGather(len(r.Groups), func(res []any) {
+		resp := kmsg.NewPtrDeleteGroupsResponse()
+		for i, id := range r.Groups {
+			dg := kmsg.NewDeleteGroupsResponseGroup()
+			dg.Group = id
+			dg.ErrorCode = res[i].(int16)
+			resp.Groups = append(resp.Groups, dg)
+		}
+		reply(resp)
+	})
+	for i, id := range r.Groups {
+		s := e.shardFor(id)
+		set := func(v any) { ga.set(i, v) }
+		if !s.post(func() { s.deleteGroup(id, set) }) {
+			set(errCoordinatorNotAvailable)
+		}
+	}
+}
+
+// deleteGroup deletes one group on its loop.
+func (s *shard) deleteGroup(id string, set func(any)) {
+	inEngine := false
+	if g, ok := s.groups[id]; ok {
+		switch g.state {
+		case stateDead:
+			set(errGroupIDNotFound)
+			return
+		case stateEmpty:
+		default:
+			set(errNonEmptyGroup)
+			return
+		}
+		inEngine = true
+		g.cancelAllTimers()
+		for _, p := range g.pending {
+			stopTimer(p.timer)
+		}
+		g.transitionTo(stateDead)
+		delete(s.groups, id)
+		s.emit(g.event(EventGroupDeleted))
+	}
+	e := s.e
+	s.enqueue(id, storeOp{
+		abort: errCoordinatorNotAvailable,
+		done:  set,
+		run: func(ctx context.Context) (any, func()) {
+			err := e.cfg.Store.DeleteGroup(ctx, id)
+			if err == nil {
+				return errNone, nil
+			}
+			if errors.Is(err, kerr.GroupIDNotFound) {
+				if inEngine {
+					return errNone, nil // the group had no offsets
+				}
+				return errGroupIDNotFound, nil
+			}
+			e.log.Warn("groupstate: deleting group offsets failed", "group", id, "err", err)
+			return storeErrorCode(err), nil
+		},
+	})
+}

@@ -1,0 +1,23 @@
+// Package groupstate is kproxy's embedded consumer-group coordinator: it
+// serves the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
+// LeaveGroup), the offset APIs (OffsetCommit, OffsetFetch,
+// TxnOffsetCommit, OffsetDelete) and group administration (DescribeGroups,
+// ListGroups, DeleteGroups) at every version kmsg knows, with Apache
+// Kafka's behaviour and error codes.
+//
+// Groups are sharded by hash(group id) over a fixed set of
+// single-threaded loops; a loop owns its groups exclusively, so the state
+// machines take no locks. A request becomes an event on the owning loop
+// carrying its reply callback. A JoinGroup or SyncGroup that must wait is
+// parked in the group and answered later by the loop; no goroutine ever
+// blocks for it. Timers (session, rebalance, initial delay, pending sync,
+// new member) post keyed events back to the loop, and a stale key is
+// ignored. Time comes only from the injected Clock. Store calls run on
+// their own goroutines, one at a time per group id in arrival order, and
+// post their result back; a commit is acknowledged only after the store
+// returned.
+//
+// Reply callbacks and the Events sink are called on a loop goroutine:
+// they must not block, and must not call back into Engine.Group or
+// Engine.Groups (which wait for the loops).
+package groupstate

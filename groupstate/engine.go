@@ -1,0 +1,413 @@
+package groupstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Config configures an Engine. The zero value of every field except Store
+// is a documented default.
+type Config struct {
+	// Clock is the engine's only source of time; nil means the real clock.
+	Clock Clock
+	// Store persists offsets; it is required.
+	Store OffsetStore
+	// Logger receives the engine's logs; nil discards them.
+	Logger *slog.Logger
+	// Events receives every state change. It is called on the goroutine
+	// of the loop that owns the group and must not block; nil drops
+	// events.
+	Events func(Event)
+	// Shards is the number of event loops; 0 means runtime.GOMAXPROCS(0).
+	Shards int
+	// MinSessionTimeout and MaxSessionTimeout bound the session timeout a
+	// JoinGroup may ask for (group.min/max.session.timeout.ms); 0 means
+	// 6s and 30m.
+	MinSessionTimeout, MaxSessionTimeout time.Duration
+	// InitialRebalanceDelay delays the first rebalance of an empty group
+	// (group.initial.rebalance.delay.ms); 0 means 3s, negative means no
+	// delay.
+	InitialRebalanceDelay time.Duration
+	// MaxGroupSize limits the members of a group (group.max.size); 0
+	// means unlimited.
+	MaxGroupSize int
+	// NewMemberJoinTimeout removes a new member that does not complete
+	// its first join (KAFKA-7610); 0 means 5m.
+	NewMemberJoinTimeout time.Duration
+	// CheckCommitOwnership rejects commits for partitions that the
+	// committing member was not assigned in the current generation. The
+	// assignment is decoded from the standard consumer protocol; groups of
+	// other protocol types, and assignments that do not decode, are not
+	// checked.
+	CheckCommitOwnership bool
+	// StoreTimeout bounds every store call; 0 means 30s.
+	StoreTimeout time.Duration
+}
+
+// Engine is kproxy's embedded classic consumer-group coordinator. It is
+// safe for concurrent use; all group state is owned by its shard loops.
+type Engine struct {
+	cfg    Config // immutable after New
+	clock  Clock  // immutable after New
+	log    *slog.Logger
+	shards []*shard // immutable after New
+
+	// ctx is cancelled by Close; store calls derive from it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// storeWG counts store goroutines so that Close can wait for them;
+	// storeMu guards storeClosed, which refuses new ones after Close.
+	storeWG     sync.WaitGroup
+	storeMu     sync.Mutex
+	storeClosed bool
+	closed      atomic.Bool
+
+	// illegalTransitions counts refused state transitions (a bug if
+	// non-zero); tests assert it stays zero.
+	illegalTransitions atomic.Int64
+}
+
+// keys lists the API keys Handle serves.
+var keys = []int16{8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47}
+
+// Keys lists the API keys Handle serves: OffsetCommit (8), OffsetFetch (9),
+// JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
+// DescribeGroups (15), ListGroups (16), TxnOffsetCommit (28), DeleteGroups
+// (42) and OffsetDelete (47). FindCoordinator is the proxy's business.
+func Keys() []int16 { return append([]int16(nil), keys...) }
+
+// New validates cfg and starts the engine's loops.
+func New(cfg Config) (*Engine, error) {
+	var problems []error
+	if cfg.Store == nil {
+		problems = append(problems, errors.New("groupstate: Config.Store is required"))
+	}
+	if cfg.Shards < 0 {
+		problems = append(problems, fmt.Errorf("groupstate: Config.Shards %d is negative", cfg.Shards))
+	}
+	if cfg.MaxGroupSize < 0 {
+		problems = append(problems, fmt.Errorf("groupstate: Config.MaxGroupSize %d is negative", cfg.MaxGroupSize))
+	}
+	if cfg.MinSessionTimeout < 0 || cfg.MaxSessionTimeout < 0 || cfg.NewMemberJoinTimeout < 0 || cfg.StoreTimeout < 0 {
+		problems = append(problems, errors.New("groupstate: timeouts must not be negative"))
+	}
+	if cfg.MinSessionTimeout == 0 {
+		cfg.MinSessionTimeout = 6 * time.Second
+	}
+	if cfg.MaxSessionTimeout == 0 {
+		cfg.MaxSessionTimeout = 30 * time.Minute
+	}
+	if cfg.MinSessionTimeout > cfg.MaxSessionTimeout {
+		problems = append(problems, fmt.Errorf("groupstate: MinSessionTimeout %v exceeds MaxSessionTimeout %v", cfg.MinSessionTimeout, cfg.MaxSessionTimeout))
+	}
+	if len(problems) > 0 {
+		return nil, errors.Join(problems...)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Shards == 0 {
+		cfg.Shards = runtime.GOMAXPROCS(0)
+	}
+	if cfg.InitialRebalanceDelay == 0 {
+		cfg.InitialRebalanceDelay = 3 * time.Second
+	}
+	if cfg.InitialRebalanceDelay < 0 {
+		cfg.InitialRebalanceDelay = 0
+	}
+	if cfg.NewMemberJoinTimeout == 0 {
+		cfg.NewMemberJoinTimeout = 5 * time.Minute
+	}
+	if cfg.StoreTimeout == 0 {
+		cfg.StoreTimeout = 30 * time.Second
+	}
+	e := &Engine{cfg: cfg, clock: cfg.Clock, log: cfg.Logger}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.shards = make([]*shard, cfg.Shards)
+	for i := range e.shards {
+		s := &shard{
+			e:      e,
+			id:     i,
+			groups: make(map[string]*group),
+			ops:    make(map[string]*opQueue),
+			wake:   make(chan struct{}, 1),
+			done:   make(chan struct{}),
+		}
+		e.shards[i] = s
+		go s.run()
+	}
+	return e, nil
+}
+
+// shardFor returns the loop that owns group id.
+func (e *Engine) shardFor(id string) *shard {
+	if len(e.shards) == 1 {
+		return e.shards[0]
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return e.shards[h.Sum32()%uint32(len(e.shards))]
+}
+
+// Handle serves one group request. reply is called exactly once, maybe
+// later, from any goroutine, with a response of the request's version.
+func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Response)) {
+	version := req.GetVersion()
+	once := func(resp kmsg.Response) {
+		resp.SetVersion(version)
+		reply(resp)
+	}
+	if e.closed.Load() {
+		once(errorResponse(req, errCoordinatorNotAvailable))
+		return
+	}
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.joinGroup(rc, r, once) })
+	case *kmsg.SyncGroupRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.syncGroup(r, once) })
+	case *kmsg.HeartbeatRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.heartbeat(r, once) })
+	case *kmsg.LeaveGroupRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.leaveGroup(r, once) })
+	case *kmsg.OffsetCommitRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.offsetCommit(r, once) })
+	case *kmsg.TxnOffsetCommitRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.txnOffsetCommit(r, once) })
+	case *kmsg.OffsetDeleteRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.offsetDelete(r, once) })
+	case *kmsg.OffsetFetchRequest:
+		e.offsetFetch(r, once)
+	case *kmsg.DescribeGroupsRequest:
+		e.describeGroups(r, once)
+	case *kmsg.ListGroupsRequest:
+		e.listGroups(r, once)
+	case *kmsg.DeleteGroupsRequest:
+		e.deleteGroups(r, once)
+	default:
+		e.log.Error("groupstate: request not served by the engine", "api_key", req.Key(), "version", version)
+		once(errorResponse(req, errUnsupportedVersion))
+	}
+}
+
+// onGroup runs fn on the loop that owns group, or answers
+// COORDINATOR_NOT_AVAILABLE if the engine closed meanwhile.
+func (e *Engine) onGroup(group string, req kmsg.Request, reply func(kmsg.Response), fn func(*shard)) {
+	s := e.shardFor(group)
+	if !s.post(func() { fn(s) }) {
+		reply(errorResponse(req, errCoordinatorNotAvailable))
+	}
+}
+
+// Groups returns a snapshot of every group the engine holds, sorted by
+// group id.
+func (e *Engine) Groups() []GroupSnapshot {
+	var (
+		mu  sync.Mutex
+		all []GroupSnapshot
+		wg  sync.WaitGroup
+	)
+	for _, s := range e.shards {
+		wg.Add(1)
+		if !s.post(func() {
+			defer wg.Done()
+			snaps := make([]GroupSnapshot, 0, len(s.groups))
+			for _, g := range s.groups {
+				snaps = append(snaps, g.snapshot())
+			}
+			mu.Lock()
+			all = append(all, snaps...)
+			mu.Unlock()
+		}) {
+			wg.Done()
+		}
+	}
+	wg.Wait()
+	sort.Slice(all, func(i, j int) bool { return all[i].Group < all[j].Group })
+	return all
+}
+
+// Group returns a snapshot of one group, and false if the engine holds no
+// such group.
+func (e *Engine) Group(id string) (GroupSnapshot, bool) {
+	s := e.shardFor(id)
+	type res struct {
+		snap GroupSnapshot
+		ok   bool
+	}
+	ch := make(chan res, 1)
+	if !s.post(func() {
+		g, ok := s.groups[id]
+		if !ok {
+			ch <- res{}
+			return
+		}
+		ch <- res{g.snapshot(), true}
+	}) {
+		return GroupSnapshot{}, false
+	}
+	r := <-ch
+	return r.snap, r.ok
+}
+
+// Close answers every parked request with COORDINATOR_NOT_AVAILABLE, stops
+// the loops and waits for in-flight store calls. It is idempotent.
+func (e *Engine) Close() {
+	if e.closed.Swap(true) {
+		return
+	}
+	for _, s := range e.shards {
+		s.shutdown()
+	}
+	for _, s := range e.shards {
+		<-s.done
+	}
+	e.storeMu.Lock()
+	e.storeClosed = true
+	e.storeMu.Unlock()
+	e.cancel()
+	e.storeWG.Wait()
+}
+
+// shard is one single-threaded event loop and the groups it owns.
+type shard struct {
+	e  *Engine // immutable
+	id int     // immutable
+
+	// groups, ops and timerSeq are owned by the loop goroutine.
+	groups   map[string]*group
+	ops      map[string]*opQueue
+	timerSeq uint64
+
+	// mu guards queue and closed: the mailbox between posters and the
+	// loop.
+	mu     sync.Mutex
+	queue  []func()
+	closed bool
+	wake   chan struct{} // signalled when queue becomes non-empty
+	done   chan struct{} // closed when the loop exits
+}
+
+// post queues fn to run on the loop. It reports false, without queueing,
+// once the shard has shut down.
+func (s *shard) post(fn func()) bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	s.queue = append(s.queue, fn)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// shutdown queues the final event, which tears down every group, and
+// refuses further posts.
+func (s *shard) shutdown() {
+	s.mu.Lock()
+	s.queue = append(s.queue, s.teardown)
+	s.closed = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the loop: it drains the mailbox in order until teardown ran.
+func (s *shard) run() {
+	defer close(s.done)
+	var batch []func()
+	for {
+		<-s.wake
+		s.mu.Lock()
+		batch, s.queue = s.queue, batch[:0]
+		closed := s.closed
+		s.mu.Unlock()
+		for i, fn := range batch {
+			fn()
+			batch[i] = nil
+		}
+		if closed {
+			// A closed mailbox accepts nothing more; drain what was
+			// queued before the teardown marker, then exit.
+			s.mu.Lock()
+			rest := s.queue
+			s.queue = nil
+			s.mu.Unlock()
+			for _, fn := range rest {
+				fn()
+			}
+			return
+		}
+	}
+}
+
+// teardown answers parked requests and stops timers; it runs last.
+func (s *shard) teardown() {
+	for _, g := range s.groups {
+		g.cancelAllTimers()
+		for _, m := range g.members {
+			if m.joinReply != nil {
+				m.answerJoin(joinError(errCoordinatorNotAvailable, m.id))
+			}
+			if m.syncReply != nil {
+				m.answerSync(syncError(errCoordinatorNotAvailable))
+			}
+		}
+		for _, p := range g.pending {
+			stopTimer(p.timer)
+		}
+	}
+	s.groups = map[string]*group{}
+	s.abortOps()
+}
+
+// nextTimerID returns a fresh timer key.
+func (s *shard) nextTimerID() uint64 {
+	s.timerSeq++
+	return s.timerSeq
+}
+
+// emit delivers ev to the configured sink.
+func (s *shard) emit(ev Event) {
+	if s.e.cfg.Events != nil {
+		s.e.cfg.Events(ev)
+	}
+}
+
+// realClock is the Clock over package time.
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// MaxVersions returns, for each key in Keys, the highest version Handle
+// serves (every version kmsg knows, from 0); the proxy advertises these in
+// ApiVersions whatever the brokers support.
+func MaxVersions() map[int16]int16 {
+	out := make(map[int16]int16, len(keys))
+	for _, k := range keys {
+		out[k] = kmsg.RequestForKey(k).MaxVersion()
+	}
+	return out
+}

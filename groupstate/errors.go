@@ -1,0 +1,176 @@
+package groupstate
+
+import (
+	"errors"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Error codes the engine answers with, as Kafka numbers them (a test
+// checks them against kerr).
+const (
+	errNone                      int16 = 0
+	errUnknownServer             int16 = -1
+	errUnknownTopicOrPartition   int16 = 3
+	errOffsetMetadataTooLarge    int16 = 12
+	errCoordinatorLoadInProgress int16 = 14
+	errCoordinatorNotAvailable   int16 = 15
+	errNotCoordinator            int16 = 16
+	errIllegalGeneration         int16 = 22
+	errInconsistentGroupProtocol int16 = 23
+	errInvalidGroupID            int16 = 24
+	errUnknownMemberID           int16 = 25
+	errInvalidSessionTimeout     int16 = 26
+	errRebalanceInProgress       int16 = 27
+	errUnsupportedVersion        int16 = 35
+	errNonEmptyGroup             int16 = 68
+	errGroupIDNotFound           int16 = 69
+	errMemberIDRequired          int16 = 79
+	errGroupMaxSizeReached       int16 = 81
+	errFencedInstanceID          int16 = 82
+	errGroupSubscribedToTopic    int16 = 86
+	errUnknownTopicID            int16 = 100
+)
+
+// storeErrorCode maps an error returned by the store to the code a client
+// is told, following Kafka's remapping of storage errors: clients retry
+// COORDINATOR_NOT_AVAILABLE and NOT_COORDINATOR by looking the coordinator
+// up again, which brings them back to kproxy.
+func storeErrorCode(err error) int16 {
+	if err == nil {
+		return errNone
+	}
+	var ke *kerr.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kerr.UnknownTopicOrPartition, kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.RequestTimedOut:
+			return errCoordinatorNotAvailable
+		case kerr.NotLeaderForPartition, kerr.KafkaStorageError:
+			return errNotCoordinator
+		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidFetchSize:
+			return errUnknownServer
+		case kerr.NetworkException:
+			return errCoordinatorLoadInProgress
+		}
+		return ke.Code
+	}
+	// Timeouts, cancellation and transport errors: the client retries
+	// after looking the coordinator up again.
+	return errCoordinatorNotAvailable
+}
+
+// errorResponse builds the response to req carrying code everywhere a
+// Kafka broker would put a request-level error: at the top level, per
+// group, or per partition.
+func errorResponse(req kmsg.Request, code int16) kmsg.Response {
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		return joinError(code, r.MemberID)
+	case *kmsg.SyncGroupRequest:
+		return syncError(code)
+	case *kmsg.HeartbeatRequest:
+		resp := kmsg.NewPtrHeartbeatResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.LeaveGroupRequest:
+		resp := kmsg.NewPtrLeaveGroupResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.OffsetCommitRequest:
+		return commitError(r, code)
+	case *kmsg.TxnOffsetCommitRequest:
+		resp := kmsg.NewPtrTxnOffsetCommitResponse()
+		for _, t := range r.Topics {
+			rt := kmsg.NewTxnOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp
+	case *kmsg.OffsetFetchRequest:
+		resp := kmsg.NewPtrOffsetFetchResponse()
+		if r.Version >= 8 {
+			for _, g := range r.Groups {
+				rg := kmsg.NewOffsetFetchResponseGroup()
+				rg.Group, rg.ErrorCode = g.Group, code
+				resp.Groups = append(resp.Groups, rg)
+			}
+		} else {
+			resp.ErrorCode = code
+			for _, t := range r.Topics {
+				rt := kmsg.NewOffsetFetchResponseTopic()
+				rt.Topic = t.Topic
+				for _, p := range t.Partitions {
+					rp := kmsg.NewOffsetFetchResponseTopicPartition()
+					rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, code
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+		}
+		return resp
+	case *kmsg.DescribeGroupsRequest:
+		resp := kmsg.NewPtrDescribeGroupsResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewDescribeGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	case *kmsg.ListGroupsRequest:
+		resp := kmsg.NewPtrListGroupsResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.DeleteGroupsRequest:
+		resp := kmsg.NewPtrDeleteGroupsResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewDeleteGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	case *kmsg.OffsetDeleteRequest:
+		resp := kmsg.NewPtrOffsetDeleteResponse()
+		resp.ErrorCode = code
+		return resp
+	}
+	resp := req.ResponseKind()
+	resp.SetVersion(req.GetVersion())
+	return resp
+}
+
+// commitError answers every partition of an OffsetCommit with code.
+func commitError(r *kmsg.OffsetCommitRequest, code int16) *kmsg.OffsetCommitResponse {
+	resp := kmsg.NewPtrOffsetCommitResponse()
+	for _, t := range r.Topics {
+		rt := kmsg.NewOffsetCommitResponseTopic()
+		rt.Topic, rt.TopicID = t.Topic, t.TopicID
+		for _, p := range t.Partitions {
+			rp := kmsg.NewOffsetCommitResponseTopicPartition()
+			rp.Partition, rp.ErrorCode = p.Partition, code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
+}
+
+// joinError is a JoinGroup response carrying only an error and member id.
+func joinError(code int16, memberID string) *kmsg.JoinGroupResponse {
+	resp := kmsg.NewPtrJoinGroupResponse()
+	resp.ErrorCode = code
+	resp.MemberID = memberID
+	return resp
+}
+
+// syncError is a SyncGroup response carrying only an error.
+func syncError(code int16) *kmsg.SyncGroupResponse {
+	resp := kmsg.NewPtrSyncGroupResponse()
+	resp.ErrorCode = code
+	return resp
+}

@@ -1,0 +1,53 @@
+package groupstate
+
+import (
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+)
+
+func TestErrorCodesMatchKerr(t *testing.T) {
+	for _, tc := range []struct {
+		code int16
+		want *kerr.Error
+	}{
+		{errUnknownServer, kerr.UnknownServerError},
+		{errUnknownTopicOrPartition, kerr.UnknownTopicOrPartition},
+		{errOffsetMetadataTooLarge, kerr.OffsetMetadataTooLarge},
+		{errCoordinatorLoadInProgress, kerr.CoordinatorLoadInProgress},
+		{errCoordinatorNotAvailable, kerr.CoordinatorNotAvailable},
+		{errNotCoordinator, kerr.NotCoordinator},
+		{errIllegalGeneration, kerr.IllegalGeneration},
+		{errInconsistentGroupProtocol, kerr.InconsistentGroupProtocol},
+		{errInvalidGroupID, kerr.InvalidGroupID},
+		{errUnknownMemberID, kerr.UnknownMemberID},
+		{errInvalidSessionTimeout, kerr.InvalidSessionTimeout},
+		{errRebalanceInProgress, kerr.RebalanceInProgress},
+		{errUnsupportedVersion, kerr.UnsupportedVersion},
+		{errNonEmptyGroup, kerr.NonEmptyGroup},
+		{errGroupIDNotFound, kerr.GroupIDNotFound},
+		{errMemberIDRequired, kerr.MemberIDRequired},
+		{errGroupMaxSizeReached, kerr.GroupMaxSizeReached},
+		{errFencedInstanceID, kerr.FencedInstanceID},
+		{errGroupSubscribedToTopic, kerr.GroupSubscribedToTopic},
+		{errUnknownTopicID, kerr.UnknownTopicID},
+	} {
+		if tc.code != tc.want.Code {
+			t.Errorf("%s: engine uses %d, kerr says %d", tc.want.Message, tc.code, tc.want.Code)
+		}
+	}
+	for _, tc := range []struct {
+		err  error
+		want int16
+	}{
+		{kerr.NotEnoughReplicas, errCoordinatorNotAvailable},
+		{kerr.NotLeaderForPartition, errNotCoordinator},
+		{kerr.MessageTooLarge, errUnknownServer},
+		{kerr.NetworkException, errCoordinatorLoadInProgress},
+		{kerr.GroupIDNotFound, errGroupIDNotFound},
+	} {
+		if got := storeErrorCode(tc.err); got != tc.want {
+			t.Errorf("storeErrorCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package groupstate
+
+import (
+	"context"
+	"sync"
+)
+
+// Store calls never run on a loop. Each group id has a FIFO of store
+// operations, owned by the loop of the group's shard: one operation per
+// group is in flight at a time, so commits and fetches of one group are
+// applied in the order they arrived. The operation runs on its own
+// goroutine and posts its completion back to the loop; if the engine has
+// closed meanwhile, the completion answers the client directly.
+
+// storeOp is one queued store operation.
+type storeOp struct {
+	// run performs the store calls off the loop and returns the result
+	// plus an optional follow-up to run on the loop (events).
+	run func(ctx context.Context) (result any, after func())
+	// done receives the result exactly once, from the loop or, after
+	// Close, from the operation's goroutine.
+	done func(result any)
+	// abort is the result given to done if the engine closes before the
+	// operation started.
+	abort any
+}
+
+// opQueue is the FIFO of one group id (owned by the loop).
+type opQueue struct {
+	busy bool
+	q    []storeOp
+}
+
+// enqueue adds op to group's FIFO and starts it if the FIFO was idle.
+func (s *shard) enqueue(group string, op storeOp) {
+	q := s.ops[group]
+	if q == nil {
+		q = &opQueue{}
+		s.ops[group] = q
+	}
+	q.q = append(q.q, op)
+	if !q.busy {
+		s.startNext(group, q)
+	}
+}
+
+// startNext starts the next operation of q, or forgets q when empty.
+func (s *shard) startNext(group string, q *opQueue) {
+	if len(q.q) == 0 {
+		q.busy = false
+		if s.ops[group] == q {
+			delete(s.ops, group)
+		}
+		return
+	}
+	op := q.q[0]
+	q.q[0] = storeOp{}
+	q.q = q.q[1:]
+	q.busy = true
+	started := s.e.goStore(func(ctx context.Context) {
+		result, after := op.run(ctx)
+		if !s.post(func() {
+			if after != nil {
+				after()
+			}
+			op.done(result)
+			s.startNext(group, q)
+		}) {
+			op.done(result)
+		}
+	})
+	if !started {
+		op.done(op.abort)
+		s.startNext(group, q)
+	}
+}
+
+// abortOps answers every queued, unstarted operation (engine closing).
+func (s *shard) abortOps() {
+	for group, q := range s.ops {
+		for _, op := range q.q {
+			op.done(op.abort)
+		}
+		q.q = nil
+		delete(s.ops, group)
+	}
+}
+
+// goStore runs fn on a tracked goroutine with a bounded context; it
+// reports false once the engine is closing.
+func (e *Engine) goStore(fn func(ctx context.Context)) bool {
+	e.storeMu.Lock()
+	if e.storeClosed {
+		e.storeMu.Unlock()
+		return false
+	}
+	e.storeWG.Add(1)
+	e.storeMu.Unlock()
+	go func() {
+		defer e.storeWG.Done()
+		ctx, cancel := context.WithTimeout(e.ctx, e.cfg.StoreTimeout)
+		defer cancel()
+		fn(ctx)
+	}()
+	return true
+}
+
+// gather collects n partial results from any goroutines and calls finish
+// once with all of them.
+type gather struct {
+	mu     sync.Mutex
+	left   int
+	parts  []any
+	finish func(parts []any)
+}
+
+// newGather returns a gather for n parts; with n == 0 finish runs now.
+func newGather(n int, finish func(parts []any)) *gather {
+	g := &gather{left: n, parts: make([]any, n), finish: finish}
+	if n == 0 {
+		finish(g.parts)
+	}
+	return g
+}
+
+// set records part i.
+func (g *gather) set(i int, v any) {
+	g.mu.Lock()
+	g.parts[i] = v
+	g.left--
+	last := g.left == 0
+	g.mu.Unlock()
+	if last {
+		g.finish(g.parts)
+	}
+}
+
+// resolveNames maps topic IDs to names through the store, if it can.
+func (e *Engine) resolveNames(ctx context.Context, ids [][16]byte) map[[16]byte]string {
+	if len(ids) == 0 {
+		return nil
+	}
+	r, ok := e.cfg.Store.(TopicResolver)
+	if !ok {
+		return nil
+	}
+	names, err := r.TopicNames(ctx, ids)
+	if err != nil {
+		e.log.Warn("groupstate: resolving topic ids failed", "err", err)
+		return nil
+	}
+	return names
+}
+
+// resolveIDs maps topic names to IDs through the store, if it can.
+func (e *Engine) resolveIDs(ctx context.Context, names []string) map[string][16]byte {
+	if len(names) == 0 {
+		return nil
+	}
+	r, ok := e.cfg.Store.(TopicResolver)
+	if !ok {
+		return nil
+	}
+	ids, err := r.TopicIDs(ctx, names)
+	if err != nil {
+		e.log.Warn("groupstate: resolving topic names failed", "err", err)
+		return nil
+	}
+	return ids
+}

@@ -1,0 +1,128 @@
+package groupstate
+
+import "time"
+
+// Timers never mutate state: a timer's function only posts an event to
+// the owning loop, and the event is keyed by the timer's id so that a
+// timer that was cancelled or replaced, but fired anyway, is ignored.
+
+// timerRef is an armed timer and its key (0 = none).
+type timerRef struct {
+	id uint64
+	t  Timer
+}
+
+// stopTimer stops t if it is armed; staleness checks cover a timer that
+// fires anyway.
+func stopTimer(t timerRef) {
+	if t.t != nil {
+		t.t.Stop()
+	}
+}
+
+// arm starts a timer that, after d, runs fire(id) on the shard's loop.
+func (s *shard) arm(d time.Duration, fire func(id uint64)) timerRef {
+	id := s.nextTimerID()
+	t := s.e.clock.AfterFunc(d, func() {
+		s.post(func() { fire(id) })
+	})
+	return timerRef{id: id, t: t}
+}
+
+// live reports whether g is still the group the shard holds under its id.
+func (g *group) live() bool { return g.s.groups[g.id] == g }
+
+// cancelAllTimers stops every timer of the group and its members.
+func (g *group) cancelAllTimers() {
+	stopTimer(g.joinTimer)
+	stopTimer(g.syncTimer)
+	g.joinTimer, g.syncTimer = timerRef{}, timerRef{}
+	for _, m := range g.members {
+		stopTimer(m.timer)
+		m.timer = timerRef{}
+	}
+}
+
+// armMemberTimer (re)arms m's heartbeat timer for d.
+func (g *group) armMemberTimer(m *member, d time.Duration) {
+	stopTimer(m.timer)
+	m.timer = g.s.arm(d, func(id uint64) {
+		if !g.live() {
+			return
+		}
+		cur, ok := g.members[m.id]
+		if !ok || cur != m || m.timer.id != id {
+			return
+		}
+		m.timer = timerRef{}
+		g.onMemberTimeout(m)
+	})
+}
+
+// rearmSession re-arms m's session timer (a heartbeat or commit).
+func (g *group) rearmSession(m *member) { g.armMemberTimer(m, m.sessionTimeout) }
+
+// armPendingTimer arms the session timer of a KIP-394 pending member.
+func (g *group) armPendingTimer(p *pendingMember, d time.Duration) {
+	p.timer = g.s.arm(d, func(id uint64) {
+		if !g.live() {
+			return
+		}
+		cur, ok := g.pending[p.id]
+		if !ok || cur != p || p.timer.id != id {
+			return
+		}
+		delete(g.pending, p.id)
+		g.s.e.log.Debug("groupstate: pending member expired", "group", g.id, "member", p.id)
+		g.maybeCompleteJoin()
+	})
+}
+
+// armJoinTimer arms the rebalance timer: when it fires the join completes
+// with whoever rejoined.
+func (g *group) armJoinTimer(d time.Duration) {
+	stopTimer(g.joinTimer)
+	g.joinTimer = g.s.arm(d, func(id uint64) {
+		if !g.live() || g.joinTimer.id != id {
+			return
+		}
+		g.joinTimer = timerRef{}
+		if g.state == statePreparingRebalance {
+			g.completeJoin()
+		}
+	})
+}
+
+// armInitialDelay arms one step of the initial rebalance delay (KIP-134).
+func (g *group) armInitialDelay(delay, remaining time.Duration) {
+	stopTimer(g.joinTimer)
+	g.joinTimer = g.s.arm(delay, func(id uint64) {
+		if !g.live() || g.joinTimer.id != id {
+			return
+		}
+		g.joinTimer = timerRef{}
+		if g.state != statePreparingRebalance {
+			return
+		}
+		if g.newMemberAdded && remaining != 0 {
+			g.newMemberAdded = false
+			next := min(delay, remaining)
+			g.armInitialDelay(next, max(remaining-delay, 0))
+			return
+		}
+		g.completeJoin()
+	})
+}
+
+// armSyncTimer arms the pending-sync timer for the current generation.
+func (g *group) armSyncTimer(d time.Duration) {
+	stopTimer(g.syncTimer)
+	gen := g.generation
+	g.syncTimer = g.s.arm(d, func(id uint64) {
+		if !g.live() || g.syncTimer.id != id {
+			return
+		}
+		g.syncTimer = timerRef{}
+		g.onSyncTimeout(gen)
+	})
+}
