@@ -335,3 +335,8 @@ func (d *cuttableDialer) kill() {
 		c.Close()
 	}
 }
+
+// Dial lets sarama use the dialer (its Net.Proxy.Dialer).
+func (d *cuttableDialer) Dial(network, addr string) (net.Conn, error) {
+	return d.DialContext(context.Background(), network, addr)
+}
