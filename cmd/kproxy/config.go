@@ -11,6 +11,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
+
+	"github.com/kproxy/kproxy/tap"
 )
 
 // fileConfig is the configuration file's shape; configs/kproxy.yaml
@@ -46,9 +48,8 @@ type groupsConfig struct {
 }
 
 type telemetryConfig struct {
-	TracesExporter string `yaml:"traces_exporter"` // "", otlp-grpc, otlp-http, stdout, none
-	OTLPEndpoint   string `yaml:"otlp_endpoint"`
-	ServiceName    string `yaml:"service_name"`
+	ServiceName string           `yaml:"service_name"`
+	Traces      tap.TracesConfig `yaml:"traces"`
 }
 
 func defaultConfig() fileConfig {

@@ -29,7 +29,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newDevCmd(), newVersionCmd())
+	root.AddCommand(newServeCmd(), newDevCmd(), newTapCmd(), newVersionCmd())
 	return root
 }
 

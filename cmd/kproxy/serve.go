@@ -71,7 +71,7 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		w.close(context.Background())
 		return err
 	}
-	if err := w.startAdmin(ctx, p); err != nil {
+	if err := w.startAdmin(ctx, p, cfg.AdminListen, log); err != nil {
 		shutdown(p, w, cfg.ShutdownTimeout, log)
 		return err
 	}

@@ -2,16 +2,87 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
 // wireTelemetry sets up traces and metrics (tap) and registers its event
-// sink.
+// sink with the engine's publisher.
 func wireTelemetry(ctx context.Context, w *wiring, cfg fileConfig, log *slog.Logger) error {
+	t, err := tap.New(ctx, tap.Config{
+		ServiceName: cfg.Telemetry.ServiceName,
+		Traces:      cfg.Telemetry.Traces,
+		Logger:      log.With("component", "tap"),
+	})
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	w.tap = t
+	w.meterProvider = t.MeterProvider()
+	w.events = append(w.events, t.OnEvent)
+	w.closers = append(w.closers, t.Shutdown)
+	if exp := t.TraceExporter(); exp != "" && exp != "none" {
+		log.Info("rebalance traces enabled", "exporter", exp)
+	}
 	return nil
 }
 
-// startAdmin starts the admin HTTP server when configured.
-func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy) error { return nil }
+// startAdmin starts the admin HTTP server when configured: health,
+// readiness, metrics, the group API, the live event stream and the web
+// view.
+func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy, addr string, log *slog.Logger) error {
+	if w.engine != nil {
+		w.tap.SetGroupSource(w.engine)
+	}
+	if addr == "" {
+		return nil
+	}
+	acfg := tap.AdminConfig{
+		Tap:     w.tap,
+		Offsets: tap.NewKadmOffsetSource(kadm.NewClient(w.upstream)),
+		Logger:  log.With("component", "admin"),
+		Ready: func(ctx context.Context) error {
+			req := kmsg.NewPtrMetadataRequest()
+			req.Topics = []kmsg.MetadataRequestTopic{}
+			if _, err := req.RequestWith(ctx, w.upstream); err != nil {
+				return fmt.Errorf("upstream not reachable: %w", err)
+			}
+			return nil
+		},
+	}
+	if w.engine != nil {
+		acfg.Groups = w.engine
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	srv := &http.Server{Handler: tap.NewAdminHandler(acfg), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin server stopped", "err", err)
+		}
+	}()
+	log.Info("admin server listening", "addr", ln.Addr().String())
+	w.closers = append(w.closers, func(ctx context.Context) error {
+		// Event streams never end on their own: give them a moment,
+		// then cut them.
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			return srv.Close()
+		}
+		return nil
+	})
+	return nil
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
 // wiring holds what run builds around the proxy: the coordinator engine,
@@ -19,6 +20,7 @@ import (
 type wiring struct {
 	engine        *groupstate.Engine // nil with groups forwarded
 	upstream      *kgo.Client        // kproxy's own client of the cluster
+	tap           *tap.Tap
 	coordinator   proxy.Coordinator
 	meterProvider metric.MeterProvider
 	events        []func(groupstate.Event)
