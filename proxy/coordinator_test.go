@@ -1,0 +1,237 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+)
+
+// recordingCoordinator answers every group request with an empty
+// response of the right version, after an optional delay, and records
+// what it was given.
+type recordingCoordinator struct {
+	delay time.Duration
+	mu    sync.Mutex
+	got   []kmsg.Request
+	from  []Client
+}
+
+func (c *recordingCoordinator) Handle(cl Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.mu.Lock()
+	c.got = append(c.got, req)
+	c.from = append(c.from, cl)
+	c.mu.Unlock()
+	resp := req.ResponseKind()
+	resp.SetVersion(req.GetVersion())
+	if c.delay > 0 {
+		time.AfterFunc(c.delay, func() { reply(resp) })
+		return
+	}
+	reply(resp)
+}
+
+func rawRequest(t *testing.T, conn net.Conn, req kmsg.Request, corr int32, clientID string) {
+	t.Helper()
+	f := kmsg.NewRequestFormatter(kmsg.FormatterClientID(clientID))
+	if _, err := conn.Write(f.AppendRequest(nil, req, corr)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readResponse reads one response frame and decodes it for req.
+func readResponse(t *testing.T, conn net.Conn, req kmsg.Request) (int32, kmsg.Response) {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var size [4]byte
+	if _, err := io.ReadFull(conn, size[:]); err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	b := make([]byte, int(uint32(size[0])<<24|uint32(size[1])<<16|uint32(size[2])<<8|uint32(size[3])))
+	if _, err := io.ReadFull(conn, b); err != nil {
+		t.Fatal(err)
+	}
+	corr := int32(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
+	b = b[4:]
+	resp := req.ResponseKind()
+	resp.SetVersion(req.GetVersion())
+	if resp.IsFlexible() && req.Key() != 18 {
+		b = b[1:] // empty header tags
+	}
+	if err := resp.ReadFrom(b); err != nil {
+		t.Fatalf("decoding %s response: %v", kmsg.NameForKey(req.Key()), err)
+	}
+	return corr, resp
+}
+
+// TestGroupRequestsStayInOrder pipelines forwarded requests around a slow
+// local one on one connection: responses come back in request order, and
+// the coordinator sees the client id and host.
+func TestGroupRequestsStayInOrder(t *testing.T) {
+	c := newCluster(t)
+	co := &recordingCoordinator{delay: 200 * time.Millisecond}
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.Coordinator = co })
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var reqs []kmsg.Request
+	for i := range 9 {
+		var req kmsg.Request
+		switch i % 3 {
+		case 0:
+			req = kmsg.NewPtrMetadataRequest()
+		case 1:
+			hb := kmsg.NewPtrHeartbeatRequest()
+			hb.Group = "g"
+			req = hb
+		case 2:
+			req = kmsg.NewPtrApiVersionsRequest()
+		}
+		req.SetVersion(min(req.MaxVersion(), 3))
+		rawRequest(t, conn, req, int32(100+i), "order-test")
+		reqs = append(reqs, req)
+	}
+	for i, req := range reqs {
+		corr, _ := readResponse(t, conn, req)
+		if corr != int32(100+i) {
+			t.Fatalf("response %d has correlation id %d", i, corr)
+		}
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if len(co.got) != 3 || co.from[0].ID != "order-test" || co.from[0].Host != "127.0.0.1" {
+		t.Fatalf("coordinator got %d requests from %+v", len(co.got), co.from)
+	}
+}
+
+// TestFindCoordinatorForGroupsIsLocal asks for a group coordinator at every
+// version, single and batched: the answer is a kproxy listener, never an
+// upstream broker, and transaction keys still go upstream.
+func TestFindCoordinatorForGroupsIsLocal(t *testing.T) {
+	c := newCluster(t)
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.Coordinator = &recordingCoordinator{} })
+	upstream := strings.Join(c.ListenAddrs(), ",")
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for v := int16(0); v <= kmsg.NewPtrFindCoordinatorRequest().MaxVersion(); v++ {
+		req := kmsg.NewPtrFindCoordinatorRequest()
+		req.Version = v
+		req.CoordinatorKey = "my-group"
+		req.CoordinatorKeys = []string{"my-group", "other-group"}
+		rawRequest(t, conn, req, int32(v), "fc")
+		_, r := readResponse(t, conn, req)
+		resp := r.(*kmsg.FindCoordinatorResponse)
+		type co struct {
+			node       int32
+			host       string
+			port, code int32
+		}
+		var got []co
+		if v < 4 {
+			got = append(got, co{resp.NodeID, resp.Host, resp.Port, int32(resp.ErrorCode)})
+		} else {
+			for _, x := range resp.Coordinators {
+				got = append(got, co{x.NodeID, x.Host, x.Port, int32(x.ErrorCode)})
+			}
+			if len(got) != 2 {
+				t.Fatalf("v%d: %d coordinators for 2 keys", v, len(got))
+			}
+		}
+		for _, g := range got {
+			addr := g.host + ":" + strconv.Itoa(int(g.port))
+			if g.code != 0 || g.node < 0 || strings.Contains(upstream, addr) || g.host != "127.0.0.1" {
+				t.Fatalf("v%d: coordinator %+v", v, g)
+			}
+		}
+	}
+}
+
+// TestGroupAPIsAdvertisedWhateverTheBroker runs against brokers that
+// support no group API at all: kproxy still advertises them, at the
+// versions the engine serves.
+func TestGroupAPIsAdvertisedWhateverTheBroker(t *testing.T) {
+	vs := kversion.Stable()
+	for _, key := range []int16{8, 9, 11, 12, 13, 14, 15, 16, 42, 47} {
+		vs.SetMaxKeyVersion(key, -1)
+	}
+	c := newCluster(t, kfake.MaxVersions(vs))
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.Coordinator = &recordingCoordinator{} })
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	req := kmsg.NewPtrApiVersionsRequest()
+	req.Version = 3
+	req.ClientSoftwareName, req.ClientSoftwareVersion = "t", "1"
+	rawRequest(t, conn, req, 1, "av")
+	_, r := readResponse(t, conn, req)
+	got := map[int16]int16{}
+	for _, k := range r.(*kmsg.ApiVersionsResponse).ApiKeys {
+		got[k.ApiKey] = k.MaxVersion
+	}
+	for _, key := range []int16{8, 9, 10, 11, 12, 13, 14, 15, 16, 42, 47} {
+		if got[key] != kmsg.RequestForKey(key).MaxVersion() {
+			t.Errorf("%s advertised at v%d, want v%d", kmsg.NameForKey(key), got[key], kmsg.RequestForKey(key).MaxVersion())
+		}
+	}
+	if _, ok := got[68]; ok {
+		t.Errorf("ConsumerGroupHeartbeat advertised; the engine does not serve it")
+	}
+}
+
+// TestMalformedGroupRequestClosesConnection sends a group request whose
+// body does not decode: that connection closes with a log line, the
+// coordinator never sees it, other connections carry on.
+func TestMalformedGroupRequestClosesConnection(t *testing.T) {
+	c := newCluster(t)
+	logs := &logBuffer{}
+	co := &recordingCoordinator{}
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) {
+		cfg.Coordinator = co
+		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	})
+	bad, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	body := []byte{0, 11, 0, 5, 0, 0, 0, 1, 0xff, 0xff, 0, 3, 'a'} // JoinGroup v5 cut short
+	bad.Write(append(frame(body), body...))
+	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, bad); err != nil {
+		t.Fatalf("not closed: %v", err)
+	}
+	waitFor(t, 5*time.Second, "the log line", func() bool {
+		return strings.Contains(logs.String(), "malformed JoinGroup v5 request") && strings.Contains(logs.String(), bad.LocalAddr().String())
+	})
+	good := newClient(t, p.Addr())
+	hb := kmsg.NewPtrHeartbeatRequest()
+	hb.Group = "g"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := hb.RequestWith(ctx, good); err != nil {
+		t.Fatalf("heartbeat on a good connection: %v", err)
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	for _, r := range co.got {
+		if r.Key() == 11 {
+			t.Fatalf("the coordinator saw the malformed JoinGroup")
+		}
+	}
+}
