@@ -87,7 +87,21 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 func shutdown(p *proxy.Proxy, w *wiring, timeout time.Duration, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	errP := p.Shutdown(ctx)
+	drained := make(chan error, 1)
+	go func() { drained <- p.Shutdown(ctx) }()
+	var errP error
+	select {
+	case errP = <-drained:
+	case <-time.After(min(2*time.Second, timeout/2)):
+		// Requests parked in the engine (a JoinGroup waiting for a
+		// rebalance) would hold the drain until the deadline: closing
+		// the engine answers them, and the drain finishes.
+		log.Info("closing the coordinator to answer parked group requests")
+		if w.engine != nil {
+			w.engine.Close()
+		}
+		errP = <-drained
+	}
 	errW := w.close(ctx)
 	err := errors.Join(errP, errW)
 	if err != nil {

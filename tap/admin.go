@@ -1,0 +1,311 @@
+package tap
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kproxy/kproxy/groupstate"
+)
+
+//go:embed web/static
+var webFiles embed.FS
+
+// AdminConfig configures the admin HTTP handler. Every field may be nil;
+// the endpoints that need a missing piece answer 503.
+type AdminConfig struct {
+	// Tap provides /metrics and /api/events.
+	Tap *Tap
+	// Groups provides /api/groups (usually the engine).
+	Groups GroupSource
+	// Ready reports whether kproxy can serve (upstream reachable, state
+	// loaded); /readyz answers 503 with its error. Nil means ready.
+	Ready func(context.Context) error
+	// Offsets provides committed offsets and lag in /api/groups/{id}.
+	Offsets OffsetSource
+	// Logger receives request failures; discarded when nil.
+	Logger *slog.Logger
+	// Timeout bounds Ready and Offsets calls, 3s when zero.
+	Timeout time.Duration
+	// KeepAlive is the interval of SSE keep-alive comments, 15s when
+	// zero.
+	KeepAlive time.Duration
+}
+
+// admin serves the admin API. Immutable after NewAdminHandler.
+type admin struct {
+	cfg AdminConfig
+	log *slog.Logger
+}
+
+// NewAdminHandler returns the admin HTTP handler: /healthz, /readyz,
+// /metrics, /api/groups, /api/groups/{id}, /api/events and the web view
+// at /.
+func NewAdminHandler(cfg AdminConfig) http.Handler {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	a := &admin{cfg: cfg, log: cfg.Logger}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", a.readyz)
+	if cfg.Tap != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Tap.registry, promhttp.HandlerOpts{ErrorLog: slogErrorLog{a.log}}))
+	} else {
+		mux.HandleFunc("GET /metrics", unavailable("metrics are off"))
+	}
+	mux.HandleFunc("GET /api/groups", a.groups)
+	mux.HandleFunc("GET /api/groups/{id...}", a.group)
+	mux.HandleFunc("GET /api/events", a.events)
+	files := http.FileServerFS(webFiles)
+	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/web/static" + r.URL.Path
+		r2.URL.RawPath = ""
+		files.ServeHTTP(w, r2)
+	})
+	return mux
+}
+
+// unavailable answers 503 with msg.
+func unavailable(msg string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, msg, http.StatusServiceUnavailable)
+	}
+}
+
+// slogErrorLog adapts slog to promhttp's error logger.
+type slogErrorLog struct{ log *slog.Logger }
+
+// Println logs a promhttp error.
+func (l slogErrorLog) Println(v ...any) { l.log.Warn("metrics: " + fmt.Sprint(v...)) }
+
+// readyz calls the Ready check.
+func (a *admin) readyz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if a.cfg.Ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.Timeout)
+		defer cancel()
+		if err := a.cfg.Ready(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintf(w, "not ready: %v\n", err)
+			return
+		}
+	}
+	_, _ = w.Write([]byte("ready\n"))
+}
+
+// GroupSummary is one entry of /api/groups.
+type GroupSummary struct {
+	Group        string    `json:"group"`
+	State        string    `json:"state"`
+	ProtocolType string    `json:"protocol_type"`
+	Protocol     string    `json:"protocol"`
+	Generation   int32     `json:"generation"`
+	Leader       string    `json:"leader,omitempty"`
+	Members      int       `json:"members"`
+	StateSince   time.Time `json:"state_since"`
+}
+
+// GroupDetail is the body of /api/groups/{id}.
+type GroupDetail struct {
+	Group        string         `json:"group"`
+	State        string         `json:"state"`
+	ProtocolType string         `json:"protocol_type"`
+	Protocol     string         `json:"protocol"`
+	Generation   int32          `json:"generation"`
+	Leader       string         `json:"leader,omitempty"`
+	StateSince   time.Time      `json:"state_since"`
+	Members      []MemberInfo   `json:"members"`
+	Offsets      []PartitionLag `json:"offsets"`
+	// TotalLag sums the known lags of Offsets.
+	TotalLag int64 `json:"total_lag"`
+	// OffsetsError says why offsets could not be read.
+	OffsetsError string `json:"offsets_error,omitempty"`
+}
+
+// groups serves the group list, sorted by group id.
+func (a *admin) groups(w http.ResponseWriter, _ *http.Request) {
+	if a.cfg.Groups == nil {
+		http.Error(w, "no group source", http.StatusServiceUnavailable)
+		return
+	}
+	snaps := a.cfg.Groups.Groups()
+	out := make([]GroupSummary, 0, len(snaps))
+	for _, g := range snaps {
+		out = append(out, GroupSummary{
+			Group: g.Group, State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
+			Generation: g.Generation, Leader: g.Leader, Members: len(g.Members), StateSince: g.StateSince,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	writeJSON(w, out)
+}
+
+// group serves one group's detail with its offsets and lag.
+func (a *admin) group(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	var detail GroupDetail
+	known := false
+	if a.cfg.Groups != nil {
+		if g, ok := a.cfg.Groups.Group(id); ok {
+			known = true
+			detail = groupDetail(g)
+		}
+	}
+	if !known {
+		detail = GroupDetail{Group: id, State: "Unknown", Members: []MemberInfo{}}
+	}
+	detail.Offsets = []PartitionLag{}
+	if a.cfg.Offsets != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.Timeout)
+		lags, err := a.cfg.Offsets.Lag(ctx, id)
+		cancel()
+		if err != nil {
+			detail.OffsetsError = err.Error()
+			a.log.Warn("admin: reading offsets", "group", id, "err", err)
+		} else if lags != nil {
+			detail.Offsets = lags
+		}
+	}
+	for _, l := range detail.Offsets {
+		if l.Lag > 0 {
+			detail.TotalLag += l.Lag
+		}
+	}
+	if !known && len(detail.Offsets) == 0 {
+		http.Error(w, fmt.Sprintf("group %q not found", id), http.StatusNotFound)
+		return
+	}
+	writeJSON(w, detail)
+}
+
+// groupDetail converts a snapshot, decoding member assignments.
+func groupDetail(g groupstate.GroupSnapshot) GroupDetail {
+	d := GroupDetail{
+		Group: g.Group, State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
+		Generation: g.Generation, Leader: g.Leader, StateSince: g.StateSince,
+		Members: make([]MemberInfo, 0, len(g.Members)),
+	}
+	for _, m := range g.Members {
+		d.Members = append(d.Members, toMemberInfo(g.ProtocolType, m))
+	}
+	sort.Slice(d.Members, func(i, j int) bool { return d.Members[i].MemberID < d.Members[j].MemberID })
+	return d
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// events streams engine events as Server-Sent Events: first the recent
+// ones (after Last-Event-ID when the client resumes), then live ones.
+// ?group=G keeps only one group's events. A subscriber that falls behind
+// loses events and receives a "dropped" event saying how many.
+func (a *admin) events(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.Tap == nil {
+		http.Error(w, "event stream is off", http.StatusServiceUnavailable)
+		return
+	}
+	rc := http.NewResponseController(w)
+	hub := a.cfg.Tap.hub
+	after := hub.resumeAfter(r.Header.Get("Last-Event-ID"))
+	sub, recent, seq := hub.subscribe(r.URL.Query().Get("group"), after)
+	defer hub.unsubscribe(sub)
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	// Tell EventSource clients to reconnect quickly, and which event
+	// sequence this is: a client that sees another boot id knows kproxy
+	// restarted and drops what it had.
+	if _, err := fmt.Fprintf(w, "retry: 1000\n\nevent: hello\ndata: {\"boot\":%q,\"seq\":%d}\n\n", hub.boot, seq); err != nil {
+		return
+	}
+	for _, e := range recent {
+		if err := writeSSE(w, hub, e); err != nil {
+			return
+		}
+	}
+	if err := rc.Flush(); err != nil {
+		return
+	}
+	keep := time.NewTicker(a.cfg.KeepAlive)
+	defer keep.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case e, ok := <-sub.ch:
+			if !ok {
+				return // the tap shut down
+			}
+			if n := sub.dropped.Swap(0); n > 0 {
+				if _, err := fmt.Fprintf(w, "event: dropped\ndata: {\"dropped\":%d}\n\n", n); err != nil {
+					return
+				}
+			}
+			if err := writeSSE(w, hub, e); err != nil {
+				return
+			}
+			// Coalesce whatever else is already buffered before
+			// flushing.
+		drain:
+			for {
+				select {
+				case e, ok := <-sub.ch:
+					if !ok {
+						_ = rc.Flush()
+						return
+					}
+					if err := writeSSE(w, hub, e); err != nil {
+						return
+					}
+				default:
+					break drain
+				}
+			}
+			if err := rc.Flush(); err != nil {
+				return
+			}
+		case <-keep.C:
+			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
+				return
+			}
+			if err := rc.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// writeSSE writes one event in SSE framing. The JSON has no newlines.
+func writeSSE(w http.ResponseWriter, h *hub, e *hubEntry) error {
+	if _, err := fmt.Fprintf(w, "id: %s\ndata: %s\n\n", h.eventID(e.seq), e.data); err != nil {
+		return fmt.Errorf("writing event: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,413 @@
+package tap
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kproxy/kproxy/groupstate"
+)
+
+// get fetches path from srv and returns the status and body.
+func get(t *testing.T, srv *httptest.Server, path string) (int, string) {
+	t.Helper()
+	resp, err := srv.Client().Get(srv.URL + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading %s: %v", path, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// completedRebalance feeds tp one full rebalance of group.
+func completedRebalance(tp *Tap, s *eventSeq, cause string, gen int32, members ...groupstate.Member) {
+	ev := s.at(0, groupstate.EventRebalanceStarted)
+	ev.Cause, ev.Generation = cause, gen-1
+	tp.OnEvent(ev)
+	ev = s.at(1500*time.Millisecond, groupstate.EventJoinCompleted)
+	ev.Generation, ev.Leader, ev.Members = gen, members[0].MemberID, members
+	tp.OnEvent(ev)
+	ev = s.at(500*time.Millisecond, groupstate.EventSyncCompleted)
+	ev.Generation, ev.Members = gen, members
+	tp.OnEvent(ev)
+}
+
+func TestMetricsScrape(t *testing.T) {
+	groups := &fakeGroups{groups: []groupstate.GroupSnapshot{
+		{Group: "a", State: "Stable", Generation: 3, Members: []groupstate.Member{member("m1"), member("m2")}},
+		{Group: "b", State: "Stable", Generation: 1, Members: []groupstate.Member{member("m3")}},
+		{Group: "c", State: "PreparingRebalance", Generation: 7},
+	}}
+	tp, _ := newTestTap(t, Config{Groups: groups})
+	// The proxy records its own metrics through MeterProvider.
+	reqs, err := tp.MeterProvider().Meter("proxy").Int64Counter("kproxy.requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs.Add(context.Background(), 5)
+
+	s := newSeq("a")
+	completedRebalance(tp, s, groupstate.CauseMemberJoined, 1, member("m1"))
+	completedRebalance(tp, s, groupstate.CauseMemberJoined, 2, member("m1"), member("m2"))
+	ev := s.at(time.Second, groupstate.EventMemberExpired)
+	ev.Member, ev.Cause = &groupstate.Member{MemberID: "m2"}, "session_timeout"
+	tp.OnEvent(ev)
+	completedRebalance(tp, s, groupstate.CauseMemberExpired, 3, member("m1"))
+	flush(t, tp)
+
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp, Groups: groups}))
+	defer srv.Close()
+	code, body := get(t, srv, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	for _, want := range []string{
+		`kproxy_rebalances_total{kproxy_rebalance_cause="member_joined",messaging_consumer_group_name="a"} 2`,
+		`kproxy_rebalances_total{kproxy_rebalance_cause="member_expired",messaging_consumer_group_name="a"} 1`,
+		`kproxy_rebalance_duration_seconds_count{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed"} 2`,
+		`kproxy_rebalance_duration_seconds_sum{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed"} 4`,
+		`kproxy_rebalance_duration_seconds_bucket{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed",le="2.5"} 2`,
+		`kproxy_rebalance_duration_seconds_bucket{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed",le="1"} 0`,
+		`kproxy_member_expirations_total{kproxy_member_expire_reason="session_timeout"} 1`,
+		`kproxy_groups{kproxy_group_state="Stable"} 2`,
+		`kproxy_groups{kproxy_group_state="PreparingRebalance"} 1`,
+		`kproxy_group_members{messaging_consumer_group_name="a"} 2`,
+		`kproxy_group_members{messaging_consumer_group_name="b"} 1`,
+		`kproxy_group_generation{messaging_consumer_group_name="c"} 7`,
+		`kproxy_group_events_total{kproxy_event_kind="sync_completed"} 3`,
+		`kproxy_tap_events_dropped_total 0`,
+		`kproxy_requests_total 5`,
+		`go_goroutines `,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", grepLines(body, "kproxy_"))
+	}
+}
+
+// grepLines keeps the lines of s containing sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// fakeOffsets is an OffsetSource with fixed answers.
+type fakeOffsets struct {
+	lags map[string][]PartitionLag
+	err  error
+}
+
+func (f fakeOffsets) Lag(_ context.Context, group string) ([]PartitionLag, error) {
+	return f.lags[group], f.err
+}
+
+func TestAdminGroupsAndHealth(t *testing.T) {
+	m1 := member("m1")
+	m1.Assignment = assignment("payments", 1, 0)
+	m2 := member("m2")
+	m2.Assignment = []byte{0, 0, 0} // truncated: reported, not fatal
+	since := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	groups := &fakeGroups{groups: []groupstate.GroupSnapshot{
+		{Group: "zeta", State: "Empty", ProtocolType: "consumer"},
+		{Group: "team/a", State: "Empty", ProtocolType: "connect"},
+		{Group: "alpha", State: "Stable", ProtocolType: "consumer", Protocol: "range", Generation: 2,
+			Leader: "m1", Members: []groupstate.Member{m2, m1}, StateSince: since},
+	}}
+	offsets := fakeOffsets{lags: map[string][]PartitionLag{
+		"alpha":  {{Topic: "payments", Partition: 0, Committed: 10, End: 15, Lag: 5}, {Topic: "payments", Partition: 1, Committed: -1, End: 3, Lag: 3}},
+		"simple": {{Topic: "t", Partition: 0, Committed: 1, End: 1, Lag: 0}},
+	}}
+	var ready error
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{
+		Groups: groups, Offsets: offsets,
+		Ready: func(context.Context) error { return ready },
+	}))
+	defer srv.Close()
+
+	if code, body := get(t, srv, "/healthz"); code != 200 || !strings.Contains(body, "ok") {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, _ := get(t, srv, "/readyz"); code != 200 {
+		t.Errorf("/readyz while ready: %d", code)
+	}
+	ready = errors.New("upstream unreachable")
+	if code, body := get(t, srv, "/readyz"); code != 503 || !strings.Contains(body, "upstream unreachable") {
+		t.Errorf("/readyz while not ready: %d %q", code, body)
+	}
+	if code, _ := get(t, srv, "/metrics"); code != 503 {
+		t.Errorf("/metrics without a tap: %d, want 503", code)
+	}
+
+	code, body := get(t, srv, "/api/groups")
+	if code != 200 {
+		t.Fatalf("/api/groups: %d %s", code, body)
+	}
+	var list []GroupSummary
+	if err := json.Unmarshal([]byte(body), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 3 || list[0].Group != "alpha" || list[0].Members != 2 || list[1].Group != "team/a" || list[2].Group != "zeta" {
+		t.Errorf("/api/groups = %+v", list)
+	}
+
+	code, body = get(t, srv, "/api/groups/alpha")
+	if code != 200 {
+		t.Fatalf("/api/groups/alpha: %d %s", code, body)
+	}
+	var d GroupDetail
+	if err := json.Unmarshal([]byte(body), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.State != "Stable" || d.Generation != 2 || d.Protocol != "range" || !d.StateSince.Equal(since) || len(d.Members) != 2 {
+		t.Fatalf("detail = %+v", d)
+	}
+	a := d.Members[0]
+	if a.MemberID != "m1" || a.ClientID != "client-m1" || a.ClientHost != "10.0.0.1" {
+		t.Errorf("member m1 = %+v", a)
+	}
+	if len(a.Assignment) != 1 || a.Assignment[0].Topic != "payments" || len(a.Assignment[0].Partitions) != 2 ||
+		a.Assignment[0].Partitions[0] != 0 || a.Assignment[0].Partitions[1] != 1 {
+		t.Errorf("m1 assignment = %+v, want payments [0 1]", a.Assignment)
+	}
+	if d.Members[1].AssignmentError == "" {
+		t.Errorf("truncated assignment of m2 not reported: %+v", d.Members[1])
+	}
+	if d.TotalLag != 8 || len(d.Offsets) != 2 {
+		t.Errorf("offsets %+v total lag %d, want 2 partitions and lag 8", d.Offsets, d.TotalLag)
+	}
+
+	if code, _ := get(t, srv, "/api/groups/simple"); code != 200 {
+		t.Errorf("group with offsets only: %d, want 200", code)
+	}
+	if code, body := get(t, srv, "/api/groups/team%2Fa"); code != 200 || !strings.Contains(body, `"group": "team/a"`) {
+		t.Errorf("group id with a slash: %d %s", code, body)
+	}
+	if code, _ := get(t, srv, "/api/groups/nope"); code != 404 {
+		t.Errorf("unknown group: %d, want 404", code)
+	}
+	if code, body := get(t, srv, "/"); code != 200 || !strings.Contains(body, "<html") {
+		t.Errorf("web view: %d %.80q", code, body)
+	}
+}
+
+// sseReader reads Server-Sent Events from a response body.
+type sseReader struct {
+	sc *bufio.Scanner
+}
+
+// next returns the next event's type ("" for message), id and data.
+func (r *sseReader) next() (typ, id, data string, err error) {
+	for r.sc.Scan() {
+		line := r.sc.Text()
+		switch {
+		case line == "":
+			if data != "" {
+				return typ, id, data, nil
+			}
+		case strings.HasPrefix(line, "event: "):
+			typ = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "id: "):
+			id = strings.TrimPrefix(line, "id: ")
+		case strings.HasPrefix(line, "data: "):
+			data = strings.TrimPrefix(line, "data: ")
+		}
+	}
+	if err := r.sc.Err(); err != nil {
+		return "", "", "", err
+	}
+	return "", "", "", io.EOF
+}
+
+// openSSE connects to /api/events with an optional query.
+func openSSE(t *testing.T, srv *httptest.Server, query string, lastID string) (*sseReader, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/events"+query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	return &sseReader{sc: bufio.NewScanner(resp.Body)}, func() { cancel(); resp.Body.Close() }
+}
+
+func TestEventStream(t *testing.T) {
+	tp, _ := newTestTap(t, Config{RecentEvents: 4})
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp}))
+	defer srv.Close()
+
+	// Six events before anyone connects: the ring keeps the last four.
+	s := newSeq("a")
+	completedRebalance(tp, s, groupstate.CauseMemberJoined, 1, member("m1"))
+	completedRebalance(tp, s, groupstate.CauseMemberJoined, 2, member("m1"), member("m2"))
+	flush(t, tp)
+
+	r, closeAll := openSSE(t, srv, "", "")
+	defer closeAll()
+	rb, closeB := openSSE(t, srv, "?group=b", "")
+	defer closeB()
+	for _, rd := range []*sseReader{r, rb} {
+		typ, _, data, err := rd.next()
+		if err != nil || typ != "hello" || data != `{"boot":"`+tp.hub.boot+`","seq":6}` {
+			t.Fatalf("first event %q %q %v, want hello with boot and seq 6", typ, data, err)
+		}
+	}
+	var seqs []uint64
+	for i := 0; i < 4; i++ {
+		_, id, data, err := r.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var se StreamEvent
+		if err := json.Unmarshal([]byte(data), &se); err != nil {
+			t.Fatal(err)
+		}
+		if id != tp.hub.eventID(se.Seq) || se.Group != "a" {
+			t.Errorf("replayed event id %q %+v", id, se)
+		}
+		seqs = append(seqs, se.Seq)
+	}
+	if seqs[0] != 3 || seqs[3] != 6 {
+		t.Errorf("replayed seqs %v, want 3..6", seqs)
+	}
+
+	// A live event of group b reaches both subscribers.
+	ev := newSeq("b").at(0, groupstate.EventMemberJoined)
+	m := member("m9")
+	m.Assignment = assignment("t", 4)
+	ev.Member = &m
+	tp.OnEvent(ev)
+	for _, rd := range []*sseReader{r, rb} {
+		_, _, data, err := rd.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var se StreamEvent
+		if err := json.Unmarshal([]byte(data), &se); err != nil {
+			t.Fatal(err)
+		}
+		if se.Seq != 7 || se.Group != "b" || se.Kind != "member_joined" || se.Member == nil ||
+			se.Member.ClientID != "client-m9" || len(se.Member.Assignment) != 1 || se.Member.Assignment[0].Topic != "t" {
+			t.Errorf("live event %s", data)
+		}
+	}
+
+	// Resuming after seq 5 replays 6 and 7 only.
+	rr, closeR := openSSE(t, srv, "", tp.hub.eventID(5))
+	defer closeR()
+	if typ, _, _, _ := rr.next(); typ != "hello" {
+		t.Fatalf("resume: first event %q, want hello", typ)
+	}
+	for _, want := range []uint64{6, 7} {
+		_, id, _, err := rr.next()
+		if err != nil || id != tp.hub.eventID(want) {
+			t.Fatalf("resume: id %q err %v, want %s", id, err, tp.hub.eventID(want))
+		}
+	}
+	// An id from another boot (kproxy restarted) replays the whole ring.
+	ro, closeO := openSSE(t, srv, "", "0000-5")
+	defer closeO()
+	ro.next() // hello
+	if _, id, _, err := ro.next(); err != nil || id != tp.hub.eventID(4) {
+		t.Fatalf("resume from another boot: first id %q err %v, want the ring's oldest %s", id, err, tp.hub.eventID(4))
+	}
+}
+
+func TestSlowSubscriberLosesEventsWithoutBlocking(t *testing.T) {
+	h := newHub(8, 2)
+	sub, _, _ := h.subscribe("", 0)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 10; i++ {
+			h.publish(StreamEvent{Group: "g", Kind: "member_joined"})
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("publish blocked on a slow subscriber")
+	}
+	if got := sub.dropped.Load(); got != 8 {
+		t.Errorf("subscriber dropped %d, want 8", got)
+	}
+	if got := h.droppedTotal(); got != 8 {
+		t.Errorf("hub dropped %d, want 8", got)
+	}
+	if e := <-sub.ch; e.seq != 1 {
+		t.Errorf("first buffered seq %d, want 1", e.seq)
+	}
+	h.unsubscribe(sub)
+	if h.subscribers() != 0 {
+		t.Errorf("subscriber still registered")
+	}
+}
+
+func TestStreamTellsSlowSubscriberHowManyItLost(t *testing.T) {
+	tp, _ := newTestTap(t, Config{SubscriberBuffer: 1, RecentEvents: 1})
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp}))
+	defer srv.Close()
+	r, closeR := openSSE(t, srv, "", "")
+	defer closeR()
+	// Wait until the handler is subscribed.
+	deadline := time.Now().Add(5 * time.Second)
+	for tp.hub.subscribers() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("subscriber never registered")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Publish directly from the test so that the handler cannot keep
+	// up: hold the hub lock while filling beyond the buffer.
+	tp.hub.mu.Lock()
+	sub := func() *subscriber {
+		for s := range tp.hub.subs {
+			return s
+		}
+		return nil
+	}()
+	tp.hub.mu.Unlock()
+	sub.dropped.Add(3) // as if three events were lost
+	if typ, _, _, _ := r.next(); typ != "hello" {
+		t.Fatalf("first event %q, want hello", typ)
+	}
+	tp.OnEvent(groupstate.Event{Kind: groupstate.EventGroupCreated, Group: "g", Time: time.Now()})
+	typ, _, data, err := r.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ != "dropped" || data != `{"dropped":3}` {
+		t.Errorf("got %q %q, want a dropped event with 3", typ, data)
+	}
+	typ, _, data, err = r.next()
+	if err != nil || typ != "" || !strings.Contains(data, "group_created") {
+		t.Errorf("after the notice got %q %q %v", typ, data, err)
+	}
+}

@@ -1,0 +1,279 @@
+// Package devstack starts a whole kproxy in one process for tap's tests and
+// its browser test: an in-memory Kafka cluster (kfake), the coordinator
+// engine, the proxy in front of the cluster, a Tap fed by the engine and
+// the admin server. Real franz-go clients then connect to Bootstrap. It is
+// test infrastructure: kproxy itself is wired in cmd/kproxy.
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
+)
+
+// maxVersions caps the clients at Kafka 3.9's protocol versions: at the
+// time of writing the engine answers OffsetFetch v10 (topic ids, Kafka 4.0)
+// with UNKNOWN_TOPIC_ID, which stalls consumers before their first fetch.
+var maxVersions = kgo.MaxVersions(kversion.V3_9_0())
+
+// Options tweak a Stack.
+type Options struct {
+	// SpanExporter receives rebalance spans (synchronously); nil uses
+	// the environment like kproxy does.
+	SpanExporter sdktrace.SpanExporter
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// AdminListen is the admin server's address, 127.0.0.1:0 when empty.
+	AdminListen string
+	// AdminWrap, when set, wraps the admin handler (the browser-test
+	// server adds its control endpoint this way).
+	AdminWrap func(http.Handler) http.Handler
+}
+
+// Stack is a running in-process kproxy. Every field is immutable after
+// Start.
+type Stack struct {
+	Cluster   *kfake.Cluster
+	Engine    *groupstate.Engine
+	Tap       *tap.Tap
+	Proxy     *proxy.Proxy
+	Admin     *kadm.Client // talks to the cluster through the proxy
+	Bootstrap string       // the proxy's bootstrap address
+	AdminURL  string       // http://host:port of the admin server
+
+	adminSrv *http.Server
+	adminCl  *kgo.Client
+}
+
+// coordinator adapts the engine to the proxy's Coordinator interface.
+type coordinator struct{ e *groupstate.Engine }
+
+// Handle forwards a group request to the engine.
+func (c coordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+}
+
+// Start builds and starts the stack. Close releases it.
+func Start(ctx context.Context, opt Options) (s *Stack, err error) {
+	log := opt.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s = &Stack{}
+	defer func() {
+		if err != nil {
+			s.Close(context.Background())
+		}
+	}()
+	s.Cluster, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		return nil, fmt.Errorf("devstack: kfake: %w", err)
+	}
+	s.Tap, err = tap.New(ctx, tap.Config{
+		ServiceName:  "kproxy-devstack",
+		SpanExporter: opt.SpanExporter,
+		SyncExport:   opt.SpanExporter != nil,
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.Engine, err = groupstate.New(groupstate.Config{
+		Store:                 groupstate.NewMemoryStore(),
+		Events:                s.Tap.OnEvent,
+		Logger:                log,
+		InitialRebalanceDelay: -1,
+		MinSessionTimeout:     100 * time.Millisecond,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("devstack: engine: %w", err)
+	}
+	s.Tap.SetGroupSource(s.Engine)
+	s.Proxy, err = proxy.New(proxy.Config{
+		Upstreams:     s.Cluster.ListenAddrs(),
+		Listen:        "127.0.0.1:0",
+		Coordinator:   coordinator{s.Engine},
+		Logger:        log,
+		MeterProvider: s.Tap.MeterProvider(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("devstack: proxy: %w", err)
+	}
+	if err := s.Proxy.Start(ctx); err != nil {
+		return nil, fmt.Errorf("devstack: starting proxy: %w", err)
+	}
+	s.Bootstrap = s.Proxy.Addr()
+
+	s.adminCl, err = kgo.NewClient(kgo.SeedBrokers(s.Bootstrap), kgo.ClientID("kproxy-admin"), maxVersions)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: admin client: %w", err)
+	}
+	s.Admin = kadm.NewClient(s.adminCl)
+
+	addr := opt.AdminListen
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: admin listen: %w", err)
+	}
+	var h http.Handler = tap.NewAdminHandler(tap.AdminConfig{
+		Tap:     s.Tap,
+		Groups:  s.Engine,
+		Offsets: tap.NewKadmOffsetSource(s.Admin),
+		Ready: func(ctx context.Context) error {
+			_, err := s.Admin.BrokerMetadata(ctx)
+			return err
+		},
+		Logger: log,
+	})
+	if opt.AdminWrap != nil {
+		h = opt.AdminWrap(h)
+	}
+	s.adminSrv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("devstack: admin server", "err", err)
+		}
+	}()
+	s.AdminURL = "http://" + ln.Addr().String()
+	return s, nil
+}
+
+// Close stops everything Start started, in reverse order.
+func (s *Stack) Close(ctx context.Context) {
+	if s.adminSrv != nil {
+		// Live event streams never end on their own: close, not
+		// Shutdown.
+		_ = s.adminSrv.Close()
+	}
+	if s.adminCl != nil {
+		s.adminCl.Close()
+	}
+	if s.Proxy != nil {
+		_ = s.Proxy.Shutdown(ctx)
+	}
+	if s.Engine != nil {
+		s.Engine.Close()
+	}
+	if s.Tap != nil {
+		_ = s.Tap.Shutdown(ctx)
+	}
+	if s.Cluster != nil {
+		s.Cluster.Close()
+	}
+}
+
+// Consumer starts a franz-go group consumer through the proxy that polls
+// and commits until it is closed.
+type Consumer struct {
+	Client *kgo.Client
+	done   chan struct{}
+}
+
+// NewConsumer joins group as clientID, consuming topics. Extra options
+// (session timeout, instance id) come last.
+func (s *Stack) NewConsumer(group, clientID string, topics []string, opts ...kgo.Opt) (*Consumer, error) {
+	base := []kgo.Opt{
+		kgo.SeedBrokers(s.Bootstrap),
+		kgo.ClientID(clientID),
+		kgo.ConsumerGroup(group),
+		kgo.ConsumeTopics(topics...),
+		kgo.HeartbeatInterval(300 * time.Millisecond),
+		kgo.SessionTimeout(6 * time.Second),
+		kgo.AutoCommitInterval(200 * time.Millisecond),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		maxVersions,
+	}
+	cl, err := kgo.NewClient(append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("devstack: consumer %s: %w", clientID, err)
+	}
+	c := &Consumer{Client: cl, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		for {
+			fs := cl.PollFetches(context.Background())
+			if fs.IsClientClosed() {
+				return
+			}
+		}
+	}()
+	return c, nil
+}
+
+// Close leaves the group (dynamic members) and stops polling.
+func (c *Consumer) Close() {
+	c.Client.Close()
+	<-c.done
+}
+
+// Produce writes n small records to topic through the proxy.
+func (s *Stack) Produce(ctx context.Context, topic string, n int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Bootstrap), kgo.ClientID("devstack-producer"), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		return fmt.Errorf("devstack: producer: %w", err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, 0, n)
+	for i := range n {
+		recs = append(recs, &kgo.Record{Key: []byte(fmt.Sprint(i % 17)), Value: []byte(fmt.Sprintf("record %d", i))})
+	}
+	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("devstack: produce: %w", err)
+	}
+	return nil
+}
+
+// CreateTopic creates topic with the given partition count through the
+// proxy.
+func (s *Stack) CreateTopic(ctx context.Context, topic string, partitions int32) error {
+	resp, err := s.Admin.CreateTopic(ctx, partitions, 1, nil, topic)
+	if err != nil {
+		return fmt.Errorf("devstack: create topic %s: %w", topic, err)
+	}
+	if resp.Err != nil {
+		return fmt.Errorf("devstack: create topic %s: %w", topic, resp.Err)
+	}
+	return nil
+}
+
+// WaitGroup polls the engine until group is Stable with n members, and
+// returns its snapshot.
+func (s *Stack) WaitGroup(ctx context.Context, group string, n int) (groupstate.GroupSnapshot, error) {
+	for {
+		g, ok := s.Engine.Group(group)
+		if ok && g.State == "Stable" && len(g.Members) == n {
+			allAssigned := true
+			for _, m := range g.Members {
+				if len(m.Assignment) == 0 {
+					allAssigned = false
+				}
+			}
+			if allAssigned {
+				return g, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return g, fmt.Errorf("devstack: waiting for %s Stable with %d members (now %s, %d): %w", group, n, g.State, len(g.Members), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,277 @@
+// Package groupdriver plays classic consumer-group members against a
+// coordinator engine by handing it kmsg requests directly, without
+// sockets. tap's tests and its browser-test server use it to produce real
+// rebalances.
+package groupdriver
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+)
+
+// Handler is the part of the engine the driver uses.
+type Handler interface {
+	Handle(rc groupstate.RequestContext, req kmsg.Request, reply func(kmsg.Response))
+}
+
+// Member is one consumer-group member. It is not safe for concurrent use;
+// drive each Member from one goroutine.
+type Member struct {
+	Engine   Handler
+	Group    string
+	ClientID string
+	Host     string
+	// InstanceID makes the member static when set.
+	InstanceID string
+	// Topics is the member's subscription; Partitions is how many
+	// partitions each topic has (for the leader's assignment).
+	Topics     []string
+	Partitions int32
+	// SessionMillis and RebalanceMillis are the member's timeouts.
+	SessionMillis, RebalanceMillis int32
+
+	// ID and Generation are learnt from JoinGroup.
+	ID         string
+	Generation int32
+	// Assigned is the assignment received in the last SyncGroup.
+	Assigned kmsg.ConsumerMemberAssignment
+}
+
+// do sends req and waits for the reply or ctx.
+func (m *Member) do(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	ch := make(chan kmsg.Response, 1)
+	m.Engine.Handle(groupstate.RequestContext{ClientID: m.ClientID, ClientHost: m.Host}, req, func(r kmsg.Response) { ch <- r })
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for api key %d: %w", req.Key(), ctx.Err())
+	}
+}
+
+// JoinResult is the outcome of Join: the response, or an error.
+type JoinResult struct {
+	Resp *kmsg.JoinGroupResponse
+	Err  error
+}
+
+// Join sends JoinGroup (v5, retrying once on MEMBER_ID_REQUIRED) and
+// waits for the join phase to complete.
+func (m *Member) Join(ctx context.Context) (*kmsg.JoinGroupResponse, error) {
+	for range 2 {
+		req := kmsg.NewPtrJoinGroupRequest()
+		req.Version = 5
+		req.Group = m.Group
+		req.SessionTimeoutMillis = m.SessionMillis
+		req.RebalanceTimeoutMillis = m.RebalanceMillis
+		req.MemberID = m.ID
+		if m.InstanceID != "" {
+			iid := m.InstanceID
+			req.InstanceID = &iid
+		}
+		req.ProtocolType = "consumer"
+		meta := kmsg.NewConsumerMemberMetadata()
+		meta.Topics = m.Topics
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name = "range"
+		p.Metadata = meta.AppendTo(nil)
+		req.Protocols = append(req.Protocols, p)
+		r, err := m.do(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		resp := r.(*kmsg.JoinGroupResponse)
+		if err := kerr.ErrorForCode(resp.ErrorCode); err == kerr.MemberIDRequired {
+			m.ID = resp.MemberID
+			continue
+		} else if err != nil {
+			return resp, fmt.Errorf("join group %s: %w", m.Group, err)
+		}
+		m.ID = resp.MemberID
+		m.Generation = resp.Generation
+		return resp, nil
+	}
+	return nil, fmt.Errorf("join group %s: member id required twice", m.Group)
+}
+
+// JoinAsync runs Join in a goroutine.
+func (m *Member) JoinAsync(ctx context.Context) <-chan JoinResult {
+	ch := make(chan JoinResult, 1)
+	go func() {
+		resp, err := m.Join(ctx)
+		ch <- JoinResult{resp, err}
+	}()
+	return ch
+}
+
+// Sync sends SyncGroup. When join says this member leads, it assigns the
+// partitions of every member's topics round-robin.
+func (m *Member) Sync(ctx context.Context, join *kmsg.JoinGroupResponse) error {
+	req := kmsg.NewPtrSyncGroupRequest()
+	req.Version = 3
+	req.Group = m.Group
+	req.Generation = m.Generation
+	req.MemberID = m.ID
+	if m.InstanceID != "" {
+		iid := m.InstanceID
+		req.InstanceID = &iid
+	}
+	if join != nil && join.LeaderID == m.ID {
+		plan, err := m.assign(join.Members)
+		if err != nil {
+			return err
+		}
+		req.GroupAssignment = plan
+	}
+	r, err := m.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	resp := r.(*kmsg.SyncGroupResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return fmt.Errorf("sync group %s: %w", m.Group, err)
+	}
+	m.Assigned = kmsg.NewConsumerMemberAssignment()
+	if len(resp.MemberAssignment) > 0 {
+		if err := m.Assigned.ReadFrom(resp.MemberAssignment); err != nil {
+			return fmt.Errorf("sync group %s: decoding assignment: %w", m.Group, err)
+		}
+	}
+	return nil
+}
+
+// assign spreads every subscribed topic's partitions over the members.
+func (m *Member) assign(members []kmsg.JoinGroupResponseMember) ([]kmsg.SyncGroupRequestGroupAssignment, error) {
+	ids := make([]string, 0, len(members))
+	subs := map[string][]string{}
+	topics := map[string]bool{}
+	for _, jm := range members {
+		var meta kmsg.ConsumerMemberMetadata
+		if err := meta.ReadFrom(jm.ProtocolMetadata); err != nil {
+			return nil, fmt.Errorf("decoding metadata of %s: %w", jm.MemberID, err)
+		}
+		ids = append(ids, jm.MemberID)
+		subs[jm.MemberID] = meta.Topics
+		for _, t := range meta.Topics {
+			topics[t] = true
+		}
+	}
+	sort.Strings(ids)
+	names := make([]string, 0, len(topics))
+	for t := range topics {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	got := map[string]map[string][]int32{}
+	for _, id := range ids {
+		got[id] = map[string][]int32{}
+	}
+	for _, t := range names {
+		var takers []string
+		for _, id := range ids {
+			for _, st := range subs[id] {
+				if st == t {
+					takers = append(takers, id)
+				}
+			}
+		}
+		for p := int32(0); p < m.Partitions && len(takers) > 0; p++ {
+			id := takers[int(p)%len(takers)]
+			got[id][t] = append(got[id][t], p)
+		}
+	}
+	plan := make([]kmsg.SyncGroupRequestGroupAssignment, 0, len(ids))
+	for _, id := range ids {
+		a := kmsg.NewConsumerMemberAssignment()
+		for _, t := range names {
+			if ps := got[id][t]; len(ps) > 0 {
+				a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: t, Partitions: ps})
+			}
+		}
+		ga := kmsg.NewSyncGroupRequestGroupAssignment()
+		ga.MemberID = id
+		ga.MemberAssignment = a.AppendTo(nil)
+		plan = append(plan, ga)
+	}
+	return plan, nil
+}
+
+// Heartbeat sends one heartbeat and returns the group error, if any
+// (kerr.RebalanceInProgress asks the member to rejoin).
+func (m *Member) Heartbeat(ctx context.Context) error {
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Version = 3
+	req.Group = m.Group
+	req.Generation = m.Generation
+	req.MemberID = m.ID
+	if m.InstanceID != "" {
+		iid := m.InstanceID
+		req.InstanceID = &iid
+	}
+	r, err := m.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	return kerr.ErrorForCode(r.(*kmsg.HeartbeatResponse).ErrorCode)
+}
+
+// Leave sends LeaveGroup for this member.
+func (m *Member) Leave(ctx context.Context) error {
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Version = 3
+	req.Group = m.Group
+	lm := kmsg.NewLeaveGroupRequestMember()
+	lm.MemberID = m.ID
+	req.Members = append(req.Members, lm)
+	r, err := m.do(ctx, req)
+	if err != nil {
+		return err
+	}
+	resp := r.(*kmsg.LeaveGroupResponse)
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return fmt.Errorf("leave group %s: %w", m.Group, err)
+	}
+	for _, rm := range resp.Members {
+		if err := kerr.ErrorForCode(rm.ErrorCode); err != nil {
+			return fmt.Errorf("leave group %s member %s: %w", m.Group, rm.MemberID, err)
+		}
+	}
+	return nil
+}
+
+// Rebalance has every member (re)join concurrently, then sync, and
+// returns when all have their assignment for the new generation.
+func Rebalance(ctx context.Context, members ...*Member) error {
+	chans := make([]<-chan JoinResult, len(members))
+	for i, m := range members {
+		chans[i] = m.JoinAsync(ctx)
+	}
+	joins := make([]*kmsg.JoinGroupResponse, len(members))
+	for i, ch := range chans {
+		select {
+		case r := <-ch:
+			if r.Err != nil {
+				return r.Err
+			}
+			joins[i] = r.Resp
+		case <-ctx.Done():
+			return fmt.Errorf("rebalance: %w", ctx.Err())
+		}
+	}
+	errs := make(chan error, len(members))
+	for i, m := range members {
+		go func() { errs <- m.Sync(ctx, joins[i]) }()
+	}
+	for range members {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	return nil
+}
