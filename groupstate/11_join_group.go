@@ -43,6 +43,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 		g = newGroup(s, r.Group)
 		s.groups[r.Group] = g
 		s.emit(g.event(EventGroupCreated))
+		g.armEmptyTimer()
 	}
 	j := &joinReq{rc: rc, r: r, reply: reply, session: session, rebalance: rebalance}
 	if r.InstanceID != nil {
@@ -76,12 +77,18 @@ type joinReq struct {
 // join dispatches a JoinGroup to the new- or known-member path.
 func (g *group) join(j *joinReq) {
 	if !g.acceptJoiningMember(j.r.MemberID) {
+		// Kafka kicks out the late rejoiner; the join may now be
+		// complete without it.
+		if p, ok := g.pending[j.r.MemberID]; ok {
+			stopTimer(p.timer)
+			delete(g.pending, j.r.MemberID)
+		}
+		j.reply(joinError(errGroupMaxSizeReached, ""))
 		if m, ok := g.members[j.r.MemberID]; ok {
 			g.remove(m.id)
 			g.emitMember(EventMemberLeft, m, "group_max_size")
+			g.maybeCompleteJoin()
 		}
-		delete(g.pending, j.r.MemberID)
-		j.reply(joinError(errGroupMaxSizeReached, ""))
 		return
 	}
 	if j.r.MemberID == "" {

@@ -45,7 +45,11 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 	}
 	g, ok := s.groups[r.Group]
 	if !ok {
-		finish(errUnknownMemberID)
+		// As Kafka: every member is unknown (v0-2 carry it at the top).
+		for i := range results {
+			results[i].ErrorCode = errUnknownMemberID
+		}
+		finish(errNone)
 		return
 	}
 	if g.state == stateDead {

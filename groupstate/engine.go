@@ -53,6 +53,12 @@ type Config struct {
 	CheckCommitOwnership bool
 	// StoreTimeout bounds every store call; 0 means 30s.
 	StoreTimeout time.Duration
+	// EmptyGroupRetention is how long the engine keeps the state of a
+	// group that has been Empty (protocol type, generation) before
+	// forgetting it; its offsets stay in the store, so it then shows as
+	// a simple group. 0 means 7 days (offsets.retention.minutes);
+	// negative means forever.
+	EmptyGroupRetention time.Duration
 }
 
 // Engine is kproxy's embedded classic consumer-group coordinator. It is
@@ -135,6 +141,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.StoreTimeout == 0 {
 		cfg.StoreTimeout = 30 * time.Second
 	}
+	if cfg.EmptyGroupRetention == 0 {
+		cfg.EmptyGroupRetention = 7 * 24 * time.Hour
+	}
 	e := &Engine{cfg: cfg, clock: cfg.Clock, log: cfg.Logger}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.shards = make([]*shard, cfg.Shards)
@@ -164,7 +173,11 @@ func (e *Engine) shardFor(id string) *shard {
 }
 
 // Handle serves one group request. reply is called exactly once, maybe
-// later, from any goroutine, with a response of the request's version.
+// later, from any goroutine (often an engine loop: it must not block),
+// with a response of the request's version. The engine keeps req: the
+// caller must not modify it afterwards. Requests of a type Handle does not
+// serve (see Keys) are logged and answered with the request's empty
+// response kind.
 func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Response)) {
 	version := req.GetVersion()
 	once := func(resp kmsg.Response) {
@@ -397,8 +410,10 @@ func (s *shard) emit(ev Event) {
 // realClock is the Clock over package time.
 type realClock struct{}
 
+// Now returns the wall-clock time.
 func (realClock) Now() time.Time { return time.Now() }
 
+// AfterFunc wraps time.AfterFunc.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
 // MaxVersions returns, for each key in Keys, the highest version Handle

@@ -46,6 +46,8 @@ type group struct {
 	// pending-sync timer.
 	joinTimer timerRef
 	syncTimer timerRef
+	// emptyTimer forgets the group once it stayed Empty long enough.
+	emptyTimer timerRef
 	// newMemberAdded records a join during the initial delay.
 	newMemberAdded bool
 }
@@ -226,7 +228,7 @@ func (g *group) setProtocols(m *member, protocols []kmsg.JoinGroupRequestProtoco
 	g.countProtocols(m.protocols, 1)
 }
 
-// park records reply as m's parked JoinGroup. An older parked JoinGroup of
+// parkJoin records reply as m's parked JoinGroup. An older parked JoinGroup of
 // the same member (a client retry) is answered REBALANCE_IN_PROGRESS so
 // that its connection is not held forever.
 func (g *group) parkJoin(m *member, reply func(kmsg.Response)) {
@@ -347,7 +349,7 @@ func (g *group) validateMember(memberID string, instanceID *string) int16 {
 	return errNone
 }
 
-// publicMember converts m for events and snapshots.
+// public converts m for events and snapshots.
 func (m *member) public(withAssignment bool) Member {
 	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost}
 	if withAssignment {

@@ -337,7 +337,11 @@ func TestRebalanceOnLeave(t *testing.T) {
 	}
 	lv0.Group = "missing"
 	if code := h.do(lv0).(*kmsg.LeaveGroupResponse).ErrorCode; code != errUnknownMemberID {
-		t.Fatalf("leave of missing group: %s", errName(code))
+		t.Fatalf("v0 leave of missing group: %s", errName(code))
+	}
+	lv.Group = "missing"
+	if r := h.do(lv).(*kmsg.LeaveGroupResponse); r.ErrorCode != 0 || len(r.Members) != 3 || r.Members[0].ErrorCode != errUnknownMemberID {
+		t.Fatalf("v5 leave of missing group: %+v", r)
 	}
 }
 
@@ -491,12 +495,28 @@ func TestGroupMaxSize(t *testing.T) {
 	if snap, _ := h.e.Group("g"); len(snap.Members) != 2 {
 		t.Fatalf("members %d", len(snap.Members))
 	}
-	// While preparing, only members already awaiting join beyond the
-	// limit are refused.
-	h.send(jr{group: "g", member: ids[0], version: 9}.req()) // leader rejoin: PreparingRebalance
-	c2 := h.send(jr{group: "g", member: ids[1], version: 9}.req())
-	if _, ok := c2.answered(h); !ok {
-		t.Fatal("rejoin completing the group was not answered")
+}
+
+// TestGroupMaxSizeKicksLateRejoiner checks that, while preparing, the limit counts
+// members awaiting join. The leader rejoins, a newcomer fills the second
+// slot, and the member that rejoins last is refused and removed; the join
+// then completes without it.
+
+func TestGroupMaxSizeKicksLateRejoiner(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxGroupSize = 2 })
+	ids, gen := h.stableGroup("g", 2)
+	cl := h.send(jr{group: "g", member: ids[0], version: 9}.req())
+	cn, n := h.joinNew(jr{group: "g"})
+	late := h.do(jr{group: "g", member: ids[1], version: 9}.req()).(*kmsg.JoinGroupResponse)
+	if late.ErrorCode != errGroupMaxSizeReached {
+		t.Fatalf("late rejoiner: %s", errName(late.ErrorCode))
+	}
+	rl, rn := joinResp(t, cl, 0), joinResp(t, cn, 0)
+	if rl.Generation != gen+1 || len(rl.Members) != 2 || rn.MemberID != n {
+		t.Fatalf("join after kick: %+v %+v", rl, rn)
+	}
+	if evs := kinds(h.takeEvents("g")); !slices.Contains(evs, "member_left(group_max_size)") {
+		t.Fatalf("events %v", evs)
 	}
 }
 
@@ -800,5 +820,45 @@ func TestSnapshots(t *testing.T) {
 	}
 	if all[0].Members[0].ClientHost != "10.0.0.1" || all[0].Members[0].Assignment == nil {
 		t.Fatalf("member snapshot %+v", all[0].Members[0])
+	}
+}
+
+func TestEmptyGroupForgottenAfterRetention(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.EmptyGroupRetention = time.Hour })
+	ids, gen := h.stableGroup("g", 1)
+	h.do(commitReq(8, "g", ids[0], gen, 0, 9))
+	lv := kmsg.NewPtrLeaveGroupRequest()
+	lv.Group, lv.MemberID = "g", ids[0]
+	h.do(lv)
+	h.advance(59 * time.Minute)
+	if snap, ok := h.e.Group("g"); !ok || snap.State != "Empty" || snap.ProtocolType != "consumer" {
+		t.Fatalf("before retention: %+v %v", snap, ok)
+	}
+	// A handshake-only group (pending member that never joins) is
+	// forgotten too.
+	h.do(jr{group: "p", version: 9}.req())
+	h.advance(time.Hour + time.Minute)
+	for _, id := range []string{"g", "p"} {
+		if _, ok := h.e.Group(id); ok {
+			t.Fatalf("group %s still held after retention", id)
+		}
+	}
+	// Its offsets remain: it is now a simple group.
+	d := kmsg.NewPtrDescribeGroupsRequest()
+	d.Version = 6
+	d.Groups = []string{"g"}
+	if r := h.do(d).(*kmsg.DescribeGroupsResponse); r.Groups[0].State != "Empty" || r.Groups[0].ErrorCode != 0 || h.storedOffset("g", 0) != 9 {
+		t.Fatalf("after retention: %+v", r.Groups[0])
+	}
+	// A group that came back to life is not forgotten while it lives.
+	ids, gen = h.stableGroup("g", 1)
+	for elapsed := time.Duration(0); elapsed < 70*time.Minute; elapsed += 9 * time.Second {
+		h.advance(9 * time.Second)
+		if code := h.heartbeat("g", ids[0], gen); code != 0 {
+			t.Fatalf("heartbeat: %s", errName(code))
+		}
+	}
+	if snap, ok := h.e.Group("g"); !ok || snap.State != "Stable" {
+		t.Fatalf("live group: %+v %v", snap, ok)
 	}
 }

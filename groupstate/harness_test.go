@@ -307,9 +307,6 @@ type jr struct {
 func (j jr) req() *kmsg.JoinGroupRequest {
 	r := kmsg.NewPtrJoinGroupRequest()
 	r.Version = j.version
-	if j.version == 0 && j.session == 0 {
-		r.Version = 0
-	}
 	r.Group = j.group
 	r.MemberID = j.member
 	if j.instance != "" {
@@ -336,32 +333,23 @@ func orDur(d, def time.Duration) time.Duration {
 	return d
 }
 
-// joinNew performs a KIP-394 handshake (v4+) or a direct v3 join for a
-// new dynamic member and returns the parked or answered call and the id.
+// joinNew performs the KIP-394 handshake of a new dynamic member (v9
+// unless j says otherwise, v4 at least) and sends its real JoinGroup; it
+// returns that call, parked or answered, and the member id.
 func (h *harness) joinNew(j jr) (*call, string) {
 	h.t.Helper()
 	if j.version == 0 {
 		j.version = 9
 	}
-	if j.version >= 4 && j.instance == "" {
-		resp := h.do(j.req()).(*kmsg.JoinGroupResponse)
-		if resp.ErrorCode != errMemberIDRequired {
-			h.t.Fatalf("first join: error %v, want MEMBER_ID_REQUIRED", kerr.ErrorForCode(resp.ErrorCode))
-		}
-		j.member = resp.MemberID
+	if j.version < 4 || j.instance != "" {
+		h.t.Fatalf("joinNew is for dynamic members at v4+")
 	}
-	c := h.send(j.req())
-	if j.member != "" {
-		return c, j.member
+	resp := h.do(j.req()).(*kmsg.JoinGroupResponse)
+	if resp.ErrorCode != errMemberIDRequired {
+		h.t.Fatalf("first join: error %v, want MEMBER_ID_REQUIRED", kerr.ErrorForCode(resp.ErrorCode))
 	}
-	r, ok := c.answered(h)
-	if !ok {
-		h.t.Fatalf("v%d join without member id must be answered or use v4+", j.version)
-	}
-	resp := r.(*kmsg.JoinGroupResponse)
-	c2 := &call{t: h.t, ch: make(chan kmsg.Response, 1)}
-	c2.ch <- resp
-	return c2, resp.MemberID
+	j.member = resp.MemberID
+	return h.send(j.req()), j.member
 }
 
 // joinResp waits for a JoinGroup answer and checks its error.

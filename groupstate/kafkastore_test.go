@@ -61,7 +61,6 @@ func TestKafkaStoreRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kadm fetch: %v", err)
 	}
-	t.Logf("upstream offsets: %+v", offs)
 	if o, ok := offs.Lookup("orders", 0); !ok || o.At != 42 || o.Metadata != "meta" {
 		t.Fatalf("upstream partition 0: %+v %v", o, ok)
 	}
@@ -97,6 +96,98 @@ func TestKafkaStoreRoundTrip(t *testing.T) {
 		t.Fatalf("fetch v10 all: %+v", fr.Groups[1])
 	}
 
+	// OffsetDelete of a simple group reaches the cluster.
+	sc := commitReq(8, "simple-x", "", -1, 1, 11)
+	sc.Topics[0].Topic = "orders"
+	if code := commitCode(t, h.do(sc)); code != 0 {
+		t.Fatalf("simple commit: %s", errName(code))
+	}
+	od := kmsg.NewPtrOffsetDeleteRequest()
+	od.Group = "simple-x"
+	od.Topics = []kmsg.OffsetDeleteRequestTopic{{Topic: "orders", Partitions: []kmsg.OffsetDeleteRequestTopicPartition{{Partition: 1}}}}
+	if r := h.do(od).(*kmsg.OffsetDeleteResponse); r.ErrorCode != 0 || r.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("offset delete: %+v", r)
+	}
+	if offs, err := adm.FetchOffsets(ctx, "simple-x"); err == nil {
+		if _, ok := offs.Lookup("orders", 1); ok {
+			t.Fatal("deleted offset still upstream")
+		}
+	}
+
+	// A transactional offset commit, validated by the engine, is
+	// forwarded to the transaction's group coordinator and becomes
+	// visible when the transaction commits.
+	ip := kmsg.NewPtrInitProducerIDRequest()
+	txID := "tx-1"
+	ip.TransactionalID = &txID
+	ip.TransactionTimeoutMillis = 10000
+	ipr, err := ip.RequestWith(ctx, cl)
+	if err != nil || ipr.ErrorCode != 0 {
+		t.Fatalf("init producer id: %v %v", err, kerr.ErrorForCode(ipr.ErrorCode))
+	}
+	ao := kmsg.NewPtrAddOffsetsToTxnRequest()
+	ao.TransactionalID, ao.ProducerID, ao.ProducerEpoch, ao.Group = txID, ipr.ProducerID, ipr.ProducerEpoch, "app"
+	if aor, err := ao.RequestWith(ctx, cl); err != nil || aor.ErrorCode != 0 {
+		t.Fatalf("add offsets to txn: %v %+v", err, aor)
+	}
+	tc := kmsg.NewPtrTxnOffsetCommitRequest()
+	tc.Version = 3
+	tc.TransactionalID, tc.Group, tc.ProducerID, tc.ProducerEpoch = txID, "app", ipr.ProducerID, ipr.ProducerEpoch
+	tc.MemberID, tc.Generation = ids[0], gen
+	tp := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	tp.Partition, tp.Offset = 1, 77
+	tc.Topics = []kmsg.TxnOffsetCommitRequestTopic{{Topic: "orders", Partitions: []kmsg.TxnOffsetCommitRequestTopicPartition{tp}}}
+	if r := h.do(tc).(*kmsg.TxnOffsetCommitResponse); r.Topics[0].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("txn offset commit: %s", errName(r.Topics[0].Partitions[0].ErrorCode))
+	}
+	et := kmsg.NewPtrEndTxnRequest()
+	et.TransactionalID, et.ProducerID, et.ProducerEpoch, et.Commit = txID, ipr.ProducerID, ipr.ProducerEpoch, true
+	if etr, err := et.RequestWith(ctx, cl); err != nil || etr.ErrorCode != 0 {
+		t.Fatalf("end txn: %v %+v", err, etr)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		offs, err := adm.FetchOffsets(ctx, "app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o, ok := offs.Lookup("orders", 1); ok && o.At == 77 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transactional offset never visible upstream: %+v", offs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A group the cluster never heard of has no offsets, whatever the
+	// version (kfake answers GROUP_ID_NOT_FOUND, Kafka -1 offsets).
+	for _, v := range []int16{7, 8} {
+		f := kmsg.NewPtrOffsetFetchRequest()
+		f.Version = v
+		f.Group = "nobody"
+		f.Topics = []kmsg.OffsetFetchRequestTopic{{Topic: "orders", Partitions: []int32{0}}}
+		f.Groups = []kmsg.OffsetFetchRequestGroup{{Group: "nobody", MemberEpoch: -1, Topics: []kmsg.OffsetFetchRequestGroupTopic{{Topic: "orders", Partitions: []int32{0}}}}}
+		fr := h.do(f).(*kmsg.OffsetFetchResponse)
+		code, n, off := fr.ErrorCode, 0, int64(0)
+		if v >= 8 {
+			code = fr.Groups[0].ErrorCode
+			for _, t := range fr.Groups[0].Topics {
+				for _, p := range t.Partitions {
+					n, off = n+1, p.Offset
+				}
+			}
+		} else {
+			for _, t := range fr.Topics {
+				for _, p := range t.Partitions {
+					n, off = n+1, p.Offset
+				}
+			}
+		}
+		if code != 0 || n != 1 || off != -1 {
+			t.Fatalf("fetch v%d of an unknown group: %s, %d partitions, offset %d", v, errName(code), n, off)
+		}
+	}
 	// Simple groups upstream appear in ListGroups; deleting the emptied
 	// group deletes its offsets upstream.
 	l := kmsg.NewPtrListGroupsRequest()

@@ -29,14 +29,14 @@ type engineCluster struct {
 	events []Event
 }
 
-func newEngineCluster(t *testing.T, partitions int32, topic string) *engineCluster {
+func newEngineCluster(t testing.TB, partitions int32, topic string, opts ...harnessConfig) *engineCluster {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
 	ec := &engineCluster{c: c, store: NewMemoryStore()}
-	ec.e, err = New(Config{
+	cfg := Config{
 		Store:                 ec.store,
 		Shards:                2,
 		MinSessionTimeout:     time.Second,
@@ -46,7 +46,11 @@ func newEngineCluster(t *testing.T, partitions int32, topic string) *engineClust
 			ec.events = append(ec.events, ev)
 			ec.mu.Unlock()
 		},
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	ec.e, err = New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

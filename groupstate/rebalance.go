@@ -33,7 +33,8 @@ func (g *group) prepareRebalance(cause string, causer *member) {
 		}
 	}
 	stopTimer(g.syncTimer)
-	g.syncTimer = timerRef{}
+	stopTimer(g.emptyTimer)
+	g.syncTimer, g.emptyTimer = timerRef{}, timerRef{}
 	clear(g.pendingSync)
 
 	initial := from == stateEmpty && g.s.e.cfg.InitialRebalanceDelay > 0
@@ -108,6 +109,7 @@ func (g *group) completeJoin() {
 		}
 		g.s.emit(g.event(EventRebalanceAborted))
 		g.s.emit(g.event(EventGroupEmpty))
+		g.armEmptyTimer()
 		return
 	}
 	g.protocol = g.selectProtocol()

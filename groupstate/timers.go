@@ -36,7 +36,8 @@ func (g *group) live() bool { return g.s.groups[g.id] == g }
 func (g *group) cancelAllTimers() {
 	stopTimer(g.joinTimer)
 	stopTimer(g.syncTimer)
-	g.joinTimer, g.syncTimer = timerRef{}, timerRef{}
+	stopTimer(g.emptyTimer)
+	g.joinTimer, g.syncTimer, g.emptyTimer = timerRef{}, timerRef{}, timerRef{}
 	for _, m := range g.members {
 		stopTimer(m.timer)
 		m.timer = timerRef{}
@@ -124,5 +125,33 @@ func (g *group) armSyncTimer(d time.Duration) {
 		}
 		g.syncTimer = timerRef{}
 		g.onSyncTimeout(gen)
+	})
+}
+
+// armEmptyTimer arms the timer that forgets an Empty group after
+// Config.EmptyGroupRetention. It fires into nothing if the group left
+// Empty meanwhile, and waits again while KIP-394 members are pending.
+func (g *group) armEmptyTimer() {
+	d := g.s.e.cfg.EmptyGroupRetention
+	if d < 0 {
+		return
+	}
+	stopTimer(g.emptyTimer)
+	g.emptyTimer = g.s.arm(d, func(id uint64) {
+		if !g.live() || g.emptyTimer.id != id {
+			return
+		}
+		g.emptyTimer = timerRef{}
+		if g.state != stateEmpty || len(g.members) > 0 {
+			return
+		}
+		if len(g.pending) > 0 {
+			g.armEmptyTimer()
+			return
+		}
+		g.cancelAllTimers()
+		g.transitionTo(stateDead)
+		delete(g.s.groups, g.id)
+		g.s.e.log.Debug("groupstate: forgot a long-empty group", "group", g.id)
 	})
 }

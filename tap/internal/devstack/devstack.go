@@ -26,10 +26,8 @@ import (
 	"github.com/kproxy/kproxy/tap"
 )
 
-// maxVersions caps the clients at Kafka 3.9's protocol versions: at the
-// time of writing the engine answers OffsetFetch v10 (topic ids, Kafka 4.0)
-// with UNKNOWN_TOPIC_ID, which stalls consumers before their first fetch.
-var maxVersions = kgo.MaxVersions(kversion.V3_9_0())
+// maxVersions lets the clients use every version they know.
+var maxVersions = kgo.MaxVersions(kversion.Stable())
 
 // Options tweak a Stack.
 type Options struct {
@@ -58,6 +56,7 @@ type Stack struct {
 
 	adminSrv *http.Server
 	adminCl  *kgo.Client
+	storeCl  *kgo.Client
 }
 
 // coordinator adapts the engine to the proxy's Coordinator interface.
@@ -93,8 +92,13 @@ func Start(ctx context.Context, opt Options) (s *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Offsets live in the cluster, as with kproxy serve.
+	s.storeCl, err = kgo.NewClient(kgo.SeedBrokers(s.Cluster.ListenAddrs()...))
+	if err != nil {
+		return nil, fmt.Errorf("devstack: store client: %w", err)
+	}
 	s.Engine, err = groupstate.New(groupstate.Config{
-		Store:                 groupstate.NewMemoryStore(),
+		Store:                 groupstate.NewKafkaStore(s.storeCl),
 		Events:                s.Tap.OnEvent,
 		Logger:                log,
 		InitialRebalanceDelay: -1,
@@ -171,6 +175,9 @@ func (s *Stack) Close(ctx context.Context) {
 	}
 	if s.Engine != nil {
 		s.Engine.Close()
+	}
+	if s.storeCl != nil {
+		s.storeCl.Close()
 	}
 	if s.Tap != nil {
 		_ = s.Tap.Shutdown(ctx)
