@@ -68,6 +68,7 @@ type session struct {
 	slots      chan slot     // reader -> writer, in request order
 	writerDone chan struct{} // closed when the writer exits
 	draining   atomic.Bool   // set by Shutdown: read no new request
+	idle       atomic.Bool   // the reader is between requests (set by the reader)
 	closeOnce  sync.Once
 
 	reqBuf  []byte // owned by the reader: whole frames of local requests
@@ -109,10 +110,14 @@ func (s *session) run() {
 }
 
 // drain makes the reader stop at the next request boundary; the writer
-// then answers what was read and the session ends.
+// then answers what was read and the session ends. A reader in the middle
+// of a request finishes it first: interrupting it would leave half a
+// request upstream and its response never coming.
 func (s *session) drain() {
 	s.draining.Store(true)
-	s.conn.SetReadDeadline(time.Now())
+	if s.idle.Load() {
+		s.conn.SetReadDeadline(time.Now())
+	}
 }
 
 func (s *session) closeConns() {
@@ -127,7 +132,11 @@ func (s *session) closeConns() {
 // readLoop reads requests until an error, returning it.
 func (s *session) readLoop() error {
 	maxFrame := s.p.cfg.MaxFrame
-	for !s.draining.Load() {
+	for {
+		s.idle.Store(true)
+		if s.draining.Load() {
+			return nil
+		}
 		if s.br.Buffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
 			// About to block on the client: push what is pending.
 			if err := s.upW.Flush(); err != nil {
@@ -140,6 +149,12 @@ func (s *session) readLoop() error {
 				return fmt.Errorf("truncated frame size: %w", io.ErrUnexpectedEOF)
 			}
 			return err
+		}
+		s.idle.Store(false)
+		if s.draining.Load() {
+			// drain may have set the read deadline after we read the
+			// prefix: stop before any of this request is forwarded.
+			return nil
 		}
 		size, err := codec.CheckSize([4]byte(prefix), maxFrame)
 		if err != nil {
@@ -168,7 +183,6 @@ func (s *session) readLoop() error {
 			return err
 		}
 	}
-	return nil
 }
 
 // route decides where one request goes and sends it there. head holds the
