@@ -39,6 +39,10 @@ type Config struct {
 	// the listen host, or the machine's hostname when that is a
 	// wildcard.
 	AdvertiseHost string
+	// AdvertisePort is the bootstrap port clients are told, for a proxy
+	// behind a port mapping; every broker port is shifted by the same
+	// amount. Default: the ports kproxy listens on.
+	AdvertisePort int
 	// BrokerPorts pins the listen port of given broker node ids,
 	// overriding the rule listenPort+1+nodeID.
 	BrokerPorts map[int32]int

@@ -26,6 +26,7 @@ type Proxy struct {
 	metrics    *metrics
 	listenHost string // immutable after New
 	listenPort int    // immutable after New; 0 means ephemeral ports
+	bootPort   int32  // the bootstrap listener's actual port; set by Start before any other listener
 
 	disco *kgo.Client // discovers brokers; owned by the discovery loop
 
@@ -189,7 +190,14 @@ func (p *Proxy) listen(node int32, port int) (*listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for node %d: %w", node, err)
 	}
-	l := &listener{node: node, ln: ln, port: int32(ln.Addr().(*net.TCPAddr).Port)}
+	actual := int32(ln.Addr().(*net.TCPAddr).Port)
+	if node < 0 {
+		p.bootPort = actual
+	}
+	l := &listener{node: node, ln: ln, port: actual}
+	if p.cfg.AdvertisePort > 0 {
+		l.port = int32(p.cfg.AdvertisePort) + actual - p.bootPort
+	}
 	p.mu.Lock()
 	if have := p.listeners[node]; have != nil || p.closing {
 		p.mu.Unlock()

@@ -274,3 +274,33 @@ func TestBrokerAddedMidTest(t *testing.T) {
 		}
 	}
 }
+
+// TestAdvertisePortShiftsEveryPort puts the proxy "behind a port mapping":
+// clients are told the advertised ports, each broker shifted by the same
+// amount as the bootstrap port.
+func TestAdvertisePortShiftsEveryPort(t *testing.T) {
+	c := newCluster(t)
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.AdvertisePort = 40000 })
+	p.mu.Lock()
+	boot := p.listeners[-1]
+	var real, adv []int32
+	for node, l := range p.listeners {
+		if node >= 0 {
+			real = append(real, int32(l.ln.Addr().(*net.TCPAddr).Port))
+			adv = append(adv, l.port)
+		}
+	}
+	p.mu.Unlock()
+	if boot.port != 40000 || !strings.HasSuffix(p.Addr(), ":40000") {
+		t.Fatalf("bootstrap advertised as %d (%s)", boot.port, p.Addr())
+	}
+	bootReal := int32(boot.ln.Addr().(*net.TCPAddr).Port)
+	for i := range real {
+		if adv[i]-40000 != real[i]-bootReal {
+			t.Fatalf("broker listening on %d advertised as %d (bootstrap %d -> 40000)", real[i], adv[i], bootReal)
+		}
+	}
+	if len(real) != 3 {
+		t.Fatalf("%d broker listeners", len(real))
+	}
+}

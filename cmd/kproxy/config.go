@@ -21,6 +21,7 @@ type fileConfig struct {
 	Upstream        []string        `yaml:"upstream"`
 	Listen          string          `yaml:"listen"`
 	AdvertiseHost   string          `yaml:"advertise_host"`
+	AdvertisePort   int             `yaml:"advertise_port"`
 	BrokerPorts     map[int32]int   `yaml:"broker_ports"`
 	MaxFrameBytes   int32           `yaml:"max_frame_bytes"`
 	MaxInFlight     int             `yaml:"max_in_flight"`
@@ -100,6 +101,9 @@ func (c *fileConfig) validate() error {
 	if c.Groups.MinSessionTimeout > c.Groups.MaxSessionTimeout {
 		errs = append(errs, fmt.Errorf("groups.min_session_timeout %v exceeds max_session_timeout %v", c.Groups.MinSessionTimeout, c.Groups.MaxSessionTimeout))
 	}
+	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		errs = append(errs, fmt.Errorf("advertise_port %d out of range", c.AdvertisePort))
+	}
 	if c.Groups.MaxSize < 0 {
 		errs = append(errs, errors.New("groups.max_size must be >= 0"))
 	}
@@ -139,6 +143,7 @@ type flagSet struct {
 	upstream    []string
 	listen      string
 	advertise   string
+	advPort     int
 	adminListen string
 	logLevel    string
 	groupsMode  string
@@ -158,6 +163,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	}
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:9092", "bootstrap listener; broker N is served on port+1+N")
 	fs.StringVar(&f.advertise, "advertise-host", "", "host advertised to clients (default: the listen host)")
+	fs.IntVar(&f.advPort, "advertise-port", 0, "bootstrap port advertised to clients behind a port mapping; broker ports shift with it (default: the listen port)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.groupsMode, "groups", "local", "local: kproxy's engine serves consumer groups; forward: the brokers do")
@@ -187,6 +193,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("upstream", func() { c.Upstream = f.upstream })
 	set("listen", func() { c.Listen = f.listen })
 	set("advertise-host", func() { c.AdvertiseHost = f.advertise })
+	set("advertise-port", func() { c.AdvertisePort = f.advPort })
 	set("admin-listen", func() { c.AdminListen = f.adminListen })
 	set("log-level", func() { c.Log.Level = f.logLevel })
 	set("groups", func() { c.Groups.Mode = f.groupsMode })

@@ -54,6 +54,7 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		Upstreams:        cfg.Upstream,
 		Listen:           cfg.Listen,
 		AdvertiseHost:    cfg.AdvertiseHost,
+		AdvertisePort:    cfg.AdvertisePort,
 		BrokerPorts:      cfg.BrokerPorts,
 		MaxFrame:         cfg.MaxFrameBytes,
 		MaxInFlight:      cfg.MaxInFlight,
