@@ -38,6 +38,12 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 		return nil, fmt.Errorf("%w %d", ErrUnknownAPI, key)
 	}
 	resp := req.ResponseKind()
+	if key == KeyApiVersions && len(body) >= 2 && int16(binary.BigEndian.Uint16(body)) == unsupportedVersion {
+		// A broker answers an ApiVersions version it does not speak in
+		// v0, so the client can read the versions it does speak and
+		// retry; the error code comes first in every version.
+		version = 0
+	}
 	resp.SetVersion(version)
 	if err := resp.ReadFrom(body); err != nil {
 		return nil, fmt.Errorf("decoding %s v%d response: %w", kmsg.NameForKey(key), version, err)
@@ -74,6 +80,9 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 	}
 	return resp, nil
 }
+
+// unsupportedVersion is Kafka's UNSUPPORTED_VERSION error code.
+const unsupportedVersion = 35
 
 // rewriteCoordinator maps one coordinator; node -1 (no coordinator, with
 // an error) stays as is.

@@ -235,3 +235,21 @@ func TestMalformedGroupRequestClosesConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestApiVersionsNewerThanTheBroker has the client ask for a newer
+// ApiVersions than the broker speaks (franz-go v5 against Kafka 4.1's v4):
+// the broker's v0 UNSUPPORTED_VERSION answer reaches the client, which
+// retries lower and goes on.
+func TestApiVersionsNewerThanTheBroker(t *testing.T) {
+	vs := kversion.Stable()
+	vs.SetMaxKeyVersion(18, 3)
+	c := newCluster(t, kfake.MaxVersions(vs))
+	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.Coordinator = &recordingCoordinator{} })
+	cl := newClient(t, p.Addr())
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	if _, err := req.RequestWith(ctx, cl); err != nil {
+		t.Fatalf("metadata after the ApiVersions downgrade: %v", err)
+	}
+}

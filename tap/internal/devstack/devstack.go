@@ -269,7 +269,18 @@ func (s *Stack) WaitGroup(ctx context.Context, group string, n int) (groupstate.
 		if ok && g.State == "Stable" && len(g.Members) == n {
 			allAssigned := true
 			for _, m := range g.Members {
-				if len(m.Assignment) == 0 {
+				// The engine hands a member the leader left out a
+				// serialized empty assignment: count partitions.
+				var a kmsg.ConsumerMemberAssignment
+				if err := a.ReadFrom(m.Assignment); err != nil || len(m.Assignment) == 0 {
+					allAssigned = false
+					continue
+				}
+				parts := 0
+				for _, t := range a.Topics {
+					parts += len(t.Partitions)
+				}
+				if parts == 0 {
 					allAssigned = false
 				}
 			}
