@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// franzProduce writes o.count records synchronously with franz-go.
+func franzProduce(ctx context.Context, o options) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.bootstrap), kgo.ClientID(o.member),
+		kgo.DefaultProduceTopic(o.topic), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		return fmt.Errorf("franz client: %w", err)
+	}
+	defer cl.Close()
+	recs := make([]*kgo.Record, 0, o.count)
+	for i := o.start; i < o.start+o.count; i++ {
+		id := recordID(i)
+		recs = append(recs, &kgo.Record{Key: []byte(id), Value: []byte(id)})
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(pctx, recs...).FirstErr(); err != nil {
+		return fmt.Errorf("franz produce: %w", err)
+	}
+	return nil
+}
+
+// franzConsume joins the group with franz-go, commits after each poll and
+// leaves cleanly when ctx is cancelled.
+func franzConsume(ctx context.Context, o options, em *emitter) error {
+	var owned ownedSet
+	var cl *kgo.Client
+	gen := func() int32 {
+		_, g := cl.GroupMetadata()
+		return g
+	}
+	report := func(ev string, add, remove []int32) {
+		parts := owned.apply(add, remove, false)
+		em.emit(ev, map[string]any{"generation": gen(), "partitions": parts})
+	}
+	balancer := kgo.RangeBalancer()
+	switch o.assignor {
+	case "range":
+	case "cooperative-sticky":
+		balancer = kgo.CooperativeStickyBalancer()
+	default:
+		return fmt.Errorf("unknown assignor %q", o.assignor)
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(o.bootstrap),
+		kgo.ClientID(o.member),
+		kgo.ConsumerGroup(o.group),
+		kgo.ConsumeTopics(o.topic),
+		kgo.Balancers(balancer),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.SessionTimeout(time.Duration(o.sessionMS) * time.Millisecond),
+		kgo.HeartbeatInterval(time.Duration(o.heartbeatMS) * time.Millisecond),
+		kgo.RebalanceTimeout(20 * time.Second),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			report("assigned", m[o.topic], nil)
+		}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			report("revoked", nil, m[o.topic])
+		}),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			report("lost", nil, m[o.topic])
+		}),
+	}
+	if o.instanceID != "" {
+		opts = append(opts, kgo.InstanceID(o.instanceID))
+	}
+	var err error
+	cl, err = kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("franz client: %w", err)
+	}
+	em.emit("ready", nil)
+	defer func() {
+		cl.AllowRebalance()
+		cl.Close()
+		em.emit("closed", nil)
+	}()
+	for ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		fetches := cl.PollRecords(pctx, 500)
+		cancel()
+		fetches.EachError(func(t string, p int32, err error) {
+			if ctx.Err() == nil && err != context.DeadlineExceeded && err != context.Canceled {
+				em.errorf("fetch %s/%d: %v", t, p, err)
+			}
+		})
+		recs := fetches.Records()
+		if len(recs) > 0 {
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := cl.CommitRecords(cctx, recs...)
+			ccancel()
+			if err != nil {
+				em.errorf("commit: %v", err)
+			} else {
+				offsets := map[string]int64{}
+				for _, r := range recs {
+					em.emit("record", map[string]any{"p": r.Partition, "o": r.Offset, "id": string(r.Value)})
+					offsets[fmt.Sprint(r.Partition)] = r.Offset + 1
+				}
+				em.emit("commit", map[string]any{"offsets": offsets})
+			}
+		}
+		cl.AllowRebalance()
+	}
+	return nil
+}

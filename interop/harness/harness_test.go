@@ -1,0 +1,175 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+)
+
+// gen returns a pointer to a generation number for test events.
+func gen(g int64) *int64 { return &g }
+
+// newTestScenario returns a scenario with members named by the events' Member field.
+func newTestScenario(t *testing.T, identities map[string]string, events []event) *scenario {
+	t.Helper()
+	s := &scenario{h: &harness{partitions: 4}, seen: map[string]int{}}
+	byName := map[string]*member{}
+	for _, e := range events {
+		m := byName[e.Member]
+		if m == nil {
+			m = &member{name: e.Member, identity: e.Member}
+			if id, ok := identities[e.Member]; ok {
+				m.identity = id
+			}
+			byName[e.Member] = m
+			s.members = append(s.members, m)
+		}
+		s.observe(m, e)
+	}
+	return s
+}
+
+func TestCheckOwnership(t *testing.T) {
+	tests := []struct {
+		name       string
+		identities map[string]string
+		events     []event
+		wantErr    string
+		rebalances string
+	}{
+		{
+			name: "clean eager handover",
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "a", Generation: gen(1), Partitions: []int32{0, 1, 2, 3}},
+				{TS: 20, Ev: "revoked", Member: "a", Generation: gen(1), Partitions: nil},
+				{TS: 30, Ev: "assigned", Member: "a", Generation: gen(2), Partitions: []int32{0, 1}},
+				{TS: 30, Ev: "assigned", Member: "b", Generation: gen(2), Partitions: []int32{2, 3}},
+			},
+			rebalances: "2",
+		},
+		{
+			name: "two owners in one generation",
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "a", Generation: gen(3), Partitions: []int32{0, 1}},
+				{TS: 11, Ev: "revoked", Member: "a", Generation: gen(3), Partitions: nil},
+				{TS: 12, Ev: "assigned", Member: "b", Generation: gen(3), Partitions: []int32{1, 2}},
+			},
+			wantErr: "partition 1 held by a and b in generation 3",
+		},
+		{
+			name: "overlap in time without generations",
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "a", Generation: gen(-1), Partitions: []int32{0, 1}},
+				{TS: 15, Ev: "assigned", Member: "b", Generation: gen(-1), Partitions: []int32{1}},
+				{TS: 20, Ev: "revoked", Member: "a", Generation: gen(-1), Partitions: nil},
+			},
+			wantErr: "partition 1 held by a and b at the same time",
+			// The client hides generations: the estimate is the most assignments one member saw.
+			rebalances: "~1",
+		},
+		{
+			name: "closed ends ownership",
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "a", Generation: gen(-1), Partitions: []int32{0}},
+				{TS: 20, Ev: "closed", Member: "a"},
+				{TS: 25, Ev: "assigned", Member: "b", Generation: gen(-1), Partitions: []int32{0}},
+			},
+			rebalances: "~1",
+		},
+		{
+			name:       "static member returns with the same identity",
+			identities: map[string]string{"m1": "inst-1", "m4": "inst-1"},
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "m1", Generation: gen(5), Partitions: []int32{0, 1}},
+				{TS: 20, Ev: "closed", Member: "m1"},
+				{TS: 30, Ev: "assigned", Member: "m4", Generation: gen(5), Partitions: []int32{0, 1}},
+			},
+			rebalances: "1",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestScenario(t, tc.identities, tc.events)
+			reb, err := s.checkOwnership()
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("error = %v, want it to mention %q", err, tc.wantErr)
+			}
+			if tc.rebalances != "" && reb != tc.rebalances {
+				t.Fatalf("rebalances = %q, want %q", reb, tc.rebalances)
+			}
+		})
+	}
+}
+
+func TestStable(t *testing.T) {
+	s := &scenario{h: &harness{partitions: 4}, seen: map[string]int{}}
+	a := &member{name: "a", owned: []int32{0, 1}}
+	b := &member{name: "b", owned: []int32{2, 3}}
+	c := &member{name: "c", owned: nil}
+	s.members = []*member{a, b, c}
+	if !s.stableLocked([]*member{a, b}) {
+		t.Fatal("a and b cover every partition once: want stable")
+	}
+	if s.stableLocked([]*member{a, b, c}) {
+		t.Fatal("c owns nothing: want unstable")
+	}
+	b.owned = []int32{1, 2, 3}
+	if s.stableLocked([]*member{a, b}) {
+		t.Fatal("partition 1 held twice: want unstable")
+	}
+	b.owned = []int32{2}
+	if s.stableLocked([]*member{a, b}) {
+		t.Fatal("partition 3 unowned: want unstable")
+	}
+	b.owned = []int32{2, 3}
+	c.owned = []int32{3}
+	if s.stableLocked([]*member{a, b}) {
+		t.Fatal("a live member outside the wanted set still holds a partition: want unstable")
+	}
+}
+
+func TestRequestLogScan(t *testing.T) {
+	dir := t.TempDir()
+	path := dir + "/request.log"
+	write := func(s string) {
+		t.Helper()
+		f, err := openAppend(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteString(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`[x] Completed request:{"requestHeader":{"requestApiKey":11,"requestApiVersion":9}}` + "\n" +
+		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4}}` + "\n" +
+		`[x] Completed request:{"requestHeader":{"requestApiKey":1`)
+	l := &requestLog{path: path}
+	got, err := countAll([]*requestLog{l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[11] != 1 || got[12] != 1 || got[1] != 0 {
+		t.Fatalf("first scan counts = %v, want one JoinGroup and one Heartbeat, partial line ignored", got)
+	}
+	write(`4,"requestApiVersion":5}}` + "\n")
+	got, err = countAll([]*requestLog{l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[14] != 1 || got[11] != 1 {
+		t.Fatalf("second scan counts = %v, want the completed SyncGroup line counted once", got)
+	}
+	if _, err := countAll([]*requestLog{{path: dir + "/missing"}}); err == nil {
+		t.Fatal("a missing log must be an error")
+	}
+}
+
+// openAppend opens a file for appending, creating it if needed.
+func openAppend(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+}

@@ -1,0 +1,335 @@
+// Command harness runs the kproxy interop table: real Kafka clients in Java,
+// Go, Python and JavaScript consume as a group from a real Apache Kafka
+// broker, once directly (path=direct) and once through kproxy
+// (path=kproxy). Each row produces records, runs a group whose membership
+// changes mid-way, and checks that no record was lost, that the committed
+// offsets reach the end offsets, and that no partition was held by two
+// members at once. It prints one table and exits non-zero if a row fails.
+//
+// interop/run.sh builds the clients, starts the broker and runs this program.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// harness holds the configuration shared by every row; immutable after
+// main sets it up, except adm which is safe for concurrent use.
+type harness struct {
+	root           string
+	broker         string
+	partitions     int
+	records        int
+	membersN       int
+	sessionMS      int
+	heartbeatMS    int
+	settleTimeout  time.Duration
+	consumeTimeout time.Duration
+	logDir         string
+	kproxyArgs     []string
+	adm            *kadm.Client
+	log            *slog.Logger
+}
+
+func main() {
+	var (
+		h           harness
+		rowsFilter  string
+		pathsFlag   string
+		requestLogs string
+		kproxyBin   string
+		kproxyPort  int
+		kproxyArgs  string
+		cacheDir    string
+	)
+	home, _ := os.UserHomeDir()
+	defCache := os.Getenv("KPROXY_CACHE")
+	if defCache == "" {
+		defCache = filepath.Join(home, ".cache", "kproxy-interop")
+	}
+	flag.StringVar(&h.root, "root", ".", "repository root")
+	flag.StringVar(&h.broker, "broker", "127.0.0.1:9092", "the real broker's bootstrap address")
+	flag.IntVar(&h.partitions, "partitions", 6, "partitions per scenario topic")
+	flag.IntVar(&h.records, "records", 1000, "records per scenario")
+	flag.IntVar(&h.membersN, "members", 3, "group members per scenario")
+	flag.IntVar(&h.sessionMS, "session-ms", 10000, "client session timeout")
+	flag.IntVar(&h.heartbeatMS, "heartbeat-ms", 1000, "client heartbeat interval")
+	flag.DurationVar(&h.settleTimeout, "settle-timeout", 45*time.Second, "how long a group may take to settle")
+	flag.DurationVar(&h.consumeTimeout, "consume-timeout", 60*time.Second, "how long consumption and commits may take")
+	flag.StringVar(&rowsFilter, "rows", "", "regexp selecting rows by name (default all)")
+	flag.StringVar(&pathsFlag, "paths", "direct,kproxy", "paths to run: direct, kproxy or both")
+	flag.StringVar(&requestLogs, "request-log", "", "comma-separated broker request logs (kafka.request.logger) to count group APIs")
+	flag.StringVar(&kproxyBin, "kproxy-bin", "", "prebuilt kproxy binary (default: go build ./cmd/kproxy)")
+	flag.IntVar(&kproxyPort, "kproxy-port", 19200, "kproxy listen port on 127.0.0.1")
+	flag.StringVar(&kproxyArgs, "kproxy-args", "--group-initial-rebalance-delay=0", "extra `kproxy serve` flags, space-separated (the default mirrors the broker's group.initial.rebalance.delay.ms=0)")
+	flag.StringVar(&cacheDir, "cache", defCache, "cache directory (python venv)")
+	flag.StringVar(&h.logDir, "logs", "", "directory for per-member logs (default a temp dir)")
+	flag.Parse()
+
+	h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	h.kproxyArgs = strings.Fields(kproxyArgs)
+	if err := run(&h, rowsFilter, pathsFlag, requestLogs, kproxyBin, kproxyPort, cacheDir); err != nil {
+		h.log.Error("harness failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// rows returns the table's scenarios. Client programs all accept the same
+// flags (see interop/README.md).
+func (h *harness) rows(cacheDir, goclient string) []row {
+	javaCP := filepath.Join(h.root, "interop/java/target/classes") + ":" + filepath.Join(h.root, "interop/java/target/lib/*")
+	java := []string{"java", "-Xmx192m", "-Xss512k", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", javaCP, "io.kproxy.interop.Client"}
+	py := []string{filepath.Join(cacheDir, "venv/bin/python"), "-u", filepath.Join(h.root, "interop/python/client.py")}
+	js := []string{"node", filepath.Join(h.root, "interop/js/client.js")}
+	goc := func(lib string) []string { return []string{goclient, "--client", lib} }
+	return []row{
+		{name: "java-range", client: java, assignor: "range"},
+		{name: "java-coop-sticky", client: java, assignor: "cooperative-sticky"},
+		{name: "java-static", client: java, assignor: "range", static: true},
+		{name: "java-txn", client: java, assignor: "range", txn: true},
+		{name: "go-franz", client: goc("franz"), assignor: "range"},
+		{name: "go-franz-coop", client: goc("franz"), assignor: "cooperative-sticky"},
+		{name: "go-sarama", client: goc("sarama"), assignor: "range"},
+		{name: "go-confluent", client: goc("confluent"), assignor: "range"},
+		{name: "py-confluent", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range"},
+		{name: "py-kafka-python", client: append(append([]string(nil), py...), "--client", "kafka-python"), assignor: "range"},
+		{name: "js-kafkajs", client: js, assignor: "roundrobin"},
+	}
+}
+
+func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kproxyPort int, cacheDir string) error {
+	ctx := context.Background()
+	began := time.Now()
+	var err error
+	if h.root, err = filepath.Abs(h.root); err != nil {
+		return fmt.Errorf("root: %w", err)
+	}
+	if h.logDir == "" {
+		if h.logDir, err = os.MkdirTemp("", "kproxy-interop-"); err != nil {
+			return fmt.Errorf("log dir: %w", err)
+		}
+	}
+	if err := os.MkdirAll(h.logDir, 0o755); err != nil {
+		return fmt.Errorf("log dir: %w", err)
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(h.broker))
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	defer cl.Close()
+	h.adm = kadm.NewClient(cl)
+	{
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := h.adm.ListBrokers(cctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("broker %s does not answer (is interop/kafka.sh start running?): %w", h.broker, err)
+		}
+	}
+
+	goclient := filepath.Join(h.logDir, "goclient")
+	if err := goBuild(h.root, goclient, "./interop/goclient"); err != nil {
+		return err
+	}
+
+	var filter *regexp.Regexp
+	if rowsFilter != "" {
+		if filter, err = regexp.Compile(rowsFilter); err != nil {
+			return fmt.Errorf("-rows: %w", err)
+		}
+	}
+	var paths []string
+	for _, p := range strings.Split(pathsFlag, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "direct", "kproxy":
+			paths = append(paths, p)
+		case "":
+		default:
+			return fmt.Errorf("unknown path %q", p)
+		}
+	}
+
+	var logs []*requestLog
+	for _, p := range strings.Split(requestLogs, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			logs = append(logs, &requestLog{path: p})
+		}
+	}
+	expectEngine := os.Getenv("KPROXY_INTEROP_EXPECT_ENGINE") == "1"
+
+	var kp *kproxyProc
+	var kpErr error
+	startKproxy := func() {
+		if kp != nil || kpErr != nil {
+			return
+		}
+		kp, kpErr = startKproxyProc(ctx, h, kproxyBin, kproxyPort)
+		if kpErr != nil {
+			h.log.Error("kproxy could not start; every kproxy row fails", "err", kpErr)
+		}
+	}
+	defer func() {
+		if kp != nil {
+			kp.stop()
+		}
+	}()
+
+	var results []result
+	directBlind := false // set when a direct row shows the request log counter sees nothing
+	stamp := time.Now().Unix()
+	for _, r := range h.rows(cacheDir, goclient) {
+		if filter != nil && !filter.MatchString(r.name) {
+			continue
+		}
+		for _, path := range paths {
+			name := r.name + "/" + path
+			bootstrap := h.broker
+			if path == "kproxy" {
+				startKproxy()
+				if kpErr != nil {
+					results = append(results, result{row: r.name, path: path, rebalances: "-", settle: "-", broker: "-",
+						reason: "kproxy unavailable (see KPROXY START FAILED below)"})
+					continue
+				}
+				bootstrap = kp.addr
+			}
+			h.log.Info("row start", "row", name)
+			s := &scenario{
+				h: h, r: r, path: path, bootstrap: bootstrap,
+				topic: fmt.Sprintf("interop-%s-%s-%d", r.name, path, stamp),
+				group: fmt.Sprintf("interop-%s-%s-%d", r.name, path, stamp),
+				dir:   filepath.Join(h.logDir, r.name+"-"+path),
+				seen:  map[string]int{},
+			}
+			if r.txn {
+				s.outTopic = s.topic + "-out"
+			}
+			// Counted on both paths: the direct rows show that the counter
+			// sees group traffic, the kproxy rows what reached the broker.
+			var before map[int]int
+			var countErr error
+			if len(logs) > 0 {
+				before, countErr = countAll(logs)
+			}
+			res := s.run(ctx)
+			if path == "kproxy" && kp != nil && !kp.alive() {
+				res.pass = false
+				res.reason = joinReason(res.reason, "kproxy process died: "+tail(kp.logPath, 300))
+			}
+			if len(logs) > 0 {
+				var after map[int]int
+				if countErr == nil {
+					time.Sleep(500 * time.Millisecond) // the broker logs a request after answering it
+					after, countErr = countAll(logs)
+				}
+				switch {
+				case countErr != nil:
+					res.broker = "error"
+					res.notes = append(res.notes, "broker request log unreadable: "+countErr.Error())
+					if path == "kproxy" && expectEngine {
+						res.pass = false
+						res.reason = joinReason(res.reason, "cannot prove the broker saw no group traffic: "+countErr.Error())
+					}
+				default:
+					jg, sg, hb := after[11]-before[11], after[14]-before[14], after[12]-before[12]
+					res.broker = fmt.Sprintf("%d/%d/%d", jg, sg, hb)
+					if path == "direct" && res.pass && jg == 0 {
+						// A passing direct row always joins; zero means the counter is blind.
+						directBlind = true
+						res.notes = append(res.notes, "the broker request log shows no JoinGroup for a direct row: the counter cannot see group traffic")
+					}
+					if path == "kproxy" && expectEngine && jg+sg+hb > 0 {
+						res.pass = false
+						res.reason = joinReason(res.reason, fmt.Sprintf("broker saw group traffic on the kproxy path: JoinGroup=%d SyncGroup=%d Heartbeat=%d", jg, sg, hb))
+					}
+				}
+			}
+			h.log.Info("row done", "row", name, "pass", res.pass, "elapsed", res.elapsed.Round(100*time.Millisecond), "reason", res.reason)
+			results = append(results, res)
+		}
+	}
+	failed := printTable(os.Stdout, results, len(logs) > 0, expectEngine)
+	if kpErr != nil {
+		fmt.Printf("KPROXY START FAILED: %v\n", kpErr)
+	}
+	if directBlind && expectEngine {
+		fmt.Println("FAIL: the broker request log did not show the group traffic of a direct row, so 0/0/0 on kproxy rows proves nothing")
+		failed++
+	}
+	fmt.Printf("logs: %s\ntotal: %s\n", h.logDir, time.Since(began).Round(time.Second))
+	fmt.Printf("interop: %d passed, %d failed\n", len(results)-failed, failed)
+	if failed > 0 {
+		return fmt.Errorf("%d of %d rows failed", failed, len(results))
+	}
+	if len(results) == 0 {
+		return fmt.Errorf("no row matched")
+	}
+	return nil
+}
+
+// joinReason appends a failure reason to an existing one.
+func joinReason(old, add string) string {
+	if old == "" {
+		return add
+	}
+	return old + "; " + add
+}
+
+// goBuild builds a package of the main module into out.
+func goBuild(root, out, pkg string) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = root
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build %s: %w: %s", pkg, err, strings.TrimSpace(string(b)))
+	}
+	return nil
+}
+
+// printTable writes the results table and returns the number of failed rows.
+func printTable(w *os.File, rs []result, haveLog, expectEngine bool) int {
+	failed := 0
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-18s %-7s %-5s %8s %10s %-22s %-12s %8s\n", "scenario", "path", "pass", "records", "rebalances", "settle(init/leave/join)", "broker JG/SG/HB", "time")
+	fmt.Fprintln(w, strings.Repeat("-", 98))
+	for _, r := range rs {
+		pass := "PASS"
+		if !r.pass {
+			pass = "FAIL"
+			failed++
+		}
+		fmt.Fprintf(w, "%-18s %-7s %-5s %8d %10s %-23s %-15s %7.1fs\n", r.row, r.path, pass, r.records, r.rebalances, r.settle, r.broker, r.elapsed.Seconds())
+	}
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		if !r.pass {
+			fmt.Fprintf(w, "FAIL %s/%s: %s\n", r.row, r.path, r.reason)
+		}
+		for _, n := range r.notes {
+			fmt.Fprintf(w, "note %s/%s: %s\n", r.row, r.path, n)
+		}
+	}
+	if haveLog {
+		mode := "informational (set KPROXY_INTEROP_EXPECT_ENGINE=1 to require 0/0/0)"
+		if expectEngine {
+			mode = "asserted: must be 0/0/0"
+		}
+		fmt.Fprintf(w, "broker JG/SG/HB = JoinGroup/SyncGroup/Heartbeat requests the broker logged during each row; on kproxy rows %s\n", mode)
+	} else {
+		fmt.Fprintln(w, "broker JG/SG/HB not measured (no -request-log given)")
+	}
+	return failed
+}

@@ -1,0 +1,301 @@
+package io.kproxy.interop;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.TreeSet;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.CooperativeStickyAssignor;
+import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndMetadata;
+import org.apache.kafka.clients.consumer.RangeAssignor;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.WakeupException;
+import org.apache.kafka.common.serialization.StringDeserializer;
+import org.apache.kafka.common.serialization.StringSerializer;
+
+/**
+ * Client is the Java member of the kproxy interop harness. It speaks the
+ * harness's JSON-lines protocol on stdout (one object per line) and runs in
+ * one of three modes: produce, consume (classic group protocol, commits after
+ * every batch) and txn (consume-process-produce with transactional offsets).
+ * SIGTERM closes the client cleanly.
+ */
+public final class Client {
+  private final Map<String, String> args;
+  private final String member;
+  /** owned is the partition set this member holds; touched only by the poll thread. */
+  private final TreeSet<Integer> owned = new TreeSet<>();
+
+  private final AtomicBoolean stop = new AtomicBoolean();
+  private final CountDownLatch done = new CountDownLatch(1);
+
+  private Client(Map<String, String> args) {
+    this.args = args;
+    this.member = args.getOrDefault("member", "java");
+  }
+
+  public static void main(String[] argv) {
+    Map<String, String> args = new HashMap<>();
+    for (int i = 0; i + 1 < argv.length; i += 2) {
+      if (!argv[i].startsWith("--")) {
+        throw new IllegalArgumentException("bad argument " + argv[i]);
+      }
+      args.put(argv[i].substring(2), argv[i + 1]);
+    }
+    Client c = new Client(args);
+    int rc;
+    try {
+      rc = c.run();
+    } catch (Exception e) {
+      c.error(e);
+      rc = 1;
+    }
+    System.out.flush();
+    System.exit(rc);
+  }
+
+  private int run() throws Exception {
+    String mode = args.getOrDefault("mode", "consume");
+    switch (mode) {
+      case "produce":
+        return produce();
+      case "consume":
+        return consume(false);
+      case "txn":
+        return consume(true);
+      default:
+        throw new IllegalArgumentException("unknown mode " + mode);
+    }
+  }
+
+  private String arg(String k) {
+    String v = args.get(k);
+    if (v == null || v.isEmpty()) {
+      throw new IllegalArgumentException("missing --" + k);
+    }
+    return v;
+  }
+
+  private int produce() {
+    Properties p = new Properties();
+    p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
+    p.put(ProducerConfig.CLIENT_ID_CONFIG, member);
+    p.put(ProducerConfig.ACKS_CONFIG, "all");
+    p.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+    p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
+    p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
+    int start = Integer.parseInt(args.getOrDefault("start", "0"));
+    int count = Integer.parseInt(arg("count"));
+    String topic = arg("topic");
+    try (KafkaProducer<String, String> prod = new KafkaProducer<>(p)) {
+      List<java.util.concurrent.Future<?>> fs = new ArrayList<>();
+      for (int i = start; i < start + count; i++) {
+        String id = "id-" + i;
+        fs.add(prod.send(new ProducerRecord<>(topic, id, id)));
+      }
+      prod.flush();
+      for (java.util.concurrent.Future<?> f : fs) {
+        f.get(30, TimeUnit.SECONDS);
+      }
+    } catch (Exception e) {
+      error(e);
+      return 1;
+    }
+    emit("{\"ev\":\"produced\",\"count\":" + count + "}");
+    return 0;
+  }
+
+  private int consume(boolean txn) {
+    Properties p = new Properties();
+    p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
+    p.put(ConsumerConfig.GROUP_ID_CONFIG, arg("group"));
+    p.put(ConsumerConfig.CLIENT_ID_CONFIG, member);
+    p.put(ConsumerConfig.GROUP_PROTOCOL_CONFIG, "classic");
+    p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    p.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
+    p.put(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG, args.getOrDefault("session-ms", "10000"));
+    p.put(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG, args.getOrDefault("heartbeat-ms", "1000"));
+    p.put(ConsumerConfig.MAX_POLL_INTERVAL_MS_CONFIG, "20000");
+    p.put(ConsumerConfig.MAX_POLL_RECORDS_CONFIG, "200");
+    p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+    p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+    String assignor = args.getOrDefault("assignor", "range");
+    switch (assignor) {
+      case "range":
+        p.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, RangeAssignor.class.getName());
+        break;
+      case "cooperative-sticky":
+        p.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG,
+            CooperativeStickyAssignor.class.getName());
+        break;
+      default:
+        throw new IllegalArgumentException("unknown assignor " + assignor);
+    }
+    String instance = args.get("instance-id");
+    if (instance != null && !instance.isEmpty()) {
+      p.put(ConsumerConfig.GROUP_INSTANCE_ID_CONFIG, instance);
+    }
+    KafkaProducer<String, String> prod = null;
+    String outTopic = null;
+    if (txn) {
+      p.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
+      outTopic = arg("out-topic");
+      Properties pp = new Properties();
+      pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
+      pp.put(ProducerConfig.CLIENT_ID_CONFIG, member + "-txn");
+      pp.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, arg("group") + "-" + member);
+      pp.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, "15000");
+      pp.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
+      pp.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, StringSerializer.class.getName());
+      prod = new KafkaProducer<>(pp);
+      prod.initTransactions();
+    }
+    KafkaConsumer<String, String> consumer = new KafkaConsumer<>(p);
+    Thread main = Thread.currentThread();
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      stop.set(true);
+      consumer.wakeup();
+      try {
+        done.await(25, TimeUnit.SECONDS);
+      } catch (InterruptedException ignored) {
+        Thread.currentThread().interrupt();
+      }
+    }));
+    int rc = 0;
+    try {
+      consumer.subscribe(List.of(arg("topic")), new ConsumerRebalanceListener() {
+        @Override
+        public void onPartitionsRevoked(Collection<TopicPartition> parts) {
+          int gen = consumer.groupMetadata().generationId();
+          for (TopicPartition tp : parts) {
+            owned.remove(tp.partition());
+          }
+          assignment("revoked", gen);
+        }
+
+        @Override
+        public void onPartitionsAssigned(Collection<TopicPartition> parts) {
+          int gen = consumer.groupMetadata().generationId();
+          for (TopicPartition tp : parts) {
+            owned.add(tp.partition());
+          }
+          assignment("assigned", gen);
+        }
+
+        @Override
+        public void onPartitionsLost(Collection<TopicPartition> parts) {
+          int gen = consumer.groupMetadata().generationId();
+          for (TopicPartition tp : parts) {
+            owned.remove(tp.partition());
+          }
+          assignment("lost", gen);
+        }
+      });
+      emit("{\"ev\":\"ready\",\"member\":\"" + member + "\"}");
+      while (!stop.get()) {
+        ConsumerRecords<String, String> recs;
+        try {
+          recs = consumer.poll(Duration.ofMillis(200));
+        } catch (WakeupException e) {
+          break;
+        }
+        if (recs.isEmpty()) {
+          continue;
+        }
+        Map<TopicPartition, OffsetAndMetadata> offsets = new HashMap<>();
+        if (txn) {
+          prod.beginTransaction();
+        }
+        for (ConsumerRecord<String, String> r : recs) {
+          if (txn) {
+            prod.send(new ProducerRecord<>(outTopic, r.key(), r.value()));
+          }
+          offsets.put(new TopicPartition(r.topic(), r.partition()),
+              new OffsetAndMetadata(r.offset() + 1));
+        }
+        try {
+          if (txn) {
+            prod.sendOffsetsToTransaction(offsets, consumer.groupMetadata());
+            prod.commitTransaction();
+          } else {
+            consumer.commitSync(offsets);
+          }
+        } catch (WakeupException e) {
+          // A wakeup during commitSync: retry once so the batch is not replayed needlessly.
+          consumer.commitSync(offsets);
+          stop.set(true);
+        } catch (Exception e) {
+          error(e);
+          if (txn) {
+            prod.abortTransaction();
+          }
+          continue;
+        }
+        for (ConsumerRecord<String, String> r : recs) {
+          emit("{\"ev\":\"record\",\"p\":" + r.partition() + ",\"o\":" + r.offset()
+              + ",\"id\":\"" + r.value() + "\"}");
+        }
+        StringBuilder sb = new StringBuilder("{\"ev\":\"commit\",\"offsets\":{");
+        boolean first = true;
+        for (Map.Entry<TopicPartition, OffsetAndMetadata> e : offsets.entrySet()) {
+          sb.append(first ? "" : ",").append('"').append(e.getKey().partition()).append("\":")
+              .append(e.getValue().offset());
+          first = false;
+        }
+        emit(sb.append("}}").toString());
+      }
+    } catch (Exception e) {
+      error(e);
+      rc = 1;
+    } finally {
+      try {
+        consumer.close(Duration.ofSeconds(10));
+      } catch (Exception e) {
+        error(e);
+      }
+      if (prod != null) {
+        prod.close(Duration.ofSeconds(5));
+      }
+      emit("{\"ev\":\"closed\",\"member\":\"" + member + "\"}");
+      done.countDown();
+    }
+    return rc;
+  }
+
+  private void assignment(String kind, int generation) {
+    StringBuilder sb = new StringBuilder();
+    sb.append("{\"ev\":\"").append(kind).append("\",\"member\":\"").append(member)
+        .append("\",\"generation\":").append(generation).append(",\"partitions\":[");
+    boolean first = true;
+    for (int part : owned) {
+      sb.append(first ? "" : ",").append(part);
+      first = false;
+    }
+    emit(sb.append("]}").toString());
+  }
+
+  private void error(Throwable e) {
+    String msg = String.valueOf(e).replace("\\", "\\\\").replace("\"", "'").replace("\n", " ");
+    emit("{\"ev\":\"error\",\"member\":\"" + member + "\",\"error\":\"" + msg + "\"}");
+  }
+
+  private static synchronized void emit(String json) {
+    long ts = System.currentTimeMillis();
+    System.out.println("{\"ts\":" + ts + "," + json.substring(1));
+    System.out.flush();
+  }
+}

@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# kafka.sh runs a real Apache Kafka broker (KRaft, combined broker+controller)
+# on 127.0.0.1 for the kproxy interop tier. The broker jars come from Maven
+# Central through interop/broker/pom.xml and are cached under $KPROXY_CACHE.
+#
+#   interop/kafka.sh start  [--brokers 1|3] [--port 9092]
+#   interop/kafka.sh stop
+#   interop/kafka.sh status
+#   interop/kafka.sh fetch            # only download the jars
+#   interop/kafka.sh request-log      # print the request log path(s)
+#
+# Node N (1-based) listens on port+N-1 for clients and on port+100+N-1 for
+# the controller quorum. Every request the broker serves is logged by
+# kafka.request.logger at DEBUG into $STATE/node-N/request.log so the harness
+# can count the API keys the broker saw.
+set -euo pipefail
+
+KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
+CACHE="${KPROXY_CACHE:-$HOME/.cache/kproxy-interop}"
+LIBS="$CACHE/kafka-$KAFKA_VERSION/libs"
+STATE="${KPROXY_INTEROP_STATE:-$CACHE/run}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CLUSTER_ID="${KAFKA_CLUSTER_ID:-kproxyInteropClust0001}" # 22 chars, base64-url of 16 bytes
+
+log() { printf 'kafka.sh: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+fetch_libs() {
+	if [[ -f "$LIBS/.complete" ]]; then
+		return 0
+	fi
+	command -v mvn >/dev/null || die "mvn not found (Maven 3.8+ is needed to fetch the broker jars)"
+	log "fetching Apache Kafka $KAFKA_VERSION jars into $LIBS"
+	rm -rf "$LIBS"
+	mkdir -p "$LIBS"
+	mvn -q -B -f "$HERE/broker/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+		dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$LIBS" >&2 ||
+		die "maven could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
+	ls "$LIBS"/kafka_2.13-*.jar >/dev/null 2>&1 || die "kafka_2.13 jar missing from $LIBS"
+	touch "$LIBS/.complete"
+}
+
+classpath() { printf '%s' "$LIBS/*"; }
+
+write_node_config() {
+	local n=$1 brokers=$2 port=$3 dir=$4
+	local voters="" i
+	for ((i = 1; i <= brokers; i++)); do
+		voters+="${voters:+,}$i@127.0.0.1:$((port + 100 + i - 1))"
+	done
+	local rf=1
+	mkdir -p "$dir/data"
+	cat >"$dir/server.properties" <<EOF
+# Written by interop/kafka.sh for the kproxy interop tier.
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$((port + n - 1)),CONTROLLER://127.0.0.1:$((port + 100 + n - 1))
+advertised.listeners=PLAINTEXT://127.0.0.1:$((port + n - 1))
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+log.dirs=$dir/data
+num.partitions=1
+default.replication.factor=1
+auto.create.topics.enable=true
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=3000
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=1
+log.segment.bytes=16777216
+num.network.threads=2
+num.io.threads=2
+background.threads=2
+log.retention.hours=2
+EOF
+	cat >"$dir/log4j2.xml" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by interop/kafka.sh: broker log plus a request log the harness reads. -->
+<Configuration status="warn">
+  <Appenders>
+    <File name="server" fileName="$dir/server.log" append="true">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+    <File name="requests" fileName="$dir/request.log" append="true" immediateFlush="true">
+      <PatternLayout pattern="[%d] %maxLen{%m}{320}%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Logger name="kafka.request.logger" level="debug" additivity="false">
+      <AppenderRef ref="requests"/>
+    </Logger>
+    <Logger name="kafka" level="info"/>
+    <Logger name="org.apache.kafka" level="info"/>
+    <Root level="info">
+      <AppenderRef ref="server"/>
+    </Root>
+  </Loggers>
+</Configuration>
+EOF
+}
+
+java_opts() {
+	local dir=$1
+	printf '%s\n' -Xmx512m -Xms128m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		-XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+		-Dlog4j2.configurationFile="$dir/log4j2.xml" -Dkafka.logs.dir="$dir"
+}
+
+probe() {
+	# Succeeds when a Kafka broker on 127.0.0.1:$1 answers an ApiVersions v0
+	# request (written by hand so no client library is needed here).
+	python3 - "$1" <<'PY'
+import socket, struct, sys
+port = int(sys.argv[1])
+cid = b"kafka.sh-probe"
+body = struct.pack(">hhih", 18, 0, 7, len(cid)) + cid
+try:
+    s = socket.create_connection(("127.0.0.1", port), timeout=3)
+    s.sendall(struct.pack(">i", len(body)) + body)
+    hdr = s.recv(4)
+    size = struct.unpack(">i", hdr)[0]
+    data = b""
+    while len(data) < size:
+        chunk = s.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    corr, err = struct.unpack(">ih", data[:6])
+    sys.exit(0 if corr == 7 and err == 0 else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+running_pids() {
+	local f
+	for f in "$STATE"/node-*/pid; do
+		[[ -f "$f" ]] || continue
+		local pid
+		pid=$(cat "$f")
+		if kill -0 "$pid" 2>/dev/null; then
+			echo "$pid"
+		fi
+	done
+}
+
+cmd_start() {
+	local brokers=1 port=9092
+	while (($#)); do
+		case "$1" in
+		--brokers) brokers=$2; shift 2 ;;
+		--port) port=$2; shift 2 ;;
+		*) die "unknown flag $1" ;;
+		esac
+	done
+	[[ "$brokers" == 1 || "$brokers" == 3 ]] || die "--brokers must be 1 or 3"
+	command -v java >/dev/null || die "java not found (Java 17+ is needed)"
+	if [[ -n "$(running_pids)" ]]; then
+		die "a broker started by kafka.sh is already running (interop/kafka.sh stop first)"
+	fi
+	local n p
+	for ((n = 1; n <= brokers; n++)); do
+		for p in $((port + n - 1)) $((port + 100 + n - 1)); do
+			if port_open "$p"; then die "port $p on 127.0.0.1 is already in use"; fi
+		done
+	done
+	fetch_libs
+	rm -rf "$STATE"
+	mkdir -p "$STATE"
+	echo "$brokers $port" >"$STATE/layout"
+	cat >"$STATE/probe-log4j2.xml" <<'EOF'
+<Configuration status="off"><Loggers><Root level="off"/></Loggers></Configuration>
+EOF
+	for ((n = 1; n <= brokers; n++)); do
+		local dir="$STATE/node-$n"
+		write_node_config "$n" "$brokers" "$port" "$dir"
+		local -a opts
+		mapfile -t opts < <(java_opts "$dir")
+		java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$(classpath)" \
+			-Dlog4j2.configurationFile="$STATE/probe-log4j2.xml" \
+			kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$dir/server.properties" \
+			>"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed for node $n"; }
+		nohup java "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$dir/server.properties" \
+			>"$dir/stdout.log" 2>&1 </dev/null &
+		echo $! >"$dir/pid"
+		log "node $n: pid $(cat "$dir/pid"), client port $((port + n - 1)), logs in $dir"
+	done
+	local deadline=$((SECONDS + 90))
+	for ((n = 1; n <= brokers; n++)); do
+		local dir="$STATE/node-$n" p=$((port + n - 1))
+		until port_open "$p"; do
+			kill -0 "$(cat "$dir/pid")" 2>/dev/null || {
+				tail -30 "$dir/stdout.log" "$dir/server.log" >&2 || true
+				die "node $n exited during startup"
+			}
+			((SECONDS < deadline)) || die "node $n did not open port $p within 90s"
+			sleep 0.3
+		done
+	done
+	until probe "$port"; do
+		((SECONDS < deadline)) || die "broker on port $port did not answer ApiVersions within 90s"
+		sleep 0.5
+	done
+	log "kafka $KAFKA_VERSION up: $brokers node(s), bootstrap 127.0.0.1:$port"
+}
+
+cmd_stop() {
+	local f stopped=0
+	for f in "$STATE"/node-*/pid; do
+		[[ -f "$f" ]] || continue
+		local pid
+		pid=$(cat "$f")
+		if kill -0 "$pid" 2>/dev/null; then
+			kill -TERM "$pid" 2>/dev/null || true
+			stopped=1
+		fi
+	done
+	local deadline=$((SECONDS + 30))
+	for f in "$STATE"/node-*/pid; do
+		[[ -f "$f" ]] || continue
+		local pid
+		pid=$(cat "$f")
+		while kill -0 "$pid" 2>/dev/null; do
+			if ((SECONDS >= deadline)); then
+				log "pid $pid did not stop in 30s; killing it"
+				kill -KILL "$pid" 2>/dev/null || true
+				break
+			fi
+			sleep 0.2
+		done
+		rm -f "$f"
+	done
+	if ((stopped)); then log "stopped"; else log "no broker was running"; fi
+}
+
+cmd_status() {
+	local pids
+	pids=$(running_pids)
+	if [[ -z "$pids" ]]; then
+		echo "stopped"
+		return 1
+	fi
+	local brokers port
+	read -r brokers port <"$STATE/layout"
+	echo "running: $brokers node(s), bootstrap 127.0.0.1:$port, pids $(echo $pids), state $STATE"
+}
+
+cmd_request_log() {
+	local f
+	for f in "$STATE"/node-*/request.log; do
+		echo "$f"
+	done
+}
+
+case "${1:-}" in
+start) shift; cmd_start "$@" ;;
+stop) cmd_stop ;;
+status) cmd_status ;;
+fetch) fetch_libs ;;
+request-log) cmd_request_log ;;
+*) die "usage: $0 start [--brokers 1|3] [--port P] | stop | status | fetch | request-log" ;;
+esac

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Python member of the kproxy interop harness.
+
+Drives confluent-kafka (librdkafka) or kafka-python, chosen with --client,
+and prints the harness's JSON-lines protocol on stdout: assignment events
+carrying the member's full owned partition set, consumed records, commits,
+errors and "closed". --mode produce writes --count records with ids
+id-<start>..; --mode consume joins --group, commits after every batch and
+closes cleanly on SIGTERM.
+"""
+import argparse
+import faulthandler
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+
+_lock = threading.Lock()
+
+
+def emit(member, ev, **fields):
+    """Writes one event line with the wall-clock time in milliseconds."""
+    fields.update({"ts": int(time.time() * 1000), "ev": ev, "member": member})
+    line = json.dumps(fields)
+    with _lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--client", required=True, choices=["confluent", "kafka-python"])
+    p.add_argument("--mode", default="consume", choices=["produce", "consume"])
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", default="")
+    p.add_argument("--member", default="py")
+    p.add_argument("--count", type=int, default=0)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--assignor", default="range", choices=["range", "cooperative-sticky"])
+    p.add_argument("--instance-id", default="")
+    p.add_argument("--session-ms", type=int, default=10000)
+    p.add_argument("--heartbeat-ms", type=int, default=1000)
+    return p.parse_args()
+
+
+class Stopper:
+    """Stopper turns SIGTERM/SIGINT into a flag the poll loop checks."""
+
+    def __init__(self):
+        self.stop = False
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, *_):
+        self.stop = True
+
+
+# ---------------------------------------------------------------- confluent-kafka
+
+def confluent_produce(a):
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": a.bootstrap, "client.id": a.member, "acks": "all", "linger.ms": 5})
+    failures = []
+
+    def done(err, _msg):
+        if err is not None:
+            failures.append(str(err))
+
+    for i in range(a.start, a.start + a.count):
+        rid = "id-%d" % i
+        while True:
+            try:
+                p.produce(a.topic, key=rid, value=rid, on_delivery=done)
+                break
+            except BufferError:
+                p.poll(0.05)
+    left = p.flush(60)
+    if left or failures:
+        raise RuntimeError("delivery failed: %d undelivered, errors %s" % (left, failures[:3]))
+
+
+def confluent_consume(a, stopper):
+    from confluent_kafka import Consumer, TopicPartition, KafkaException
+    conf = {
+        "bootstrap.servers": a.bootstrap,
+        "group.id": a.group,
+        "client.id": a.member,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": a.session_ms,
+        "heartbeat.interval.ms": a.heartbeat_ms,
+        "max.poll.interval.ms": 20000,
+        "partition.assignment.strategy": a.assignor,
+        "group.protocol": "classic",
+    }
+    if a.instance_id:
+        conf["group.instance.id"] = a.instance_id
+    c = Consumer(conf)
+    cooperative = a.assignor == "cooperative-sticky"
+    owned = set()
+    pending = []
+
+    def flush():
+        if not pending:
+            return
+        offsets = {}
+        for m in pending:
+            offsets[m.partition()] = m.offset() + 1
+        try:
+            c.commit(offsets=[TopicPartition(a.topic, p, o) for p, o in offsets.items()], asynchronous=False)
+        except KafkaException as e:
+            emit(a.member, "error", error="commit: %s" % e)
+        else:
+            for m in pending:
+                emit(a.member, "record", p=m.partition(), o=m.offset(), id=m.value().decode())
+            emit(a.member, "commit", offsets={str(p): o for p, o in offsets.items()})
+        del pending[:]
+
+    def on_assign(_c, parts):
+        if not cooperative:
+            owned.clear()
+        owned.update(tp.partition for tp in parts)
+        # librdkafka does not expose the generation id.
+        emit(a.member, "assigned", generation=-1, partitions=sorted(owned))
+
+    def on_revoke(_c, parts):
+        flush()
+        if cooperative:
+            owned.difference_update(tp.partition for tp in parts)
+        else:
+            owned.clear()
+        emit(a.member, "revoked", generation=-1, partitions=sorted(owned))
+
+    def on_lost(_c, parts):
+        owned.difference_update(tp.partition for tp in parts)
+        emit(a.member, "lost", generation=-1, partitions=sorted(owned))
+
+    c.subscribe([a.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+    emit(a.member, "ready")
+    try:
+        while not stopper.stop:
+            msgs = c.consume(num_messages=200, timeout=0.2)
+            for m in msgs:
+                if m.error():
+                    emit(a.member, "error", error=str(m.error()))
+                else:
+                    pending.append(m)
+            flush()
+    finally:
+        flush()
+        c.close()
+        emit(a.member, "closed")
+
+
+# ---------------------------------------------------------------- kafka-python
+
+def kp_produce(a):
+    from kafka import KafkaProducer
+    p = KafkaProducer(bootstrap_servers=a.bootstrap, client_id=a.member, acks="all", linger_ms=5)
+    futures = []
+    for i in range(a.start, a.start + a.count):
+        rid = ("id-%d" % i).encode()
+        futures.append(p.send(a.topic, key=rid, value=rid))
+    p.flush(60)
+    for f in futures:
+        f.get(timeout=30)
+    p.close()
+
+
+def kp_consume(a, stopper):
+    from kafka import KafkaConsumer, ConsumerRebalanceListener
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    strategies = [RangePartitionAssignor]
+    if a.assignor == "cooperative-sticky":
+        from kafka.coordinator.assignors import cooperative_sticky
+        cls = [getattr(cooperative_sticky, n) for n in dir(cooperative_sticky)
+               if n.endswith("Assignor") and "Cooperative" in n]
+        if not cls:
+            raise RuntimeError("this kafka-python has no cooperative sticky assignor")
+        strategies = cls[:1]
+    kwargs = dict(
+        bootstrap_servers=a.bootstrap,
+        group_id=a.group,
+        client_id=a.member,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=a.session_ms,
+        heartbeat_interval_ms=a.heartbeat_ms,
+        max_poll_interval_ms=20000,
+        max_poll_records=200,
+        partition_assignment_strategy=strategies,
+    )
+    if a.instance_id:
+        kwargs["group_instance_id"] = a.instance_id
+    c = KafkaConsumer(**kwargs)
+    owned = set()
+
+    def generation():
+        try:
+            return int(c._coordinator._generation.generation_id)  # private, best effort
+        except Exception:  # noqa: BLE001 - the attribute is not part of the API
+            return -1
+
+    class Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            owned.difference_update(tp.partition for tp in revoked)
+            emit(a.member, "revoked", generation=generation(), partitions=sorted(owned))
+
+        def on_partitions_assigned(self, assigned):
+            owned.update(tp.partition for tp in assigned)
+            emit(a.member, "assigned", generation=generation(), partitions=sorted(owned))
+
+        def on_partitions_lost(self, lost):
+            owned.difference_update(tp.partition for tp in lost)
+            emit(a.member, "lost", generation=generation(), partitions=sorted(owned))
+
+    c.subscribe([a.topic], listener=Listener())
+    emit(a.member, "ready")
+    try:
+        while not stopper.stop:
+            batch = c.poll(timeout_ms=200, max_records=200)
+            recs = [r for rs in batch.values() for r in rs]
+            if not recs:
+                continue
+            try:
+                c.commit()  # commits the positions after everything poll returned
+            except Exception as e:  # noqa: BLE001 - reported, then redelivered to the new owner
+                emit(a.member, "error", error="commit: %r" % e)
+                continue
+            offsets = {}
+            for r in recs:
+                emit(a.member, "record", p=r.partition, o=r.offset, id=r.value.decode())
+                offsets[str(r.partition)] = r.offset + 1
+            emit(a.member, "commit", offsets=offsets)
+    finally:
+        c.close()
+        emit(a.member, "closed")
+
+
+def main():
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The harness sends SIGUSR1 to a stuck member to get its thread stacks.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    a = parse_args()
+    stopper = Stopper()
+    try:
+        if a.client == "confluent":
+            confluent_produce(a) if a.mode == "produce" else confluent_consume(a, stopper)
+        else:
+            kp_produce(a) if a.mode == "produce" else kp_consume(a, stopper)
+    except Exception as e:  # noqa: BLE001 - reported to the harness as an event
+        emit(a.member, "error", error="%s: %s" % (type(e).__name__, e))
+        return 1
+    if a.mode == "produce":
+        emit(a.member, "produced", count=a.count)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

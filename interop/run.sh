@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# run.sh runs the whole interop tier: it installs the client dependencies
+# that are missing (Maven, PyPI, npm; all cached), starts a real Apache Kafka
+# broker with interop/kafka.sh, runs the table-driven harness (every row
+# direct and through kproxy) and always stops the broker, even on failure.
+#
+#   bash interop/run.sh [harness flags...]     e.g. -rows '^java-' -paths direct
+#
+# Environment:
+#   KPROXY_CACHE                  cache dir (default ~/.cache/kproxy-interop)
+#   KPROXY_INTEROP_PORT           broker client port (default 9092)
+#   KPROXY_INTEROP_BROKERS        1 (default) or 3 brokers
+#   KPROXY_INTEROP_LOGS           where member logs go (default a new temp dir)
+#   KPROXY_INTEROP_EXPECT_ENGINE  1 = the broker must see no JoinGroup/SyncGroup/
+#                                 Heartbeat during kproxy rows
+#   KPROXY_INTEROP_OFFSETS        path = read committed offsets through kproxy
+#                                 on kproxy rows instead of from the broker
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export KPROXY_CACHE="${KPROXY_CACHE:-$HOME/.cache/kproxy-interop}"
+PORT="${KPROXY_INTEROP_PORT:-9092}"
+BROKERS="${KPROXY_INTEROP_BROKERS:-1}"
+LOGS="${KPROXY_INTEROP_LOGS:-$(mktemp -d /tmp/kproxy-interop.XXXXXX)}"
+began=$SECONDS
+cd "$ROOT"
+
+say() { printf 'interop: %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+for tool in go java mvn node npm python3; do
+	command -v "$tool" >/dev/null || die "$tool is not installed (the interop tier needs Go, Java 17+, Maven, Node.js and Python 3)"
+done
+mkdir -p "$KPROXY_CACHE" "$LOGS"
+
+# stamp FILE... prints a hash of the given files, to rebuild only on change.
+stamp() { cat "$@" | sha256sum | cut -c1-16; }
+
+# Java client: built once, rebuilt when its sources change.
+java_stamp=$(stamp interop/java/pom.xml interop/java/src/main/java/io/kproxy/interop/*.java)
+if [[ "$(cat interop/java/target/.kproxy-stamp 2>/dev/null)" != "$java_stamp" ]]; then
+	say "building the Java client (kafka-clients from Maven Central)"
+	mvn -q -B -f interop/java/pom.xml package -DskipTests >"$LOGS/mvn-java.log" 2>&1 ||
+		{ tail -40 "$LOGS/mvn-java.log" >&2; die "Java client build failed"; }
+	echo "$java_stamp" >interop/java/target/.kproxy-stamp
+fi
+
+# Python clients: a venv in the cache.
+py_stamp=$(stamp interop/python/requirements.txt)
+if [[ "$(cat "$KPROXY_CACHE/venv/.kproxy-stamp" 2>/dev/null)" != "$py_stamp" ]]; then
+	say "installing confluent-kafka and kafka-python into $KPROXY_CACHE/venv"
+	rm -rf "$KPROXY_CACHE/venv"
+	python3 -m venv "$KPROXY_CACHE/venv" || die "python3 -m venv failed (apt-get install python3-venv)"
+	"$KPROXY_CACHE/venv/bin/pip" install -q --disable-pip-version-check -r interop/python/requirements.txt \
+		>"$LOGS/pip.log" 2>&1 || { tail -40 "$LOGS/pip.log" >&2; die "pip install failed"; }
+	echo "$py_stamp" >"$KPROXY_CACHE/venv/.kproxy-stamp"
+fi
+
+# JavaScript client: kafkajs from the committed lock file.
+js_stamp=$(stamp interop/js/package.json interop/js/package-lock.json)
+if [[ "$(cat interop/js/node_modules/.kproxy-stamp 2>/dev/null)" != "$js_stamp" ]]; then
+	say "installing kafkajs (npm ci)"
+	(cd interop/js && npm ci --no-audit --no-fund --loglevel=error) >"$LOGS/npm.log" 2>&1 ||
+		{ tail -40 "$LOGS/npm.log" >&2; die "npm ci failed"; }
+	echo "$js_stamp" >interop/js/node_modules/.kproxy-stamp
+fi
+
+say "building the harness"
+go build -o "$LOGS/harness" ./interop/harness || die "harness build failed"
+
+# The broker: stop a leftover one from an earlier run, then start fresh, and
+# stop it whatever happens next.
+bash interop/kafka.sh stop >/dev/null 2>&1 || true
+trap 'bash interop/kafka.sh stop || true' EXIT
+bash interop/kafka.sh start --brokers "$BROKERS" --port "$PORT"
+reqlogs=$(bash interop/kafka.sh request-log | paste -sd, -)
+
+set +e
+"$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -request-log "$reqlogs" -logs "$LOGS" -cache "$KPROXY_CACHE" "$@"
+rc=$?
+set -e
+say "total time $((SECONDS - began))s; member logs in $LOGS"
+exit $rc
