@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // confluentMember is one confluent-kafka-go (librdkafka) group member.
@@ -122,13 +121,7 @@ func TestConfluentGroupLifecycle(t *testing.T) {
 			waitOwners(t, own, parts, "a", "b", "c")
 			a.leave()
 			waitOwners(t, own, parts, "b", "c")
-			more := s.client(kgo.DefaultProduceTopic(topic))
-			for i := 300; i < 600; i++ {
-				more.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
-			}
-			if err := more.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
+			s.produceRange(ctx, topic, 300, 600)
 			waitConsumed(t, recs, 600)
 			own.check()
 			s.assertCommittedAtEnd(ctx, group, topic)

@@ -45,14 +45,7 @@ func TestFranzGroupLifecycle(t *testing.T) {
 			b.kill(own) // crash: found by session timeout
 			waitOwners(t, own, parts, "c")
 
-			s.produce(ctx, topic+"-more", 1, 0) // a second topic exists; harmless
-			more := s.client(kgo.DefaultProduceTopic(topic))
-			for i := 300; i < 600; i++ {
-				more.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
-			}
-			if err := more.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
+			s.produceRange(ctx, topic, 300, 600)
 			waitConsumed(t, recs, 600)
 			own.check()
 			s.assertCommittedAtEnd(ctx, group, topic)
@@ -132,13 +125,7 @@ func TestOffsetsSurviveProxyRestart(t *testing.T) {
 	s.stop()
 	s.startEngineAndProxy()
 
-	more := s.client(kgo.DefaultProduceTopic(topic))
-	for i := 200; i < 300; i++ {
-		more.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
-	}
-	if err := more.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s.produceRange(ctx, topic, 200, 300)
 	again := newRecords()
 	m2 := s.startMember("m2", memberCfg{group: group, topic: topic, own: newOwnership(t), recs: again})
 	waitConsumed(t, again, 100)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // saramaMember is one sarama consumer-group member.
@@ -126,13 +125,7 @@ func TestSaramaGroupLifecycle(t *testing.T) {
 			waitOwners(t, own, parts, "b", "c")
 			b.kill(own)
 			waitOwners(t, own, parts, "c")
-			more := s.client(kgo.DefaultProduceTopic(topic))
-			for i := 300; i < 600; i++ {
-				more.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
-			}
-			if err := more.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
+			s.produceRange(ctx, topic, 300, 600)
 			waitConsumed(t, recs, 600)
 			own.check()
 			s.assertCommittedAtEnd(ctx, group, topic)

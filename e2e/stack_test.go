@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -164,15 +165,21 @@ func (s *stack) client(opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
-// produce writes n records with values "0".."n-1" to topic (created with
-// partitions partitions) through the proxy.
+// produce creates topic with partitions partitions and writes records
+// "0".."n-1" to it through the proxy.
 func (s *stack) produce(ctx context.Context, topic string, partitions int32, n int) {
 	s.t.Helper()
-	cl := s.client(kgo.DefaultProduceTopic(topic))
-	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+	if _, err := kadm.NewClient(s.client()).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
 		s.t.Fatalf("create topic: %v", err)
 	}
-	for i := range n {
+	s.produceRange(ctx, topic, 0, n)
+}
+
+// produceRange writes records "from".."to-1" to topic through the proxy.
+func (s *stack) produceRange(ctx context.Context, topic string, from, to int) {
+	s.t.Helper()
+	cl := s.client(kgo.DefaultProduceTopic(topic))
+	for i := from; i < to; i++ {
 		cl.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, func(_ *kgo.Record, err error) {
 			if err != nil {
 				s.t.Errorf("produce: %v", err)
@@ -218,24 +225,7 @@ func (s *stack) assertCommittedAtEnd(ctx context.Context, group, topic string) {
 	s.t.Fatalf("committed offsets of %s never reached the end offsets:%s", group, last)
 }
 
-func itoa(i int) string {
-	b := []byte{}
-	if i == 0 {
-		return "0"
-	}
-	neg := i < 0
-	if neg {
-		i = -i
-	}
-	for i > 0 {
-		b = append([]byte{byte('0' + i%10)}, b...)
-		i /= 10
-	}
-	if neg {
-		return "-" + string(b)
-	}
-	return string(b)
-}
+func itoa(i int) string { return strconv.Itoa(i) }
 
 // ownership checks that no partition is owned by two live members at
 // once: a member must have given a partition up (revoked or lost, or been
