@@ -114,10 +114,30 @@ var APIs = map[int16]APIInfo{
 	92:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
 }
 
+// Lookup returns key's row of APIs, without a map lookup: it is on the
+// path of every request.
+func Lookup(key int16) (APIInfo, bool) {
+	if key < 0 || int(key) >= len(apiTable) {
+		return APIInfo{}, false
+	}
+	e := apiTable[key]
+	return e.info, e.ok
+}
+
+var apiTable = func() (t [100]struct {
+	info APIInfo
+	ok   bool
+}) {
+	for k, info := range APIs {
+		t[k].info, t[k].ok = info, true
+	}
+	return t
+}()
+
 // IsGroupKey reports whether key is a consumer-group API that the engine
 // serves when groups are local.
 func IsGroupKey(key int16) bool {
-	a, ok := APIs[key]
+	a, ok := Lookup(key)
 	return ok && a.Route == Local && key != KeyFindCoordinator
 }
 

@@ -33,6 +33,11 @@ func NeedsRewrite(key, version int16) bool {
 // body needs no change and may be sent as it came. localGroups is passed
 // to MergeApiVersions.
 func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups bool) (kmsg.Response, error) {
+	if key == KeyProduce {
+		if has, ok := ProduceHasEndpoints(body, version); ok && !has {
+			return nil, nil
+		}
+	}
 	req := kmsg.RequestForKey(key)
 	if req == nil {
 		return nil, fmt.Errorf("%w %d", ErrUnknownAPI, key)

@@ -71,8 +71,11 @@ type session struct {
 	idle       atomic.Bool   // the reader is between requests (set by the reader)
 	closeOnce  sync.Once
 
-	reqBuf  []byte // owned by the reader: whole frames of local requests
-	respBuf []byte // owned by the writer: encoded and rewritten responses
+	reqLR   io.LimitedReader // owned by the reader: splices request bodies
+	respLR  io.LimitedReader // owned by the writer: splices response bodies
+	reqBuf  []byte           // owned by the reader: whole frames of local requests
+	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite
+	outBuf  []byte           // owned by the writer: rewritten responses
 }
 
 func newSession(p *Proxy, c *net.TCPConn, node int32) *session {
@@ -189,7 +192,7 @@ func (s *session) readLoop() error {
 // start of the frame (size prefix included), total its whole length.
 func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	start := nanotime()
-	info, special := codec.APIs[h.Key]
+	info, special := codec.Lookup(h.Key)
 	local := s.p.cfg.Coordinator != nil
 	switch {
 	case h.Key == codec.KeyApiVersions && h.Version > codec.MaxVersion(h.Key):
@@ -352,7 +355,7 @@ func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total
 			return err
 		}
 	}
-	if err := pipe(s.upW, s.up, s.br, s.conn, total); err != nil {
+	if err := pipe(s.upW, s.up, s.br, s.conn, total, &s.reqLR); err != nil {
 		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
 	}
 	if !expectResponse {
@@ -378,7 +381,7 @@ func (s *session) forwardBytes(h codec.RequestHeader, start int64, frame []byte)
 // pipe moves n bytes from r (buffered over src) to w (buffered over dst).
 // What r has buffered is copied; a large remainder is spliced from src to
 // dst by the kernel.
-func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, n int) error {
+func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, n int, lr *io.LimitedReader) error {
 	for n > 0 && r.Buffered() > 0 {
 		b, _ := r.Peek(min(r.Buffered(), n))
 		if _, err := w.Write(b); err != nil {
@@ -391,15 +394,27 @@ func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, 
 		return nil
 	}
 	if n < spliceMin {
-		_, err := io.CopyN(w, r, int64(n))
-		return truncated(err)
+		for n > 0 {
+			if r.Buffered() == 0 {
+				if _, err := r.Peek(1); err != nil {
+					return truncated(err)
+				}
+			}
+			b, _ := r.Peek(min(r.Buffered(), n))
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			r.Discard(len(b))
+			n -= len(b)
+		}
+		return nil
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	lr := io.LimitedReader{R: src, N: int64(n)}
+	*lr = io.LimitedReader{R: src, N: int64(n)}
 	for lr.N > 0 {
-		m, err := dst.ReadFrom(&lr)
+		m, err := dst.ReadFrom(lr)
 		if err != nil {
 			return err
 		}
@@ -497,7 +512,7 @@ func (s *session) writeForwarded(sl slot) error {
 	total := 4 + int(size)
 	s.p.metrics.bytesOut(int64(total))
 	if !codec.NeedsRewrite(sl.key, sl.version) {
-		if err := pipe(s.bw, s.conn, s.upR, s.up, total); err != nil {
+		if err := pipe(s.bw, s.conn, s.upR, s.up, total, &s.respLR); err != nil {
 			return fmt.Errorf("streaming %s response: %w", kmsg.NameForKey(sl.key), err)
 		}
 		s.p.metrics.request(sl.key, routeForwarded, sl.start)
@@ -519,8 +534,8 @@ func (s *session) writeForwarded(sl slot) error {
 		return err
 	}
 	if resp != nil {
-		out := codec.AppendResponse(nil, sl.corr, resp)
-		_, err = s.bw.Write(out)
+		s.outBuf = codec.AppendResponse(s.outBuf[:0], sl.corr, resp)
+		_, err = s.bw.Write(s.outBuf)
 	} else {
 		_, err = s.bw.Write(frame)
 	}
