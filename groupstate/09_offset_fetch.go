@@ -74,7 +74,10 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 	for i, fg := range parts {
 		s := e.shardFor(fg.group)
 		set := func(v any) { ga.set(i, v) }
-		if !s.post(func() { s.fetchOffsets(fg, r.RequireStable, v10, set) }) {
+		if !s.post(func() {
+			s.whenLoaded(fg.group, func() { s.fetchOffsets(fg, r.RequireStable, v10, set) },
+				func(code int16) { set(fetchResult{code: code}) })
+		}) {
 			set(fetchResult{code: errCoordinatorNotAvailable})
 		}
 	}

@@ -312,13 +312,27 @@ func (g *group) replaceStaticMember(j *joinReq, newID string) {
 	switch g.state {
 	case stateStable:
 		if g.selectProtocol() == g.protocol {
-			// Nothing changes for the group: no rebalance. Group
-			// metadata is not persisted yet, so answer at once.
+			// Nothing changes for the group: no rebalance. The new
+			// member id is persisted before the member learns it.
+			var resp *kmsg.JoinGroupResponse
 			if j.r.Version >= 9 && g.leader == newID {
-				j.reply(g.currentJoinResponse(nm, true, newID, true))
+				resp = g.currentJoinResponse(nm, true, newID, true)
 			} else {
-				j.reply(g.currentJoinResponse(nm, false, oldLeader, false))
+				resp = g.currentJoinResponse(nm, false, oldLeader, false)
 			}
+			if g.s.e.meta == nil {
+				j.reply(resp)
+				return
+			}
+			reply, log, gid := j.reply, g.s.e.log, g.id
+			g.s.saveMeta(g.id, g.record(nil), func(err error) {
+				if err != nil {
+					log.Warn("groupstate: persisting a static member's replacement failed", "group", gid, "member", newID, "err", err)
+					reply(joinError(storeErrorCode(err), ""))
+					return
+				}
+				reply(resp)
+			}, func() { reply(joinError(errCoordinatorNotAvailable, "")) })
 			return
 		}
 		g.parkJoin(nm, j.reply)

@@ -1,6 +1,9 @@
 package groupstate
 
 import (
+	"errors"
+
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -57,6 +60,11 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 		if m.id != g.leader {
 			return
 		}
+		if g.savingSync && g.savingGen == g.generation {
+			// A retried leader SyncGroup: the first one's assignments
+			// are being persisted; this one waits with the others.
+			return
+		}
 		// The leader's assignments: members it left out get an empty
 		// assignment, unknown member ids are ignored.
 		given := make(map[string][]byte, len(r.GroupAssignment))
@@ -65,31 +73,34 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 				given[a.MemberID] = append([]byte(nil), a.MemberAssignment...)
 			}
 		}
-		check := g.s.e.cfg.CheckCommitOwnership && g.protocolType == "consumer"
-		for _, id := range g.order {
-			o := g.members[id]
-			o.assignment = given[id]
-			o.owned = nil
-			if check {
-				o.owned = decodeOwned(o.assignment)
-			}
-		}
-		if !g.transitionTo(stateStable) {
+		if g.s.e.meta == nil {
+			g.completeSync(given)
 			return
 		}
-		for _, id := range g.order {
-			o := g.members[id]
-			if o.syncReply != nil {
-				o.answerSync(g.syncResponse(o))
-				g.rearmSession(o)
+		// Persist first; the syncs are answered once it is durable and
+		// only if the group is still waiting for this generation.
+		gen := g.generation
+		g.savingSync, g.savingGen = true, gen
+		g.s.saveMeta(g.id, g.record(given), func(err error) {
+			if g.savingGen == gen {
+				g.savingSync = false
 			}
-		}
-		if g.s.e.cfg.Events != nil {
-			ev := g.event(EventSyncCompleted)
-			ev.Members = g.membersList(true)
-			g.s.emit(ev)
-		}
-		g.s.e.log.Debug("groupstate: sync completed", "group", g.id, "generation", g.generation)
+			if !g.live() || g.generation != gen || g.state != stateCompletingRebalance {
+				return
+			}
+			if err != nil && !recordTooLarge(err) {
+				g.syncSaveFailed(err)
+				return
+			}
+			if err != nil {
+				// Retrying cannot help and failing would rebalance
+				// forever: go on unpersisted (a restart will then
+				// rebalance this group once).
+				g.s.e.log.Error("groupstate: group metadata too large to persist; the group goes on unpersisted",
+					"group", g.id, "generation", gen, "members", len(g.members), "err", err)
+			}
+			g.completeSync(given)
+		}, nil)
 	case stateStable:
 		delete(g.pendingSync, m.id)
 		reply(g.syncResponse(m))
@@ -97,6 +108,58 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 	default:
 		reply(syncError(errUnknownMemberID))
 	}
+}
+
+// recordTooLarge reports whether err says the record can never be stored.
+func recordTooLarge(err error) bool {
+	return errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge)
+}
+
+// syncSaveFailed answers the parked syncs of a generation whose
+// assignments could not be persisted and starts a new rebalance, as Kafka
+// does.
+func (g *group) syncSaveFailed(err error) {
+	code := storeErrorCode(err)
+	g.s.e.log.Warn("groupstate: persisting the leader's assignments failed; rebalancing",
+		"group", g.id, "generation", g.generation, "err", err)
+	for _, id := range g.order {
+		m := g.members[id]
+		m.assignment, m.owned = nil, nil
+		if m.syncReply != nil {
+			m.answerSync(syncError(code))
+		}
+	}
+	g.prepareRebalance(CauseStoreError, nil)
+}
+
+// completeSync stores the leader's assignments, answers every parked
+// SyncGroup and makes the group Stable.
+func (g *group) completeSync(given map[string][]byte) {
+	check := g.s.e.cfg.CheckCommitOwnership && g.protocolType == "consumer"
+	for _, id := range g.order {
+		o := g.members[id]
+		o.assignment = given[id]
+		o.owned = nil
+		if check {
+			o.owned = decodeOwned(o.assignment)
+		}
+	}
+	if !g.transitionTo(stateStable) {
+		return
+	}
+	for _, id := range g.order {
+		o := g.members[id]
+		if o.syncReply != nil {
+			o.answerSync(g.syncResponse(o))
+			g.rearmSession(o)
+		}
+	}
+	if g.s.e.cfg.Events != nil {
+		ev := g.event(EventSyncCompleted)
+		ev.Members = g.membersList(true)
+		g.s.emit(ev)
+	}
+	g.s.e.log.Debug("groupstate: sync completed", "group", g.id, "generation", g.generation)
 }
 
 // syncResponse is m's successful SyncGroup answer.

@@ -79,7 +79,13 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 	ga := newGather(len(r.Groups), finish)
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
-		if !s.post(func() { ga.set(i, s.describe(id)) }) {
+		if !s.post(func() {
+			s.whenLoaded(id, func() { ga.set(i, s.describe(id)) }, func(code int16) {
+				dg := kmsg.NewDescribeGroupsResponseGroup()
+				dg.Group, dg.ErrorCode = id, code
+				ga.set(i, &dg)
+			})
+		}) {
 			dg := kmsg.NewDescribeGroupsResponseGroup()
 			dg.Group, dg.ErrorCode = id, errCoordinatorNotAvailable
 			ga.set(i, &dg)

@@ -17,8 +17,9 @@ import (
 //     "classic".
 //
 // The engine's groups are merged with the groups the store has offsets
-// for that the engine does not hold: simple groups, protocol type "",
-// state Empty.
+// for that the engine does not hold; those are loaded first (their
+// metadata may be persisted from before a restart), and the ones still
+// unknown are simple groups, protocol type "", state Empty.
 
 // listGroups gathers the groups of every loop and of the store.
 func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)) {
@@ -32,16 +33,8 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 				all = append(all, g)
 			}
 		}
-		done := func(stored []string, code int16) {
-			for _, id := range stored {
-				if seen[id] {
-					continue
-				}
-				seen[id] = true
-				lg := kmsg.NewListGroupsResponseGroup()
-				lg.Group, lg.GroupState, lg.GroupType = id, stateEmpty.String(), "classic"
-				all = append(all, lg)
-			}
+		complete := func(extra []kmsg.ListGroupsResponseGroup, code int16) {
+			all = append(all, extra...)
 			resp := kmsg.NewPtrListGroupsResponse()
 			resp.ErrorCode = code
 			for _, g := range all {
@@ -55,6 +48,43 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 			}
 			sort.Slice(resp.Groups, func(i, j int) bool { return resp.Groups[i].Group < resp.Groups[j].Group })
 			reply(resp)
+		}
+		done := func(stored []string, code int16) {
+			var missing []string
+			for _, id := range stored {
+				if !seen[id] {
+					seen[id] = true
+					missing = append(missing, id)
+				}
+			}
+			if e.meta == nil || len(missing) == 0 {
+				extra := make([]kmsg.ListGroupsResponseGroup, len(missing))
+				for i, id := range missing {
+					extra[i] = simpleListEntry(id)
+				}
+				complete(extra, code)
+				return
+			}
+			// Groups with offsets that this engine has not loaded since
+			// its start may have persisted metadata: load them.
+			lg := newGather(len(missing), func(parts []any) {
+				extra := make([]kmsg.ListGroupsResponseGroup, 0, len(parts))
+				for _, p := range parts {
+					if g, ok := p.(kmsg.ListGroupsResponseGroup); ok {
+						extra = append(extra, g)
+					}
+				}
+				complete(extra, code)
+			})
+			for i, id := range missing {
+				s := e.shardFor(id)
+				set := func(v any) { lg.set(i, v) }
+				if !s.post(func() {
+					s.whenLoaded(id, func() { set(s.listOne(id)) }, func(int16) { set(simpleListEntry(id)) })
+				}) {
+					set(simpleListEntry(id))
+				}
+			}
 		}
 		if !e.goStore(func(ctx context.Context) {
 			stored, err := e.cfg.Store.ListGroups(ctx)
@@ -88,6 +118,25 @@ func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 		out = append(out, lg)
 	}
 	return out
+}
+
+// listOne returns the ListGroups entry of group id: the engine's group,
+// or a simple group if the engine holds none.
+func (s *shard) listOne(id string) kmsg.ListGroupsResponseGroup {
+	if g, ok := s.groups[id]; ok && g.state != stateDead {
+		lg := kmsg.NewListGroupsResponseGroup()
+		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
+		return lg
+	}
+	return simpleListEntry(id)
+}
+
+// simpleListEntry is the ListGroups entry of a group only the store
+// knows: protocol type "", Empty.
+func simpleListEntry(id string) kmsg.ListGroupsResponseGroup {
+	lg := kmsg.NewListGroupsResponseGroup()
+	lg.Group, lg.GroupState, lg.GroupType = id, stateEmpty.String(), "classic"
+	return lg
 }
 
 // matchFilter reports whether v passes filter (empty = everything),

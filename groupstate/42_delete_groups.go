@@ -33,7 +33,9 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
 		set := func(v any) { ga.set(i, v) }
-		if !s.post(func() { s.deleteGroup(id, set) }) {
+		if !s.post(func() {
+			s.whenLoaded(id, func() { s.deleteGroup(id, set) }, func(code int16) { set(code) })
+		}) {
 			set(errCoordinatorNotAvailable)
 		}
 	}
@@ -60,6 +62,9 @@ func (s *shard) deleteGroup(id string, set func(any)) {
 		g.transitionTo(stateDead)
 		delete(s.groups, id)
 		s.emit(g.event(EventGroupDeleted))
+		if g.generation > 0 {
+			s.tombstone(id)
+		}
 	}
 	e := s.e
 	s.enqueue(id, storeOp{

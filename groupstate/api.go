@@ -85,6 +85,7 @@ const (
 	EventGroupEmpty                            // the last member left
 	EventGroupDeleted                          // DeleteGroups removed the group
 	EventOffsetsCommitted                      // an OffsetCommit was stored
+	EventGroupLoaded                           // the group's persisted metadata was loaded after a start
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.
@@ -114,6 +115,8 @@ func (k EventKind) String() string {
 		return "group_deleted"
 	case EventOffsetsCommitted:
 		return "offsets_committed"
+	case EventGroupLoaded:
+		return "group_loaded"
 	}
 	return "unknown"
 }
@@ -127,6 +130,7 @@ const (
 	CauseLeaderRejoined       = "leader_rejoined"        // the leader rejoined while Stable
 	CauseSyncTimeout          = "sync_timeout"           // members never sent SyncGroup
 	CauseStaticMemberReplaced = "static_member_replaced" // a static member's new instance forced a rebalance
+	CauseStoreError           = "store_error"            // the group's metadata could not be persisted on the leader's SyncGroup
 )
 
 // Member describes a group member as events and snapshots report it.
@@ -195,4 +199,24 @@ type TopicResolver interface {
 	TopicNames(ctx context.Context, ids [][16]byte) (map[[16]byte]string, error)
 	// TopicIDs maps topic names to IDs; unknown names are left out.
 	TopicIDs(ctx context.Context, names []string) (map[string][16]byte, error)
+}
+
+// GroupMetadataStore is implemented by an OffsetStore that can also
+// persist classic group metadata, so that a restarted engine resumes every
+// group where it was, without a rebalance (spec F). The record is opaque
+// to the store: a versioned encoding owned by the engine. The engine
+// calls these methods off its loops, at most one at a time per group id,
+// in the order it issued them; the first call for a group id after the
+// engine's start is always a load. A store that does not implement it
+// (or is wrapped by WithoutGroupMetadata) keeps no group metadata: a
+// restart then forgets every member and the groups rebalance.
+type GroupMetadataStore interface {
+	// SaveGroupMetadata durably replaces the record of group; the engine
+	// answers the clients waiting on it only after it returned nil.
+	SaveGroupMetadata(ctx context.Context, group string, record []byte) error
+	// DeleteGroupMetadata removes the record of group (a tombstone).
+	DeleteGroupMetadata(ctx context.Context, group string) error
+	// LoadGroupMetadata returns the last record saved for group, and
+	// false if there is none (never saved, or deleted).
+	LoadGroupMetadata(ctx context.Context, group string) (record []byte, found bool, err error)
 }

@@ -17,6 +17,15 @@
 // post their result back; a commit is acknowledged only after the store
 // returned.
 //
+// With a store that implements GroupMetadataStore (KafkaStore: a
+// compacted topic upstream; MemoryStore), each classic group's metadata
+// is persisted as one record (persist.go): when a join completes into
+// Empty, on the leader's SyncGroup (answered once durable) and on a static
+// member's replacement in Stable; a tombstone on delete or expiry. The
+// first request for a group id after a start waits for its record to
+// load; a loaded group with members is Stable at its stored generation,
+// so a kproxy restart in steady state forces no rebalance.
+//
 // Reply callbacks and the Events sink are called on a loop goroutine:
 // they must not block, and must not call back into Engine.Group or
 // Engine.Groups (which wait for the loops).

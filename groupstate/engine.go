@@ -21,7 +21,9 @@ import (
 type Config struct {
 	// Clock is the engine's only source of time; nil means the real clock.
 	Clock Clock
-	// Store persists offsets; it is required.
+	// Store persists offsets; it is required. If it also implements
+	// GroupMetadataStore, group metadata is persisted and reloaded so
+	// that a restart forces no rebalance (persist.go).
 	Store OffsetStore
 	// Logger receives the engine's logs; nil discards them.
 	Logger *slog.Logger
@@ -82,6 +84,14 @@ type Engine struct {
 	// illegalTransitions counts refused state transitions (a bug if
 	// non-zero); tests assert it stays zero.
 	illegalTransitions atomic.Int64
+
+	// meta is cfg.Store as a GroupMetadataStore, nil when the store keeps
+	// no group metadata (immutable after New).
+	meta GroupMetadataStore
+	// metaInflight counts group metadata operations (loads, saves,
+	// tombstones) queued or running, until their completion ran; tests
+	// wait for it to drop to zero.
+	metaInflight atomic.Int64
 }
 
 // keys lists the API keys Handle serves.
@@ -145,6 +155,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.EmptyGroupRetention = 7 * 24 * time.Hour
 	}
 	e := &Engine{cfg: cfg, clock: cfg.Clock, log: cfg.Logger}
+	e.meta, _ = cfg.Store.(GroupMetadataStore)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
@@ -153,8 +164,12 @@ func New(cfg Config) (*Engine, error) {
 			id:     i,
 			groups: make(map[string]*group),
 			ops:    make(map[string]*opQueue),
-			wake:   make(chan struct{}, 1),
-			done:   make(chan struct{}),
+
+			metaOps: make(map[string]*opQueue),
+			known:   make(map[string]struct{}),
+			loading: make(map[string][]parkedReq),
+			wake:    make(chan struct{}, 1),
+			done:    make(chan struct{}),
 		}
 		e.shards[i] = s
 		go s.run()
@@ -194,7 +209,19 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 	case *kmsg.SyncGroupRequest:
 		e.onGroup(r.Group, req, once, func(s *shard) { s.syncGroup(r, once) })
 	case *kmsg.HeartbeatRequest:
-		e.onGroup(r.Group, req, once, func(s *shard) { s.heartbeat(r, once) })
+		// While the group loads a heartbeat is answered NONE at once
+		// (Kafka does the same); it does not wait for the load.
+		s := e.shardFor(r.Group)
+		if !s.post(func() {
+			if s.loadPending(r.Group) {
+				resp := kmsg.NewPtrHeartbeatResponse()
+				once(resp)
+				return
+			}
+			s.heartbeat(r, once)
+		}) {
+			once(errorResponse(req, errCoordinatorNotAvailable))
+		}
 	case *kmsg.LeaveGroupRequest:
 		e.onGroup(r.Group, req, once, func(s *shard) { s.leaveGroup(r, once) })
 	case *kmsg.OffsetCommitRequest:
@@ -217,11 +244,14 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 	}
 }
 
-// onGroup runs fn on the loop that owns group, or answers
-// COORDINATOR_NOT_AVAILABLE if the engine closed meanwhile.
+// onGroup runs fn on the loop that owns group once the group's persisted
+// metadata is loaded, or answers COORDINATOR_NOT_AVAILABLE if the engine
+// closed meanwhile (COORDINATOR_LOAD_IN_PROGRESS if the load failed).
 func (e *Engine) onGroup(group string, req kmsg.Request, reply func(kmsg.Response), fn func(*shard)) {
 	s := e.shardFor(group)
-	if !s.post(func() { fn(s) }) {
+	if !s.post(func() {
+		s.whenLoaded(group, func() { fn(s) }, func(code int16) { reply(errorResponse(req, code)) })
+	}) {
 		reply(errorResponse(req, errCoordinatorNotAvailable))
 	}
 }
@@ -305,6 +335,15 @@ type shard struct {
 	groups   map[string]*group
 	ops      map[string]*opQueue
 	timerSeq uint64
+
+	// metaOps, known and loading are owned by the loop goroutine too.
+	// metaOps holds the FIFOs of group metadata operations (separate
+	// from offset operations, so a slow commit never delays a sync);
+	// known holds the group ids whose load completed (found or not);
+	// loading holds the requests parked while their group loads.
+	metaOps map[string]*opQueue
+	known   map[string]struct{}
+	loading map[string][]parkedReq
 
 	// mu guards queue and closed: the mailbox between posters and the
 	// loop.
@@ -391,6 +430,12 @@ func (s *shard) teardown() {
 		}
 	}
 	s.groups = map[string]*group{}
+	for id, parked := range s.loading {
+		delete(s.loading, id)
+		for _, p := range parked {
+			p.fail(errCoordinatorNotAvailable)
+		}
+	}
 	s.abortOps()
 }
 

@@ -50,6 +50,10 @@ type group struct {
 	emptyTimer timerRef
 	// newMemberAdded records a join during the initial delay.
 	newMemberAdded bool
+	// savingSync is set while the leader's assignments of generation
+	// savingGen are being persisted (the syncs wait for it).
+	savingSync bool
+	savingGen  int32
 }
 
 // member is one joined member of a classic group (owned by the loop).

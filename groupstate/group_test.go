@@ -81,6 +81,11 @@ func TestHeartbeatErrors(t *testing.T) {
 	inst := "nobody"
 	hbInst := hb("g", ids[0], gen)
 	hbInst.InstanceID = &inst
+	// The first request for a group id loads its metadata; a heartbeat
+	// during the load is answered NONE (spec A2).
+	if code := h.heartbeat("nope", ids[0], gen); code != 0 {
+		t.Fatalf("heartbeat while loading: %s", errName(code))
+	}
 	for _, tc := range []struct {
 		name string
 		req  *kmsg.HeartbeatRequest

@@ -157,9 +157,26 @@ func newHarness(t testing.TB, opts ...harnessConfig) *harness {
 	return h
 }
 
-// flush waits until every loop has processed everything posted so far.
+// flush waits until every loop has processed everything posted so far,
+// including the completions of group metadata loads and saves (offset
+// operations may still be running: tests gate those themselves).
 func (h *harness) flush() {
 	h.t.Helper()
+	h.flushLoops()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.e.metaInflight.Load() != 0 {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("group metadata operations still in flight after 5s")
+		}
+		time.Sleep(50 * time.Microsecond)
+		h.flushLoops()
+	}
+	h.flushLoops()
+}
+
+// flushLoops waits until every loop has processed everything posted so
+// far.
+func (h *harness) flushLoops() {
 	var wg sync.WaitGroup
 	for _, s := range h.e.shards {
 		wg.Add(1)

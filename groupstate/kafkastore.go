@@ -3,6 +3,7 @@ package groupstate
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -14,13 +15,26 @@ import (
 // ordinary simple commits (generation -1, no member id) in the cluster's
 // own __consumer_offsets, so every existing lag tool still sees them. The
 // engine has validated membership before; the upstream group coordinator
-// only stores. It is safe for concurrent use.
+// only stores. It also keeps group metadata in a compacted topic
+// (GroupMetadataStore, kafkastore_groups.go). It is safe for concurrent
+// use.
 type KafkaStore struct {
 	cl *kgo.Client // immutable
 
-	mu    sync.Mutex // guards ids and names, a cache of topic ids
-	ids   map[string][16]byte
-	names map[[16]byte]string
+	// groupsTopic, groupsPartitions and groupsRF configure the group
+	// metadata topic (kafkastore_groups.go); immutable after creation.
+	groupsTopic      string
+	groupsPartitions int32
+	groupsRF         int16
+	log              *slog.Logger
+
+	mu       sync.Mutex // guards ids, names, gmeta (caches of the cluster's metadata) and scans
+	ids      map[string][16]byte
+	names    map[[16]byte]string
+	gmeta    *groupsTopicMeta // nil until looked up, and after an error
+	gchecked bool             // the topic's cleanup policy was checked
+	// scans holds the load queue of each groups partition.
+	scans map[int32]*partitionScans
 }
 
 var (
@@ -28,9 +42,19 @@ var (
 	_ TopicResolver = (*KafkaStore)(nil)
 )
 
-// NewKafkaStore returns a store that talks to the cluster behind cl.
+// NewKafkaStore returns a store that talks to the cluster behind cl, with
+// group metadata in DefaultGroupsTopic.
 func NewKafkaStore(cl *kgo.Client) *KafkaStore {
-	return &KafkaStore{cl: cl, ids: make(map[string][16]byte), names: make(map[[16]byte]string)}
+	return &KafkaStore{
+		cl:               cl,
+		groupsTopic:      DefaultGroupsTopic,
+		groupsPartitions: 16,
+		groupsRF:         -1,
+		log:              slog.Default(),
+		ids:              make(map[string][16]byte),
+		names:            make(map[[16]byte]string),
+		scans:            make(map[int32]*partitionScans),
+	}
 }
 
 // refreshTopics reloads the topic name ↔ id cache from a metadata request

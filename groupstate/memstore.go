@@ -9,7 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// MemoryStore is an OffsetStore in memory, for tests and experiments.
+// MemoryStore is an OffsetStore and GroupMetadataStore in memory, for
+// tests and experiments.
 // Transactional offsets are applied at once (there is no transaction
 // coordinator behind it). It is safe for concurrent use.
 type MemoryStore struct {
@@ -18,6 +19,8 @@ type MemoryStore struct {
 	groups map[string]map[string]map[int32]memOffset
 	ids    map[string][16]byte
 	names  map[[16]byte]string
+	// meta maps group → its group metadata record.
+	meta map[string][]byte
 }
 
 // memOffset is one committed offset.
@@ -28,8 +31,9 @@ type memOffset struct {
 }
 
 var (
-	_ OffsetStore   = (*MemoryStore)(nil)
-	_ TopicResolver = (*MemoryStore)(nil)
+	_ OffsetStore        = (*MemoryStore)(nil)
+	_ TopicResolver      = (*MemoryStore)(nil)
+	_ GroupMetadataStore = (*MemoryStore)(nil)
 )
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -38,7 +42,35 @@ func NewMemoryStore() *MemoryStore {
 		groups: make(map[string]map[string]map[int32]memOffset),
 		ids:    make(map[string][16]byte),
 		names:  make(map[[16]byte]string),
+		meta:   make(map[string][]byte),
 	}
+}
+
+// SaveGroupMetadata implements GroupMetadataStore.
+func (s *MemoryStore) SaveGroupMetadata(_ context.Context, group string, record []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.meta[group] = append([]byte(nil), record...)
+	return nil
+}
+
+// DeleteGroupMetadata implements GroupMetadataStore.
+func (s *MemoryStore) DeleteGroupMetadata(_ context.Context, group string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.meta, group)
+	return nil
+}
+
+// LoadGroupMetadata implements GroupMetadataStore.
+func (s *MemoryStore) LoadGroupMetadata(_ context.Context, group string) ([]byte, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.meta[group]
+	if !ok {
+		return nil, false, nil
+	}
+	return append([]byte(nil), rec...), true, nil
 }
 
 // SetTopicID registers the ID of a topic, for requests that name topics

@@ -110,6 +110,7 @@ func (g *group) completeJoin() {
 		g.s.emit(g.event(EventRebalanceAborted))
 		g.s.emit(g.event(EventGroupEmpty))
 		g.armEmptyTimer()
+		g.persist()
 		return
 	}
 	g.protocol = g.selectProtocol()

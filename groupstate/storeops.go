@@ -23,6 +23,10 @@ type storeOp struct {
 	// abort is the result given to done if the engine closes before the
 	// operation started.
 	abort any
+	// closed, if set, receives the result instead of done when the
+	// engine closed while the operation ran: it is then called off the
+	// loop and must not touch loop-owned state.
+	closed func(result any)
 }
 
 // opQueue is the FIFO of one group id (owned by the loop).
@@ -40,16 +44,17 @@ func (s *shard) enqueue(group string, op storeOp) {
 	}
 	q.q = append(q.q, op)
 	if !q.busy {
-		s.startNext(group, q)
+		s.startNext(s.ops, group, q)
 	}
 }
 
-// startNext starts the next operation of q, or forgets q when empty.
-func (s *shard) startNext(group string, q *opQueue) {
+// startNext starts the next operation of q, or forgets q (held in ops)
+// when empty.
+func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 	if len(q.q) == 0 {
 		q.busy = false
-		if s.ops[group] == q {
-			delete(s.ops, group)
+		if ops[group] == q {
+			delete(ops, group)
 		}
 		return
 	}
@@ -64,25 +69,31 @@ func (s *shard) startNext(group string, q *opQueue) {
 				after()
 			}
 			op.done(result)
-			s.startNext(group, q)
+			s.startNext(ops, group, q)
 		}) {
-			op.done(result)
+			if op.closed != nil {
+				op.closed(result)
+			} else {
+				op.done(result)
+			}
 		}
 	})
 	if !started {
 		op.done(op.abort)
-		s.startNext(group, q)
+		s.startNext(ops, group, q)
 	}
 }
 
 // abortOps answers every queued, unstarted operation (engine closing).
 func (s *shard) abortOps() {
-	for group, q := range s.ops {
-		for _, op := range q.q {
-			op.done(op.abort)
+	for _, ops := range []map[string]*opQueue{s.ops, s.metaOps} {
+		for group, q := range ops {
+			for _, op := range q.q {
+				op.done(op.abort)
+			}
+			q.q = nil
+			delete(ops, group)
 		}
-		q.q = nil
-		delete(s.ops, group)
 	}
 }
 

@@ -132,8 +132,13 @@ func (g *group) armSyncTimer(d time.Duration) {
 // Config.EmptyGroupRetention. It fires into nothing if the group left
 // Empty meanwhile, and waits again while KIP-394 members are pending.
 func (g *group) armEmptyTimer() {
-	d := g.s.e.cfg.EmptyGroupRetention
-	if d < 0 {
+	g.armEmptyTimerFor(g.s.e.cfg.EmptyGroupRetention)
+}
+
+// armEmptyTimerFor is armEmptyTimer with the first wait given (a loaded
+// group waits out the rest of its retention); negative never fires.
+func (g *group) armEmptyTimerFor(d time.Duration) {
+	if d < 0 || g.s.e.cfg.EmptyGroupRetention < 0 {
 		return
 	}
 	stopTimer(g.emptyTimer)
@@ -152,6 +157,9 @@ func (g *group) armEmptyTimer() {
 		g.cancelAllTimers()
 		g.transitionTo(stateDead)
 		delete(g.s.groups, g.id)
+		if g.generation > 0 {
+			g.s.tombstone(g.id)
+		}
 		g.s.e.log.Debug("groupstate: forgot a long-empty group", "group", g.id)
 	})
 }

@@ -1,0 +1,381 @@
+package groupstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Group metadata persistence (spec F). With a store that implements
+// GroupMetadataStore, the engine keeps one record per classic group: its
+// protocol type, generation, selected protocol, leader, state timestamp
+// and members (ids, client, timeouts, the subscription for the selected
+// protocol, the assignment). It is written when a join completes into
+// Empty, on the leader's SyncGroup (the syncs are answered only once the
+// write is durable), on a static member's replacement in Stable (the
+// JoinGroup likewise), and deleted (tombstone) when the group is deleted
+// or forgotten after staying Empty. Pending members, parked requests,
+// timers and the in-between rebalance states are never written.
+//
+// The first request for a group id after the engine started loads its
+// record before it is served: requests wait in the shard's loading list
+// (heartbeats are answered NONE at once). A loaded group with members is
+// Stable at its stored generation with its stored assignments, and every
+// member gets a fresh full session timer: members that keep heartbeating
+// go on without a rebalance, those that do not come back expire.
+//
+// The record is the value of Kafka's own group metadata record
+// (kmsg.GroupMetadataValue, schema version 3), so it is versioned and
+// readable by Kafka tooling.
+
+// groupRecordVersion is the GroupMetadataValue schema version written.
+const groupRecordVersion = 3
+
+// maxKnown bounds the set of group ids known to be loaded; past it the
+// set is cleared (those ids are simply loaded again when next seen).
+const maxKnown = 100_000
+
+// WithoutGroupMetadata returns store with its GroupMetadataStore side
+// hidden (its TopicResolver side kept): an engine over it persists no
+// group metadata, as before persistence existed. It is an operator's way
+// out when the store cannot keep group metadata (for example no right to
+// create the groups topic).
+func WithoutGroupMetadata(store OffsetStore) OffsetStore {
+	if r, ok := store.(TopicResolver); ok {
+		return offsetsAndTopics{store, r}
+	}
+	return offsetsOnlyStore{store}
+}
+
+// offsetsOnlyStore exposes only OffsetStore.
+type offsetsOnlyStore struct{ OffsetStore }
+
+// offsetsAndTopics exposes OffsetStore and TopicResolver.
+type offsetsAndTopics struct {
+	OffsetStore
+	TopicResolver
+}
+
+// parkedReq is a request waiting for its group's load.
+type parkedReq struct {
+	run  func()           // serves the request (on the loop)
+	fail func(code int16) // answers it with an error (any goroutine)
+}
+
+// errEngineClosed is the load result of an operation aborted by Close.
+var errEngineClosed = errors.New("groupstate: engine closed")
+
+// loadResult is the outcome of one LoadGroupMetadata.
+type loadResult struct {
+	record []byte
+	found  bool
+	err    error
+}
+
+// whenLoaded runs run once group id's persisted metadata is loaded (at
+// once if it already is, or if the store keeps none). If the load fails,
+// fail is called with COORDINATOR_LOAD_IN_PROGRESS and the next request
+// tries again.
+func (s *shard) whenLoaded(id string, run func(), fail func(int16)) {
+	if !s.loadPending(id) {
+		run()
+		return
+	}
+	s.loading[id] = append(s.loading[id], parkedReq{run: run, fail: fail})
+}
+
+// loadPending reports whether group id still has to be loaded, starting
+// its load if none is under way.
+func (s *shard) loadPending(id string) bool {
+	if s.e.meta == nil || id == "" {
+		return false
+	}
+	if _, ok := s.groups[id]; ok {
+		return false
+	}
+	if _, ok := s.known[id]; ok {
+		return false
+	}
+	if _, ok := s.loading[id]; !ok {
+		s.loading[id] = nil
+		s.startLoad(id)
+	}
+	return true
+}
+
+// startLoad queues the load of group id.
+func (s *shard) startLoad(id string) {
+	meta := s.e.meta
+	s.enqueueMeta(id, storeOp{
+		abort: loadResult{err: errEngineClosed},
+		run: func(ctx context.Context) (any, func()) {
+			rec, found, err := meta.LoadGroupMetadata(ctx, id)
+			return loadResult{record: rec, found: found, err: err}, nil
+		},
+		done: func(res any) { s.finishLoad(id, res.(loadResult)) },
+		// After Close the teardown answered the parked requests.
+		closed: func(any) {},
+	})
+}
+
+// finishLoad installs a loaded group and serves the requests that waited.
+func (s *shard) finishLoad(id string, res loadResult) {
+	parked := s.loading[id]
+	delete(s.loading, id)
+	if res.err != nil {
+		if !errors.Is(res.err, errEngineClosed) {
+			s.e.log.Warn("groupstate: loading group metadata failed", "group", id, "err", res.err)
+		}
+		for _, p := range parked {
+			p.fail(errCoordinatorLoadInProgress)
+		}
+		return
+	}
+	if len(s.known) >= maxKnown {
+		clear(s.known)
+	}
+	s.known[id] = struct{}{}
+	if res.found {
+		if _, exists := s.groups[id]; !exists {
+			g, err := s.groupFromRecord(id, res.record)
+			switch {
+			case err != nil:
+				// A record we cannot read is dropped: its members
+				// rejoin (one rebalance) rather than the group being
+				// stuck.
+				s.e.log.Error("groupstate: unreadable group metadata ignored", "group", id, "err", err)
+			case g != nil:
+				s.groups[id] = g
+				if s.e.cfg.Events != nil {
+					ev := g.event(EventGroupLoaded)
+					ev.Members = g.membersList(true)
+					s.emit(ev)
+				}
+				s.e.log.Info("groupstate: group loaded", "group", id, "state", g.state.String(),
+					"generation", g.generation, "members", len(g.members))
+			}
+		}
+	}
+	for _, p := range parked {
+		p.run()
+	}
+}
+
+// enqueueMeta adds op to the metadata FIFO of group, counting it in
+// metaInflight until its completion ran.
+func (s *shard) enqueueMeta(group string, op storeOp) {
+	e := s.e
+	e.metaInflight.Add(1)
+	done, closed := op.done, op.closed
+	op.done = func(res any) {
+		defer e.metaInflight.Add(-1)
+		done(res)
+	}
+	op.closed = func(res any) {
+		defer e.metaInflight.Add(-1)
+		if closed != nil {
+			closed(res)
+		}
+	}
+	q := s.metaOps[group]
+	if q == nil {
+		q = &opQueue{}
+		s.metaOps[group] = q
+	}
+	q.q = append(q.q, op)
+	if !q.busy {
+		s.startNext(s.metaOps, group, q)
+	}
+}
+
+// saveMeta queues a write of group's record. onLoop receives the result
+// on the loop; onClosed, if set, is called off the loop instead when the
+// engine closed meanwhile.
+func (s *shard) saveMeta(group string, record []byte, onLoop func(error), onClosed func()) {
+	meta := s.e.meta
+	s.enqueueMeta(group, storeOp{
+		abort: errEngineClosed,
+		run: func(ctx context.Context) (any, func()) {
+			return meta.SaveGroupMetadata(ctx, group, record), nil
+		},
+		done: func(res any) {
+			err, _ := res.(error)
+			onLoop(err)
+		},
+		closed: func(any) {
+			if onClosed != nil {
+				onClosed()
+			}
+		},
+	})
+}
+
+// persist writes g's record in the background: nobody waits for it.
+func (g *group) persist() {
+	if g.s.e.meta == nil {
+		return
+	}
+	id, gen := g.id, g.generation
+	log := g.s.e.log
+	g.s.saveMeta(id, g.record(nil), func(err error) {
+		if err != nil && !errors.Is(err, errEngineClosed) {
+			log.Warn("groupstate: persisting group metadata failed", "group", id, "generation", gen, "err", err)
+		}
+	}, nil)
+}
+
+// tombstone deletes the record of group id in the background.
+func (s *shard) tombstone(id string) {
+	meta := s.e.meta
+	if meta == nil {
+		return
+	}
+	log := s.e.log
+	s.enqueueMeta(id, storeOp{
+		abort: errEngineClosed,
+		run: func(ctx context.Context) (any, func()) {
+			return meta.DeleteGroupMetadata(ctx, id), nil
+		},
+		done: func(res any) {
+			if err, _ := res.(error); err != nil && !errors.Is(err, errEngineClosed) {
+				log.Warn("groupstate: deleting group metadata failed", "group", id, "err", err)
+			}
+		},
+	})
+}
+
+// record encodes g. assign, when non-nil, replaces the members'
+// assignments (the leader's SyncGroup, before it is applied).
+func (g *group) record(assign map[string][]byte) []byte {
+	v := kmsg.NewGroupMetadataValue()
+	v.Version = groupRecordVersion
+	v.ProtocolType = g.protocolType
+	v.Generation = g.generation
+	if g.protocol != "" {
+		p := g.protocol
+		v.Protocol = &p
+	}
+	if g.leader != "" {
+		l := g.leader
+		v.Leader = &l
+	}
+	v.CurrentStateTimestamp = g.s.e.clock.Now().UnixMilli()
+	v.Members = make([]kmsg.GroupMetadataValueMember, 0, len(g.order))
+	for _, id := range g.order {
+		m := g.members[id]
+		vm := kmsg.NewGroupMetadataValueMember()
+		vm.MemberID = m.id
+		if m.instanceID != "" {
+			iid := m.instanceID
+			vm.InstanceID = &iid
+		}
+		vm.ClientID, vm.ClientHost = m.clientID, m.clientHost
+		vm.RebalanceTimeoutMillis = int32(m.rebalanceTimeout / time.Millisecond)
+		vm.SessionTimeoutMillis = int32(m.sessionTimeout / time.Millisecond)
+		vm.Subscription = m.metadataFor(g.protocol)
+		if vm.Subscription == nil {
+			vm.Subscription = []byte{}
+		}
+		vm.Assignment = m.assignment
+		if assign != nil {
+			vm.Assignment = assign[id]
+		}
+		if vm.Assignment == nil {
+			vm.Assignment = []byte{}
+		}
+		v.Members = append(v.Members, vm)
+	}
+	return v.AppendTo(nil)
+}
+
+// decodeGroupRecord reads and checks a record.
+func decodeGroupRecord(rec []byte) (*kmsg.GroupMetadataValue, error) {
+	if len(rec) < 2 {
+		return nil, fmt.Errorf("record of %d bytes is too short", len(rec))
+	}
+	v := new(kmsg.GroupMetadataValue)
+	if err := v.ReadFrom(rec); err != nil {
+		return nil, fmt.Errorf("decoding group metadata: %w", err)
+	}
+	if v.Version < 0 || v.Version > groupRecordVersion {
+		return nil, fmt.Errorf("group metadata version %d is not supported (max %d)", v.Version, groupRecordVersion)
+	}
+	if v.Generation < 0 {
+		return nil, fmt.Errorf("negative generation %d", v.Generation)
+	}
+	if len(v.Members) > 0 && (v.Protocol == nil || *v.Protocol == "" || v.ProtocolType == "") {
+		return nil, errors.New("a group with members has no protocol")
+	}
+	seen := make(map[string]bool, len(v.Members))
+	for _, m := range v.Members {
+		if m.MemberID == "" || seen[m.MemberID] {
+			return nil, fmt.Errorf("member id %q is empty or repeated", m.MemberID)
+		}
+		seen[m.MemberID] = true
+		if m.SessionTimeoutMillis <= 0 {
+			return nil, fmt.Errorf("member %q has session timeout %d", m.MemberID, m.SessionTimeoutMillis)
+		}
+	}
+	return v, nil
+}
+
+// groupFromRecord rebuilds a group from its record: Empty if it has no
+// members, else Stable at the stored generation with the stored
+// assignments and a fresh session timer for every member. It returns nil
+// for a record that holds nothing (generation 0, no members).
+func (s *shard) groupFromRecord(id string, rec []byte) (*group, error) {
+	v, err := decodeGroupRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	if v.Generation == 0 && len(v.Members) == 0 {
+		return nil, nil
+	}
+	g := newGroup(s, id)
+	g.protocolType = v.ProtocolType
+	g.generation = v.Generation
+	if v.CurrentStateTimestamp > 0 {
+		g.stateSince = time.UnixMilli(v.CurrentStateTimestamp)
+	}
+	if len(v.Members) == 0 {
+		g.armEmptyTimerFor(max(s.e.cfg.EmptyGroupRetention-s.e.clock.Now().Sub(g.stateSince), 0))
+		return g, nil
+	}
+	g.protocol = *v.Protocol
+	// Loading is not a transition: the group resumes where it was.
+	g.state, g.prevState = stateStable, stateCompletingRebalance
+	check := s.e.cfg.CheckCommitOwnership && g.protocolType == "consumer"
+	for _, vm := range v.Members {
+		m := &member{
+			id:             vm.MemberID,
+			clientID:       vm.ClientID,
+			clientHost:     vm.ClientHost,
+			protocols:      []kmsg.JoinGroupRequestProtocol{{Name: g.protocol, Metadata: vm.Subscription}},
+			sessionTimeout: time.Duration(vm.SessionTimeoutMillis) * time.Millisecond,
+			assignment:     vm.Assignment,
+		}
+		m.rebalanceTimeout = time.Duration(vm.RebalanceTimeoutMillis) * time.Millisecond
+		if m.rebalanceTimeout <= 0 {
+			m.rebalanceTimeout = m.sessionTimeout
+		}
+		if vm.InstanceID != nil {
+			m.instanceID = *vm.InstanceID
+		}
+		if check {
+			m.owned = decodeOwned(m.assignment)
+		}
+		g.add(m, g.protocolType)
+	}
+	if v.Leader != nil {
+		if _, ok := g.members[*v.Leader]; ok {
+			g.leader = *v.Leader
+		}
+	}
+	for _, mid := range g.order {
+		g.rearmSession(g.members[mid])
+	}
+	return g, nil
+}
