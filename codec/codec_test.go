@@ -302,3 +302,19 @@ func TestApiVersionsUnsupportedVersionIsReadAsV0(t *testing.T) {
 		t.Fatalf("the broker's ApiVersions range was lost: %+v", back.ApiKeys)
 	}
 }
+
+func TestKproxyTopicsAreInternal(t *testing.T) {
+	for v := int16(0); v <= MaxVersion(KeyMetadata); v++ {
+		resp := kmsg.NewPtrMetadataResponse()
+		resp.Version = v
+		for _, name := range []string{"__kproxy_groups", "orders"} {
+			tp := kmsg.NewMetadataResponseTopic()
+			tp.Topic = kmsg.StringPtr(name)
+			resp.Topics = append(resp.Topics, tp)
+		}
+		out := rewrite(t, resp, &fakeMap{}).(*kmsg.MetadataResponse)
+		if v >= 1 && (!out.Topics[0].IsInternal || out.Topics[1].IsInternal) {
+			t.Fatalf("v%d: internal flags %v %v", v, out.Topics[0].IsInternal, out.Topics[1].IsInternal)
+		}
+	}
+}

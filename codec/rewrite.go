@@ -3,6 +3,7 @@ package codec
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -59,6 +60,13 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 			b := &r.Brokers[i]
 			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
 		}
+		for i := range r.Topics {
+			// kproxy's own state topics are as internal to clients as
+			// __consumer_offsets: regex subscriptions skip them.
+			if t := r.Topics[i].Topic; t != nil && strings.HasPrefix(*t, InternalTopicPrefix) {
+				r.Topics[i].IsInternal = true
+			}
+		}
 	case *kmsg.FindCoordinatorResponse:
 		rewriteCoordinator(m, &r.NodeID, &r.Host, &r.Port)
 		for i := range r.Coordinators {
@@ -85,6 +93,10 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 	}
 	return resp, nil
 }
+
+// InternalTopicPrefix starts the names of kproxy's own topics (group
+// metadata), which Metadata responses mark internal.
+const InternalTopicPrefix = "__kproxy"
 
 // unsupportedVersion is Kafka's UNSUPPORTED_VERSION error code.
 const unsupportedVersion = 35
