@@ -103,8 +103,8 @@ var APIs = map[int16]APIInfo{
 	KeyDeleteGroups:    {Local, MaxVersion(KeyDeleteGroups), "coordinator engine"},
 	KeyOffsetDelete:    {Local, MaxVersion(KeyOffsetDelete), "coordinator engine"},
 
-	KeyConsumerGroupHeartbeat: {Refuse, -1, "KIP-848 groups are not served by the engine yet; not advertised so clients use the classic protocol"},
-	KeyConsumerGroupDescribe:  {Refuse, -1, "KIP-848 groups are not served by the engine yet"},
+	KeyConsumerGroupHeartbeat: {Local, MaxVersion(KeyConsumerGroupHeartbeat), "coordinator engine (KIP-848)"},
+	KeyConsumerGroupDescribe:  {Local, MaxVersion(KeyConsumerGroupDescribe), "coordinator engine (KIP-848)"},
 	76:                        {Refuse, -1, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
 	77:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
 	78:                        {Refuse, -1, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},

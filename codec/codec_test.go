@@ -212,17 +212,19 @@ func TestMergeApiVersions(t *testing.T) {
 		got[k.ApiKey] = [2]int16{k.MinVersion, k.MaxVersion}
 	}
 	want := map[int16][2]int16{
-		KeyProduce:            {3, MaxVersion(KeyProduce)},
-		KeyFetch:              {4, 15},
-		KeyJoinGroup:          {0, MaxVersion(KeyJoinGroup)},
-		KeyListOffsetsForTest: {1, 5},
+		KeyProduce:                {3, MaxVersion(KeyProduce)},
+		KeyFetch:                  {4, 15},
+		KeyJoinGroup:              {0, MaxVersion(KeyJoinGroup)},
+		KeyListOffsetsForTest:     {1, 5},
+		KeyConsumerGroupHeartbeat: {0, MaxVersion(KeyConsumerGroupHeartbeat)},
+		KeyConsumerGroupDescribe:  {0, MaxVersion(KeyConsumerGroupDescribe)},
 	}
 	for key, w := range want {
 		if got[key] != w {
 			t.Errorf("key %d: got %v, want %v", key, got[key], w)
 		}
 	}
-	for _, key := range []int16{KeyConsumerGroupHeartbeat, 78, 999} {
+	for _, key := range []int16{78, 999} {
 		if _, ok := got[key]; ok {
 			t.Errorf("key %d advertised", key)
 		}

@@ -42,7 +42,9 @@ func TestProtocolAgnosticGroups(t *testing.T) {
 			for i := range clients {
 				clients[i] = s.client()
 			}
-			meta := func(i int) []byte { return []byte(fmt.Sprintf("%s-metadata-of-member-%d-\x00\xff", tc.protocolType, i)) }
+			meta := func(i int) []byte {
+				return []byte(fmt.Sprintf("%s-metadata-of-member-%d-\x00\xff", tc.protocolType, i))
+			}
 			type joined struct {
 				resp *kmsg.JoinGroupResponse
 				idx  int

@@ -21,6 +21,10 @@ import (
 //     ILLEGAL_GENERATION.
 //   - v10: topics named by TopicID.
 //
+// KIP-848 groups (cgroup.validateCommit): the generation is the member
+// epoch; a KIP-848 member below v9 gets UNSUPPORTED_VERSION, a newer epoch
+// STALE_MEMBER_EPOCH, an older one is checked per partition (KIP-1251).
+//
 // The commit is validated on the loop (member, generation, state) and
 // stored off the loop; the client is answered only after the store
 // returned.
@@ -35,8 +39,16 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 		gen, memberID, instanceID = -1, "", nil
 	}
 	var owned map[string]map[int32]struct{}
+	notOwned := errIllegalGeneration
 	g, ok := s.groups[r.Group]
-	if !ok {
+	if cg, isConsumer := s.cgroups[r.Group]; isConsumer {
+		code, o, no := cg.validateCommit(r.Version, gen, memberID, false)
+		if code != errNone {
+			reply(commitError(r, code))
+			return
+		}
+		owned, notOwned = o, no
+	} else if !ok {
 		if gen >= 0 {
 			code := errIllegalGeneration
 			if r.Version >= 9 {
@@ -68,7 +80,7 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 		abort: commitError(r, errCoordinatorNotAvailable),
 		done:  func(res any) { reply(res.(kmsg.Response)) },
 		run: func(ctx context.Context) (any, func()) {
-			resp, stored := e.commit(ctx, groupID, topics, owned)
+			resp, stored := e.commit(ctx, groupID, topics, owned, notOwned)
 			return resp, func() { s.emitCommitted(groupID, stored) }
 		},
 	})
@@ -109,6 +121,8 @@ func (s *shard) emitCommitted(groupID string, n int) {
 	var ev Event
 	if g, ok := s.groups[groupID]; ok {
 		ev = g.event(EventOffsetsCommitted)
+	} else if cg, ok := s.cgroups[groupID]; ok {
+		ev = cg.event(EventOffsetsCommitted)
 	} else {
 		ev = Event{Time: s.e.clock.Now(), Kind: EventOffsetsCommitted, Group: groupID, Generation: -1, State: stateEmpty.String()}
 	}
@@ -119,7 +133,9 @@ func (s *shard) emitCommitted(groupID string, n int) {
 // commit runs off the loop: it resolves topic IDs, applies the per
 // partition checks (metadata size, ownership), stores what passed and
 // returns the response and the number of partitions stored.
-func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic, owned map[string]map[int32]struct{}) (*kmsg.OffsetCommitResponse, int) {
+//
+// A partition outside owned (when owned is non-nil) answers notOwned.
+func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic, owned map[string]map[int32]struct{}, notOwned int16) (*kmsg.OffsetCommitResponse, int) {
 	names := e.namesFor(ctx, len(topics), func(i int) (string, [16]byte) { return topics[i].Topic, topics[i].TopicID })
 	resp := kmsg.NewPtrOffsetCommitResponse()
 	resp.Topics = make([]kmsg.OffsetCommitResponseTopic, len(topics))
@@ -143,7 +159,7 @@ func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetC
 			case p.Metadata != nil && len(*p.Metadata) > maxOffsetMetadata:
 				rp.ErrorCode = errOffsetMetadataTooLarge
 			case owned != nil && !ownsPartition(owned, name, p.Partition):
-				rp.ErrorCode = errIllegalGeneration
+				rp.ErrorCode = notOwned
 			default:
 				keep = append(keep, p)
 				if where[name] == nil {
@@ -226,4 +242,63 @@ func (e *Engine) namesFor(ctx context.Context, n int, at func(int) (string, [16]
 		}
 	}
 	return names
+}
+
+// validateCommit applies the KIP-848 offset-commit rules (spec B1) to a
+// consumer group. It returns the partitions the member may commit (nil:
+// not checked) and the code for the others. At the member's epoch the
+// partitions are checked only with Config.CheckCommitOwnership; at an
+// older epoch (KIP-1251: a commit sent before the member's epoch moved on)
+// only partitions the member still holds, assigned at or before that
+// epoch, are accepted, the rest answer STALE_MEMBER_EPOCH. txn applies the
+// TxnOffsetCommit variant: identity only checked when given, and an epoch
+// mismatch is ILLEGAL_GENERATION.
+func (g *cgroup) validateCommit(version int16, epoch int32, memberID string, txn bool) (int16, map[string]map[int32]struct{}, int16) {
+	if epoch < 0 && (len(g.members) == 0 || txn && memberID == "") {
+		return errNone, nil, errNone
+	}
+	m, ok := g.members[memberID]
+	if !ok {
+		return errUnknownMemberID, nil, errNone
+	}
+	if !txn && version < 9 {
+		return errUnsupportedVersion, nil, errNone
+	}
+	switch {
+	case epoch == m.Epoch:
+		if !g.s.e.cfg.CheckCommitOwnership {
+			return errNone, nil, errNone
+		}
+		return errNone, g.ownedNames(m, m.Epoch), errIllegalGeneration
+	case txn:
+		return errIllegalGeneration, nil, errNone
+	case epoch > m.Epoch || epoch < 0:
+		return errStaleMemberEpoch, nil, errNone
+	}
+	return errNone, g.ownedNames(m, epoch), errStaleMemberEpoch
+}
+
+// ownedNames returns, by topic name, the partitions m holds (assigned or
+// pending revocation) that were assigned to it at or before epoch.
+func (g *cgroup) ownedNames(m *cmember, epoch int32) map[string]map[int32]struct{} {
+	snap := g.s.e.topicsNow()
+	owned := make(map[string]map[int32]struct{})
+	for _, ps := range []partSet{m.Assigned, m.Pending} {
+		for t, parts := range ps {
+			name, ok := snap.byID[t]
+			if !ok {
+				continue
+			}
+			for p := range parts {
+				if m.partEpochs[tp{t, p}] > epoch {
+					continue
+				}
+				if owned[name] == nil {
+					owned[name] = make(map[int32]struct{})
+				}
+				owned[name][p] = struct{}{}
+			}
+		}
+	}
+	return owned
 }

@@ -34,6 +34,19 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	if r.Version == 0 || rebalance <= 0 {
 		rebalance = session
 	}
+	if cg, ok := s.cgroups[r.Group]; ok {
+		// A consumer (KIP-848) group of the same id: an empty one is
+		// replaced (offline downgrade); online migration is not
+		// implemented.
+		if len(cg.members) > 0 {
+			reply(joinError(errInconsistentGroupProtocol, r.MemberID))
+			return
+		}
+		cg.cancelAllTimers()
+		delete(s.cgroups, r.Group)
+		s.tombstone(r.Group)
+		s.e.log.Info("groupstate: empty consumer group replaced by a classic group", "group", r.Group)
+	}
 	g, ok := s.groups[r.Group]
 	if !ok {
 		if r.MemberID != "" {

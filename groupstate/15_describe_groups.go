@@ -96,6 +96,15 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 // describe returns the description of group id, or nil if the engine does
 // not hold it.
 func (s *shard) describe(id string) *kmsg.DescribeGroupsResponseGroup {
+	if _, ok := s.cgroups[id]; ok {
+		// As Kafka 4 answers: a KIP-848 group is described with
+		// ConsumerGroupDescribe.
+		dg := kmsg.NewDescribeGroupsResponseGroup()
+		dg.Group, dg.State, dg.ErrorCode = id, stateDead.String(), errGroupIDNotFound
+		msg := "group " + id + " is not a classic group"
+		dg.ErrorMessage = &msg
+		return &dg
+	}
 	g, ok := s.groups[id]
 	if !ok || g.state == stateDead {
 		return nil

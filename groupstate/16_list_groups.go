@@ -13,8 +13,8 @@ import (
 //   - v1: ThrottleMillis.
 //   - v3: flexible versions.
 //   - v4: StatesFilter and GroupState (KIP-518), matched case-insensitively.
-//   - v5: TypesFilter and GroupType (KIP-848); every group here is
-//     "classic".
+//   - v5: TypesFilter and GroupType (KIP-848): "classic", or "consumer"
+//     for KIP-848 groups.
 //
 // The engine's groups are merged with the groups the store has offsets
 // for that the engine does not hold; those are loaded first (their
@@ -117,12 +117,25 @@ func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
 		out = append(out, lg)
 	}
+	for _, g := range s.cgroups {
+		out = append(out, g.listEntry())
+	}
 	return out
+}
+
+// listEntry is the ListGroups entry of a KIP-848 group.
+func (g *cgroup) listEntry() kmsg.ListGroupsResponseGroup {
+	lg := kmsg.NewListGroupsResponseGroup()
+	lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, "consumer", g.stateName(), "consumer"
+	return lg
 }
 
 // listOne returns the ListGroups entry of group id: the engine's group,
 // or a simple group if the engine holds none.
 func (s *shard) listOne(id string) kmsg.ListGroupsResponseGroup {
+	if g, ok := s.cgroups[id]; ok {
+		return g.listEntry()
+	}
 	if g, ok := s.groups[id]; ok && g.state != stateDead {
 		lg := kmsg.NewListGroupsResponseGroup()
 		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"

@@ -44,6 +44,17 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 // deleteGroup deletes one group on its loop.
 func (s *shard) deleteGroup(id string, set func(any)) {
 	inEngine := false
+	if cg, ok := s.cgroups[id]; ok {
+		if len(cg.members) > 0 {
+			set(errNonEmptyGroup)
+			return
+		}
+		inEngine = true
+		cg.cancelAllTimers()
+		delete(s.cgroups, id)
+		s.emit(cg.event(EventGroupDeleted))
+		s.tombstone(id)
+	}
 	if g, ok := s.groups[id]; ok {
 		switch g.state {
 		case stateDead:

@@ -18,7 +18,9 @@ import (
 // offsetDelete serves an OffsetDelete on the owning loop.
 func (s *shard) offsetDelete(r *kmsg.OffsetDeleteRequest, reply func(kmsg.Response)) {
 	var subscribed func(topic string) bool
-	if g, ok := s.groups[r.Group]; ok {
+	if cg, ok := s.cgroups[r.Group]; ok {
+		subscribed = cg.subscribed
+	} else if g, ok := s.groups[r.Group]; ok {
 		if g.state == stateDead {
 			reply(errorResponse(r, errGroupIDNotFound))
 			return

@@ -86,6 +86,10 @@ const (
 	EventGroupDeleted                          // DeleteGroups removed the group
 	EventOffsetsCommitted                      // an OffsetCommit was stored
 	EventGroupLoaded                           // the group's persisted metadata was loaded after a start
+	// EventAssignmentReconciled: every member of a KIP-848 group holds
+	// its target assignment at the assignment epoch (Generation is the
+	// group epoch, Members carry their assignments).
+	EventAssignmentReconciled
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.
@@ -117,6 +121,8 @@ func (k EventKind) String() string {
 		return "offsets_committed"
 	case EventGroupLoaded:
 		return "group_loaded"
+	case EventAssignmentReconciled:
+		return "assignment_reconciled"
 	}
 	return "unknown"
 }
@@ -131,6 +137,8 @@ const (
 	CauseSyncTimeout          = "sync_timeout"           // members never sent SyncGroup
 	CauseStaticMemberReplaced = "static_member_replaced" // a static member's new instance forced a rebalance
 	CauseStoreError           = "store_error"            // the group's metadata could not be persisted on the leader's SyncGroup
+	CauseSubscriptionChanged  = "subscription_changed"   // a KIP-848 member changed its subscription or assignor
+	CauseTopicsChanged        = "topics_changed"         // a subscribed topic was created, deleted or resized (KIP-848)
 )
 
 // Member describes a group member as events and snapshots report it.

@@ -26,6 +26,18 @@
 // load; a loaded group with members is Stable at its stored generation,
 // so a kproxy restart in steady state forces no rebalance.
 //
+// The KIP-848 consumer protocol (ConsumerGroupHeartbeat,
+// ConsumerGroupDescribe) is served from the same loops (cg_*.go and
+// 68_/69_ files): member epochs, server-side assignors (uniform, range)
+// and revoke-before-assign reconciliation as pure functions, subscriptions
+// by name or RE2 regex resolved against the cluster's topics
+// (TopicMetadataStore, refreshed periodically so a partition-count change
+// bumps the group epoch), and persistence of the group as one record in
+// the same slot (cg_persist.go). A classic and a KIP-848 group never share
+// an id: an empty group of one kind is replaced by the other, a non-empty
+// one refuses the other protocol. Online migration between the two (spec
+// D) is not implemented.
+//
 // Reply callbacks and the Events sink are called on a loop goroutine:
 // they must not block, and must not call back into Engine.Group or
 // Engine.Groups (which wait for the loops).

@@ -55,6 +55,26 @@ type Config struct {
 	CheckCommitOwnership bool
 	// StoreTimeout bounds every store call; 0 means 30s.
 	StoreTimeout time.Duration
+	// ConsumerSessionTimeout is the session timeout of KIP-848 members
+	// (group.consumer.session.timeout.ms); 0 means 45s. It must lie
+	// within [ConsumerMinSessionTimeout, ConsumerMaxSessionTimeout],
+	// which default to 45s and 60s.
+	ConsumerSessionTimeout                               time.Duration
+	ConsumerMinSessionTimeout, ConsumerMaxSessionTimeout time.Duration
+	// ConsumerHeartbeatInterval is the heartbeat interval told to KIP-848
+	// members (group.consumer.heartbeat.interval.ms); 0 means 5s. It must
+	// be shorter than ConsumerSessionTimeout.
+	ConsumerHeartbeatInterval time.Duration
+	// ConsumerMaxGroupSize limits the members of a KIP-848 group
+	// (group.consumer.max.size); 0 means unlimited.
+	ConsumerMaxGroupSize int
+	// ConsumerAssignors lists the server-side assignors KIP-848 members
+	// may ask for; the first is the default. nil means [uniform, range].
+	ConsumerAssignors []string
+	// TopicRefreshInterval is how often the topic metadata KIP-848 groups
+	// assign from is reloaded from the store (TopicMetadataStore); 0
+	// means 30s.
+	TopicRefreshInterval time.Duration
 	// EmptyGroupRetention is how long the engine keeps the state of a
 	// group that has been Empty (protocol type, generation) before
 	// forgetting it; its offsets stay in the store, so it then shows as
@@ -63,7 +83,8 @@ type Config struct {
 	EmptyGroupRetention time.Duration
 }
 
-// Engine is kproxy's embedded classic consumer-group coordinator. It is
+// Engine is kproxy's embedded consumer-group coordinator (classic and
+// KIP-848 groups). It is
 // safe for concurrent use; all group state is owned by its shard loops.
 type Engine struct {
 	cfg    Config // immutable after New
@@ -92,15 +113,32 @@ type Engine struct {
 	// tombstones) queued or running, until their completion ran; tests
 	// wait for it to drop to zero.
 	metaInflight atomic.Int64
+
+	// topics caches the cluster's topics for KIP-848 groups (read by the
+	// loops, replaced by refreshes); topicRefreshing is set while a
+	// refresh runs; topicTimer, guarded by storeMu, is the periodic
+	// refresh.
+	topics          atomic.Pointer[topicSnapshot]
+	topicRefreshing atomic.Bool
+	topicTimer      Timer
+	// topicSeq numbers refreshes as they start; topicMu guards
+	// topicStored, the number of the refresh whose answer topics holds.
+	topicSeq atomic.Uint64
+	// topicLastRefresh is when (Clock, UnixNano) the last refresh was
+	// started by requestTopicRefresh.
+	topicLastRefresh atomic.Int64
+	topicMu          sync.Mutex
+	topicStored      uint64
 }
 
 // keys lists the API keys Handle serves.
-var keys = []int16{8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47}
+var keys = []int16{8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69}
 
 // Keys lists the API keys Handle serves: OffsetCommit (8), OffsetFetch (9),
 // JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
 // DescribeGroups (15), ListGroups (16), TxnOffsetCommit (28), DeleteGroups
-// (42) and OffsetDelete (47). FindCoordinator is the proxy's business.
+// (42), OffsetDelete (47), ConsumerGroupHeartbeat (68) and
+// ConsumerGroupDescribe (69). FindCoordinator is the proxy's business.
 func Keys() []int16 { return append([]int16(nil), keys...) }
 
 // New validates cfg and starts the engine's loops.
@@ -127,6 +165,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MinSessionTimeout > cfg.MaxSessionTimeout {
 		problems = append(problems, fmt.Errorf("groupstate: MinSessionTimeout %v exceeds MaxSessionTimeout %v", cfg.MinSessionTimeout, cfg.MaxSessionTimeout))
 	}
+	problems = append(problems, defaultConsumerConfig(&cfg)...)
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
 	}
@@ -160,10 +199,11 @@ func New(cfg Config) (*Engine, error) {
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
 		s := &shard{
-			e:      e,
-			id:     i,
-			groups: make(map[string]*group),
-			ops:    make(map[string]*opQueue),
+			e:       e,
+			id:      i,
+			groups:  make(map[string]*group),
+			cgroups: make(map[string]*cgroup),
+			ops:     make(map[string]*opQueue),
 
 			metaOps: make(map[string]*opQueue),
 			known:   make(map[string]struct{}),
@@ -174,6 +214,7 @@ func New(cfg Config) (*Engine, error) {
 		e.shards[i] = s
 		go s.run()
 	}
+	e.startTopicRefresher()
 	return e, nil
 }
 
@@ -238,6 +279,10 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 		e.listGroups(r, once)
 	case *kmsg.DeleteGroupsRequest:
 		e.deleteGroups(r, once)
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		e.onGroup(r.Group, req, once, func(s *shard) { s.consumerHeartbeat(rc, r, once) })
+	case *kmsg.ConsumerGroupDescribeRequest:
+		e.consumerGroupDescribe(r, once)
 	default:
 		e.log.Error("groupstate: request not served by the engine", "api_key", req.Key(), "version", version)
 		once(errorResponse(req, errUnsupportedVersion))
@@ -272,6 +317,9 @@ func (e *Engine) Groups() []GroupSnapshot {
 			for _, g := range s.groups {
 				snaps = append(snaps, g.snapshot())
 			}
+			for _, g := range s.cgroups {
+				snaps = append(snaps, g.snapshot())
+			}
 			mu.Lock()
 			all = append(all, snaps...)
 			mu.Unlock()
@@ -296,6 +344,10 @@ func (e *Engine) Group(id string) (GroupSnapshot, bool) {
 	if !s.post(func() {
 		g, ok := s.groups[id]
 		if !ok {
+			if cg, ok := s.cgroups[id]; ok {
+				ch <- res{cg.snapshot(), true}
+				return
+			}
 			ch <- res{}
 			return
 		}
@@ -313,6 +365,7 @@ func (e *Engine) Close() {
 	if e.closed.Swap(true) {
 		return
 	}
+	e.stopTopicTimer()
 	for _, s := range e.shards {
 		s.shutdown()
 	}
@@ -333,6 +386,7 @@ type shard struct {
 
 	// groups, ops and timerSeq are owned by the loop goroutine.
 	groups   map[string]*group
+	cgroups  map[string]*cgroup // KIP-848 groups
 	ops      map[string]*opQueue
 	timerSeq uint64
 
@@ -430,6 +484,11 @@ func (s *shard) teardown() {
 		}
 	}
 	s.groups = map[string]*group{}
+	for _, g := range s.cgroups {
+		g.cancelAllTimers()
+		g.failWaiters()
+	}
+	s.cgroups = map[string]*cgroup{}
 	for id, parked := range s.loading {
 		delete(s.loading, id)
 		for _, p := range parked {

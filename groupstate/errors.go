@@ -31,6 +31,12 @@ const (
 	errFencedInstanceID          int16 = 82
 	errGroupSubscribedToTopic    int16 = 86
 	errUnknownTopicID            int16 = 100
+	errInvalidRequest            int16 = 42
+	errFencedMemberEpoch         int16 = 110
+	errUnreleasedInstanceID      int16 = 111
+	errUnsupportedAssignor       int16 = 112
+	errStaleMemberEpoch          int16 = 113
+	errInvalidRegularExpression  int16 = 128
 )
 
 // storeErrorCode maps an error returned by the store to the code a client
@@ -137,6 +143,18 @@ func errorResponse(req kmsg.Request, code int16) kmsg.Response {
 	case *kmsg.OffsetDeleteRequest:
 		resp := kmsg.NewPtrOffsetDeleteResponse()
 		resp.ErrorCode = code
+		return resp
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.ConsumerGroupDescribeRequest:
+		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewConsumerGroupDescribeResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
 		return resp
 	}
 	resp := req.ResponseKind()

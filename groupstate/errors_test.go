@@ -31,6 +31,12 @@ func TestErrorCodesMatchKerr(t *testing.T) {
 		{errFencedInstanceID, kerr.FencedInstanceID},
 		{errGroupSubscribedToTopic, kerr.GroupSubscribedToTopic},
 		{errUnknownTopicID, kerr.UnknownTopicID},
+		{errInvalidRequest, kerr.InvalidRequest},
+		{errFencedMemberEpoch, kerr.FencedMemberEpoch},
+		{errUnreleasedInstanceID, kerr.UnreleasedInstanceID},
+		{errUnsupportedAssignor, kerr.UnsupportedAssignor},
+		{errStaleMemberEpoch, kerr.StaleMemberEpoch},
+		{errInvalidRegularExpression, kerr.InvalidRegularExpression},
 	} {
 		if tc.code != tc.want.Code {
 			t.Errorf("%s: engine uses %d, kerr says %d", tc.want.Message, tc.code, tc.want.Code)

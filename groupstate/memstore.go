@@ -21,6 +21,8 @@ type MemoryStore struct {
 	names  map[[16]byte]string
 	// meta maps group → its group metadata record.
 	meta map[string][]byte
+	// parts maps topic → partition count, for TopicMetadata (SetTopic).
+	parts map[string]int32
 }
 
 // memOffset is one committed offset.

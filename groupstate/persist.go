@@ -96,6 +96,9 @@ func (s *shard) loadPending(id string) bool {
 	if _, ok := s.groups[id]; ok {
 		return false
 	}
+	if _, ok := s.cgroups[id]; ok {
+		return false
+	}
 	if _, ok := s.known[id]; ok {
 		return false
 	}
@@ -138,7 +141,9 @@ func (s *shard) finishLoad(id string, res loadResult) {
 		clear(s.known)
 	}
 	s.known[id] = struct{}{}
-	if res.found {
+	if res.found && isConsumerRecord(res.record) {
+		s.installConsumerRecord(id, res.record)
+	} else if res.found {
 		if _, exists := s.groups[id]; !exists {
 			g, err := s.groupFromRecord(id, res.record)
 			switch {

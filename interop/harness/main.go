@@ -98,6 +98,7 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 	return []row{
 		{name: "java-range", client: java, assignor: "range"},
 		{name: "java-coop-sticky", client: java, assignor: "cooperative-sticky"},
+		{name: "java-kip848", client: java, assignor: "server-uniform"},
 		{name: "java-static", client: java, assignor: "range", static: true},
 		{name: "java-txn", client: java, assignor: "range", txn: true},
 		{name: "go-franz", client: goc("franz"), assignor: "range"},
@@ -244,16 +245,19 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 						res.reason = joinReason(res.reason, "cannot prove the broker saw no group traffic: "+countErr.Error())
 					}
 				default:
-					jg, sg, hb := after[11]-before[11], after[14]-before[14], after[12]-before[12]
+					// HB counts classic Heartbeats and KIP-848
+					// ConsumerGroupHeartbeats (key 68) alike.
+					jg, sg := after[11]-before[11], after[14]-before[14]
+					hb := after[12] - before[12] + after[68] - before[68]
 					res.broker = fmt.Sprintf("%d/%d/%d", jg, sg, hb)
-					if path == "direct" && res.pass && jg == 0 {
+					if path == "direct" && res.pass && jg+hb == 0 {
 						// A passing direct row always joins; zero means the counter is blind.
 						directBlind = true
 						res.notes = append(res.notes, "the broker request log shows no JoinGroup for a direct row: the counter cannot see group traffic")
 					}
 					if path == "kproxy" && expectEngine && jg+sg+hb > 0 {
 						res.pass = false
-						res.reason = joinReason(res.reason, fmt.Sprintf("broker saw group traffic on the kproxy path: JoinGroup=%d SyncGroup=%d Heartbeat=%d", jg, sg, hb))
+						res.reason = joinReason(res.reason, fmt.Sprintf("broker saw group traffic on the kproxy path: JoinGroup=%d SyncGroup=%d Heartbeat+ConsumerGroupHeartbeat=%d", jg, sg, hb))
 					}
 				}
 			}
@@ -327,7 +331,7 @@ func printTable(w *os.File, rs []result, haveLog, expectEngine bool) int {
 		if expectEngine {
 			mode = "asserted: must be 0/0/0"
 		}
-		fmt.Fprintf(w, "broker JG/SG/HB = JoinGroup/SyncGroup/Heartbeat requests the broker logged during each row; on kproxy rows %s\n", mode)
+		fmt.Fprintf(w, "broker JG/SG/HB = JoinGroup/SyncGroup/Heartbeat (classic and KIP-848) requests the broker logged during each row; on kproxy rows %s\n", mode)
 	} else {
 		fmt.Fprintln(w, "broker JG/SG/HB not measured (no -request-log given)")
 	}

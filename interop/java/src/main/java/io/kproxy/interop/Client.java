@@ -134,7 +134,14 @@ public final class Client {
     p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
     p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
     String assignor = args.getOrDefault("assignor", "range");
-    switch (assignor) {
+    if (assignor.startsWith("server-")) {
+      // KIP-848: the coordinator assigns; session and heartbeat timing
+      // are the group's, and the client may not set them.
+      p.put(ConsumerConfig.GROUP_PROTOCOL_CONFIG, "consumer");
+      p.put(ConsumerConfig.GROUP_REMOTE_ASSIGNOR_CONFIG, assignor.substring("server-".length()));
+      p.remove(ConsumerConfig.SESSION_TIMEOUT_MS_CONFIG);
+      p.remove(ConsumerConfig.HEARTBEAT_INTERVAL_MS_CONFIG);
+    } else switch (assignor) {
       case "range":
         p.put(ConsumerConfig.PARTITION_ASSIGNMENT_STRATEGY_CONFIG, RangeAssignor.class.getName());
         break;
