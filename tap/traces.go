@@ -160,6 +160,26 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			}
 		}
 		rt.finish(ev.Group, rb, ev.Time, outcomeCompleted, "")
+	case groupstate.EventAssignmentReconciled:
+		// A KIP-848 group has no join or sync round: its rebalance ends
+		// when every member holds its target at the new group epoch.
+		if rb == nil {
+			return
+		}
+		rb.root.SetAttributes(
+			attrGeneration.Int64(int64(ev.Generation)),
+			attrProtocol.String(ev.Protocol),
+			attrMemberCount.Int(len(ev.Members)),
+		)
+		if rb.phase != nil {
+			for i := range ev.Members {
+				m := &ev.Members[i]
+				attrs := memberAttrs(m)
+				attrs = append(attrs, assignmentAttrs("consumer", m.Assignment)...)
+				rb.phase.AddEvent("assignment", trace.WithTimestamp(ev.Time), trace.WithAttributes(attrs...))
+			}
+		}
+		rt.finish(ev.Group, rb, ev.Time, outcomeCompleted, "")
 	case groupstate.EventRebalanceAborted:
 		if rb != nil {
 			rt.finish(ev.Group, rb, ev.Time, outcomeAborted, "rebalance aborted: "+causeOrUnknown(ev.Cause))

@@ -319,3 +319,36 @@ func TestPendingMemberEventsAreForgotten(t *testing.T) {
 		t.Errorf("stale pending events of an idle group are still held")
 	}
 }
+
+// TestTraceOfKIP848Rebalance covers a consumer-protocol group: its
+// rebalance has no join or sync round and ends when every member holds
+// its target assignment at the new group epoch.
+func TestTraceOfKIP848Rebalance(t *testing.T) {
+	tp, exp := newTestTap(t, Config{})
+	s := newSeq("g848")
+	m1 := member("m1")
+	ev := s.at(0, groupstate.EventRebalanceStarted)
+	ev.Generation, ev.Cause, ev.Member = 3, groupstate.CauseMemberJoined, &m1
+	tp.OnEvent(ev)
+	ev = s.at(40*time.Millisecond, groupstate.EventAssignmentReconciled)
+	ev.Generation, ev.Protocol, ev.Members = 4, "uniform", []groupstate.Member{m1}
+	tp.OnEvent(ev)
+	flush(t, tp)
+	var root *tracetest.SpanStub
+	spans := exp.GetSpans()
+	for i := range spans {
+		if !spans[i].Parent.IsValid() {
+			root = &spans[i]
+		}
+	}
+	if root == nil {
+		t.Fatalf("no root span among %d spans: the rebalance never ended", len(spans))
+	}
+	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause", "member_joined")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.generation", "4")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.protocol", "uniform")
+	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.outcome", "completed")
+	if d := root.EndTime.Sub(root.StartTime); d != 40*time.Millisecond {
+		t.Errorf("root lasted %v, want 40ms", d)
+	}
+}

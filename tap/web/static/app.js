@@ -202,6 +202,16 @@ function rebalancesOf(events) {
       case "sync_completed":
         close(t, "completed");
         break;
+      case "assignment_reconciled":
+        // KIP-848 groups: no join/sync round; the rebalance ends when
+        // every member holds its target at the new group epoch.
+        if (!open) break;
+        open.generation = ev.generation;
+        open.members = (ev.members || []).map(m => m.member_id);
+        open.memberInfo = ev.members || [];
+        open.protocol = ev.protocol || "";
+        close(t, "completed");
+        break;
       case "rebalance_aborted":
         close(t, "aborted");
         break;
