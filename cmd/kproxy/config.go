@@ -40,12 +40,21 @@ type logConfig struct {
 }
 
 type groupsConfig struct {
-	Mode                  string        `yaml:"mode"` // local or forward
-	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
-	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
-	InitialRebalanceDelay time.Duration `yaml:"initial_rebalance_delay"`
-	MaxSize               int           `yaml:"max_size"`
-	CheckCommitOwnership  bool          `yaml:"check_commit_ownership"`
+	Mode                  string               `yaml:"mode"` // local or forward
+	MinSessionTimeout     time.Duration        `yaml:"min_session_timeout"`
+	MaxSessionTimeout     time.Duration        `yaml:"max_session_timeout"`
+	InitialRebalanceDelay time.Duration        `yaml:"initial_rebalance_delay"`
+	MaxSize               int                  `yaml:"max_size"`
+	CheckCommitOwnership  bool                 `yaml:"check_commit_ownership"`
+	Consumer              consumerGroupsConfig `yaml:"consumer"`
+}
+
+// consumerGroupsConfig configures KIP-848 (group.protocol=consumer) groups.
+type consumerGroupsConfig struct {
+	SessionTimeout    time.Duration `yaml:"session_timeout"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	MaxSize           int           `yaml:"max_size"`
+	Assignors         []string      `yaml:"assignors"`
 }
 
 type telemetryConfig struct {
@@ -67,6 +76,11 @@ func defaultConfig() fileConfig {
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
+			Consumer: consumerGroupsConfig{
+				SessionTimeout:    45 * time.Second,
+				HeartbeatInterval: 5 * time.Second,
+				Assignors:         []string{"uniform", "range"},
+			},
 		},
 		Telemetry: telemetryConfig{ServiceName: "kproxy"},
 	}
@@ -106,6 +120,14 @@ func (c *fileConfig) validate() error {
 	}
 	if c.Groups.MaxSize < 0 {
 		errs = append(errs, errors.New("groups.max_size must be >= 0"))
+	}
+	if cg := c.Groups.Consumer; cg.HeartbeatInterval >= cg.SessionTimeout {
+		errs = append(errs, fmt.Errorf("groups.consumer.heartbeat_interval %v must be shorter than session_timeout %v", cg.HeartbeatInterval, cg.SessionTimeout))
+	}
+	for _, a := range c.Groups.Consumer.Assignors {
+		if a != "uniform" && a != "range" {
+			errs = append(errs, fmt.Errorf("groups.consumer.assignors: unknown assignor %q (uniform, range)", a))
+		}
 	}
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)

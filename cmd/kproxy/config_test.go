@@ -1,6 +1,7 @@
 package main
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ func TestShippedConfigParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := defaultConfig()
-	if c.Listen != d.Listen || c.Groups != d.Groups || c.MaxFrameBytes != d.MaxFrameBytes || c.DialTimeout != d.DialTimeout {
+	if c.Listen != d.Listen || !reflect.DeepEqual(c.Groups, d.Groups) || c.MaxFrameBytes != d.MaxFrameBytes || c.DialTimeout != d.DialTimeout {
 		t.Fatalf("the shipped file does not state the defaults: %+v", c)
 	}
 }

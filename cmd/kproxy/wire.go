@@ -53,6 +53,14 @@ func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error
 			InitialRebalanceDelay: delay,
 			MaxGroupSize:          cfg.Groups.MaxSize,
 			CheckCommitOwnership:  cfg.Groups.CheckCommitOwnership,
+			// KIP-848 groups: the session timeout is the group's, so
+			// it is also its own bounds.
+			ConsumerSessionTimeout:    cfg.Groups.Consumer.SessionTimeout,
+			ConsumerMinSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
+			ConsumerMaxSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
+			ConsumerHeartbeatInterval: cfg.Groups.Consumer.HeartbeatInterval,
+			ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
+			ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
 		})
 		if err != nil {
 			w.close(context.Background())
