@@ -60,10 +60,13 @@ type session struct {
 	bw   *bufio.Writer // client writes; owned by the writer goroutine
 
 	// up, upW and upR are set by the reader before it queues the first
-	// forwarded slot (the channel send publishes them to the writer).
-	up  *net.TCPConn
-	upW *bufio.Writer // owned by the reader
-	upR *bufio.Reader // owned by the writer
+	// forwarded slot (the channel send publishes them to the writer);
+	// writing up and reading it from closeConns also hold upMu.
+	upMu   sync.Mutex
+	closed bool // guarded by upMu: closeConns ran
+	up     *net.TCPConn
+	upW    *bufio.Writer // owned by the reader
+	upR    *bufio.Reader // owned by the writer
 
 	slots      chan slot     // reader -> writer, in request order
 	writerDone chan struct{} // closed when the writer exits
@@ -123,10 +126,16 @@ func (s *session) drain() {
 	}
 }
 
+// closeConns closes both sockets; any goroutine may call it, any number
+// of times. An upstream dialled after it is closed at once.
 func (s *session) closeConns() {
 	s.closeOnce.Do(func() {
+		s.upMu.Lock()
+		s.closed = true
+		up := s.up
+		s.upMu.Unlock()
 		s.conn.Close()
-		if up := s.up; up != nil {
+		if up != nil {
 			up.Close()
 		}
 	})
@@ -329,7 +338,14 @@ func (s *session) ensureUpstream() error {
 			errs = append(errs, err)
 			continue
 		}
+		s.upMu.Lock()
+		if s.closed {
+			s.upMu.Unlock()
+			c.Close()
+			return net.ErrClosed
+		}
 		s.up = c.(*net.TCPConn)
+		s.upMu.Unlock()
 		s.upW = bufio.NewWriterSize(s.up, bufSize)
 		s.upR = bufio.NewReaderSize(s.up, bufSize)
 		return nil
