@@ -151,16 +151,7 @@ func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetC
 		for pi, p := range t.Partitions {
 			rp := kmsg.NewOffsetCommitResponseTopicPartition()
 			rp.Partition = p.Partition
-			switch {
-			case name == "" && t.TopicID == [16]byte{}:
-				rp.ErrorCode = errUnknownTopicOrPartition
-			case name == "":
-				rp.ErrorCode = errUnknownTopicID
-			case p.Metadata != nil && len(*p.Metadata) > maxOffsetMetadata:
-				rp.ErrorCode = errOffsetMetadataTooLarge
-			case owned != nil && !ownsPartition(owned, name, p.Partition):
-				rp.ErrorCode = notOwned
-			default:
+			if rp.ErrorCode = partitionCommitError(name, t.TopicID, p.Partition, p.Metadata, owned, notOwned); rp.ErrorCode == errNone {
 				keep = append(keep, p)
 				if where[name] == nil {
 					where[name] = make(map[int32]loc)
@@ -301,4 +292,22 @@ func (g *cgroup) ownedNames(m *cmember, epoch int32) map[string]map[int32]struct
 		}
 	}
 	return owned
+}
+
+// partitionCommitError is the error, if any, that one partition of an
+// offset commit (plain or transactional) gets before anything is stored:
+// an unknown topic, metadata over the limit, or (with the ownership check
+// on) a partition the member does not own, which gets notOwned.
+func partitionCommitError(name string, topicID [16]byte, partition int32, metadata *string, owned map[string]map[int32]struct{}, notOwned int16) int16 {
+	switch {
+	case name == "" && topicID == [16]byte{}:
+		return errUnknownTopicOrPartition
+	case name == "":
+		return errUnknownTopicID
+	case metadata != nil && len(*metadata) > maxOffsetMetadata:
+		return errOffsetMetadataTooLarge
+	case owned != nil && !ownsPartition(owned, name, partition):
+		return notOwned
+	}
+	return errNone
 }

@@ -86,16 +86,7 @@ func (e *Engine) txnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest
 		for pi, p := range t.Partitions {
 			rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
 			rp.Partition = p.Partition
-			switch {
-			case name == "" && t.TopicID == [16]byte{}:
-				rp.ErrorCode = errUnknownTopicOrPartition
-			case name == "":
-				rp.ErrorCode = errUnknownTopicID
-			case p.Metadata != nil && len(*p.Metadata) > maxOffsetMetadata:
-				rp.ErrorCode = errOffsetMetadataTooLarge
-			case owned != nil && !ownsPartition(owned, name, p.Partition):
-				rp.ErrorCode = errIllegalGeneration
-			default:
+			if rp.ErrorCode = partitionCommitError(name, t.TopicID, p.Partition, p.Metadata, owned, errIllegalGeneration); rp.ErrorCode == errNone {
 				keep = append(keep, p)
 				if where[name] == nil {
 					where[name] = make(map[int32]loc)
