@@ -189,22 +189,7 @@ func TestKIP848GroupSurvivesProxyRestart(t *testing.T) {
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	if evs := s.eventsOf(groupstate.EventRebalanceStarted); len(evs) != rebalances {
-		for _, ev := range evs[rebalances:] {
-			t.Logf("epoch bump: cause %s member %+v epoch %d", ev.Cause, ev.Member, ev.Generation)
-		}
-		t.Fatalf("the restart caused %d epoch bump(s)", len(evs)-rebalances)
-	}
-	if len(s.eventsOf(groupstate.EventGroupLoaded)) == 0 {
-		t.Fatal("no group_loaded event: the group was not reloaded")
-	}
-	own.check()
-	if now := own.owners(); !equalOwners(now, owners) {
-		t.Fatalf("partition owners changed across the restart: %v → %v", owners, now)
-	}
-	if missing := recs.missing(400); len(missing) > 0 {
-		t.Fatalf("records lost: %v", head(missing, 10))
-	}
+	s.assertRestartInvisible(rebalances, own, owners, recs, 400)
 	s.assertCommittedAtEnd(ctx, group, topic)
 	a.leave()
 	b.leave()

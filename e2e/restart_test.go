@@ -56,17 +56,7 @@ func TestGroupSurvivesProxyRestart(t *testing.T) {
 			s.stop()
 			s.startEngineAndProxy()
 
-			more := s.client(kgo.DefaultProduceTopic(topic))
-			for i := 200; i < 400; i++ {
-				more.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, func(_ *kgo.Record, err error) {
-					if err != nil {
-						t.Errorf("produce: %v", err)
-					}
-				})
-			}
-			if err := more.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
+			s.produceRange(ctx, topic, 200, 400)
 			waitConsumed(t, recs, 400)
 			// The new engine loads the group on its first request (a
 			// heartbeat within 300ms, or a commit).
@@ -105,22 +95,7 @@ func TestGroupSurvivesProxyRestart(t *testing.T) {
 			if !slices.Equal(ids(before), ids(after)) {
 				t.Fatalf("members changed: %v → %v", ids(before), ids(after))
 			}
-			if evs := s.eventsOf(groupstate.EventRebalanceStarted); len(evs) != rebalances {
-				for _, ev := range evs[rebalances:] {
-					t.Logf("rebalance: cause %s member %+v generation %d", ev.Cause, ev.Member, ev.Generation)
-				}
-				t.Fatalf("the restart caused %d rebalance(s)", len(evs)-rebalances)
-			}
-			if len(s.eventsOf(groupstate.EventGroupLoaded)) == 0 {
-				t.Fatal("no group_loaded event: the group was not reloaded")
-			}
-			own.check()
-			if now := own.owners(); !equalOwners(now, owners) {
-				t.Fatalf("partition owners changed across the restart: %v → %v", owners, now)
-			}
-			if missing := recs.missing(400); len(missing) > 0 {
-				t.Fatalf("records lost: %v", head(missing, 10))
-			}
+			s.assertRestartInvisible(rebalances, own, owners, recs, 400)
 			s.assertCommittedAtEnd(ctx, group, topic)
 			s.assertBrokersSawNoGroupTraffic()
 			a.leave()

@@ -330,3 +330,27 @@ func (d *cuttableDialer) kill() {
 func (d *cuttableDialer) Dial(network, addr string) (net.Conn, error) {
 	return d.DialContext(context.Background(), network, addr)
 }
+
+// assertRestartInvisible checks what a kproxy restart in steady state must
+// leave unchanged: no rebalance (or KIP-848 epoch bump) since rebalances
+// were counted, the group reloaded from its record, the same partition
+// owners, no partition owned twice, and records 0..n-1 all consumed.
+func (s *stack) assertRestartInvisible(rebalances int, own *ownership, owners map[string][]int32, recs *records, n int) {
+	s.t.Helper()
+	if evs := s.eventsOf(groupstate.EventRebalanceStarted); len(evs) != rebalances {
+		for _, ev := range evs[rebalances:] {
+			s.t.Logf("rebalance: cause %s member %+v generation %d", ev.Cause, ev.Member, ev.Generation)
+		}
+		s.t.Fatalf("the restart caused %d rebalance(s)", len(evs)-rebalances)
+	}
+	if len(s.eventsOf(groupstate.EventGroupLoaded)) == 0 {
+		s.t.Fatal("no group_loaded event: the group was not reloaded")
+	}
+	own.check()
+	if now := own.owners(); !equalOwners(now, owners) {
+		s.t.Fatalf("partition owners changed across the restart: %v → %v", owners, now)
+	}
+	if missing := recs.missing(n); len(missing) > 0 {
+		s.t.Fatalf("records lost: %v", head(missing, 10))
+	}
+}
