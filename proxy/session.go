@@ -526,8 +526,8 @@ func (s *session) writeForwarded(sl slot) error {
 		return fmt.Errorf("upstream answered correlation id %d, expected %d (%s)", corr, sl.corr, kmsg.NameForKey(sl.key))
 	}
 	total := 4 + int(size)
-	s.p.metrics.bytesOut(int64(total))
 	if !codec.NeedsRewrite(sl.key, sl.version) {
+		s.p.metrics.bytesOut(int64(total))
 		if err := pipe(s.bw, s.conn, s.upR, s.up, total, &s.respLR); err != nil {
 			return fmt.Errorf("streaming %s response: %w", kmsg.NameForKey(sl.key), err)
 		}
@@ -549,15 +549,16 @@ func (s *session) writeForwarded(sl slot) error {
 	if err != nil {
 		return err
 	}
+	out := frame
 	if resp != nil {
 		s.outBuf = codec.AppendResponse(s.outBuf[:0], sl.corr, resp)
-		_, err = s.bw.Write(s.outBuf)
-	} else {
-		_, err = s.bw.Write(frame)
+		out = s.outBuf
 	}
-	if err != nil {
+	if _, err := s.bw.Write(out); err != nil {
 		return fmt.Errorf("writing to client: %w", err)
 	}
+	// Count what the client got: a rewritten response differs in size.
+	s.p.metrics.bytesOut(int64(len(out)))
 	s.p.metrics.request(sl.key, routeRewritten, sl.start)
 	return nil
 }
