@@ -87,7 +87,7 @@ var APIs = map[int16]APIInfo{
 	KeyMetadata: {Rewrite, MaxVersion(KeyMetadata), "carries every broker's address"},
 	KeyFindCoordinator: {Local, MaxVersion(KeyFindCoordinator),
 		"groups: answered with a kproxy address; transactions: forwarded and rewritten"},
-	KeyApiVersions:     {Rewrite, MaxVersion(KeyApiVersions), "merged: group APIs added, address-bearing APIs capped"},
+	KeyApiVersions:     {Rewrite, MaxVersion(KeyApiVersions), "merged, only when the answer carries no error: group APIs added, address-bearing APIs capped; error answers (UNSUPPORTED_VERSION in v0) pass untouched"},
 	KeyDescribeCluster: {Rewrite, MaxVersion(KeyDescribeCluster), "carries every broker's address"},
 	KeyDescribeQuorum:  {Forward, 1, "v2 responses carry controller endpoints"},
 

@@ -87,6 +87,13 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
 		}
 	case *kmsg.ApiVersionsResponse:
+		if r.ErrorCode != 0 {
+			// An error answer (UNSUPPORTED_VERSION carries only the
+			// broker's ApiVersions range) is not the broker's table:
+			// merging group keys into it would make the client take
+			// them for the whole table. It passes as the broker gave it.
+			return nil, nil
+		}
 		MergeApiVersions(r, localGroups)
 	default:
 		return nil, nil

@@ -250,3 +250,78 @@ func TestApiVersionsNewerThanTheBroker(t *testing.T) {
 		t.Fatalf("metadata after the ApiVersions downgrade: %v", err)
 	}
 }
+
+// readRawResponse reads one response frame and returns what follows the
+// correlation id.
+func readRawResponse(t *testing.T, conn net.Conn) []byte {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var size [4]byte
+	if _, err := io.ReadFull(conn, size[:]); err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	b := make([]byte, int(uint32(size[0])<<24|uint32(size[1])<<16|uint32(size[2])<<8|uint32(size[3])))
+	if _, err := io.ReadFull(conn, b); err != nil {
+		t.Fatal(err)
+	}
+	return b[4:]
+}
+
+// TestApiVersionsErrorAnswersPassUntouched asks every ApiVersions version
+// of upstreams capped at older ApiVersions versions, directly and through
+// kproxy. Where the broker answers UNSUPPORTED_VERSION (in v0, with only
+// its ApiVersions range), the client must get exactly that answer: group
+// keys merged into it would be taken for the broker's whole table.
+// Successful answers are merged and carry the group keys.
+func TestApiVersionsErrorAnswersPassUntouched(t *testing.T) {
+	top := kmsg.NewPtrApiVersionsRequest().MaxVersion()
+	errorAnswers := 0
+	for cap := int16(0); cap <= top; cap++ {
+		vs := kversion.Stable()
+		vs.SetMaxKeyVersion(codecKeyApiVersions, cap)
+		c := newCluster(t, kfake.MaxVersions(vs), kfake.NumBrokers(1))
+		p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.Coordinator = &recordingCoordinator{} })
+		for v := int16(0); v <= top; v++ {
+			req := kmsg.NewPtrApiVersionsRequest()
+			req.Version = v
+			req.ClientSoftwareName, req.ClientSoftwareVersion = "t", "1"
+			ask := func(addr string) []byte {
+				conn, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				rawRequest(t, conn, req, 7, "av")
+				return readRawResponse(t, conn)
+			}
+			direct, through := ask(c.ListenAddrs()[0]), ask(p.Addr())
+			code := int16(uint16(direct[0])<<8 | uint16(direct[1]))
+			if code != 0 {
+				errorAnswers++
+				if string(direct) != string(through) {
+					t.Errorf("upstream ApiVersions<=v%d, request v%d: error answer %d rewritten:\n direct  %x\n through %x", cap, v, code, direct, through)
+				}
+				continue
+			}
+			resp := kmsg.NewPtrApiVersionsResponse()
+			resp.Version = v
+			if err := resp.ReadFrom(through); err != nil {
+				t.Fatalf("upstream ApiVersions<=v%d, request v%d: %v", cap, v, err)
+			}
+			groups := 0
+			for _, k := range resp.ApiKeys {
+				if k.ApiKey == 11 || k.ApiKey == 68 {
+					groups++
+				}
+			}
+			if resp.ErrorCode != 0 || groups != 2 {
+				t.Errorf("upstream ApiVersions<=v%d, request v%d: error %d, %d of JoinGroup/ConsumerGroupHeartbeat advertised", cap, v, resp.ErrorCode, groups)
+			}
+		}
+	}
+	if want := int(top) * (int(top) + 1) / 2; errorAnswers != want {
+		t.Fatalf("%d error answers from the capped upstreams, want %d (one per version above each cap)", errorAnswers, want)
+	}
+}
+
+const codecKeyApiVersions = 18
