@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
 )
 
@@ -73,7 +74,7 @@ func (s *stack) startEngineAndProxy(opts ...stackOpt) {
 	}
 	s.store = store
 	cfg := groupstate.Config{
-		Store:                 groupstate.NewKafkaStore(store),
+		Store:                 kafkastore.New(store),
 		Logger:                testLogger().With("component", "engine"),
 		InitialRebalanceDelay: -1,
 		MinSessionTimeout:     time.Second,

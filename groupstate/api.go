@@ -1,11 +1,6 @@
 package groupstate
 
-import (
-	"context"
-	"time"
-
-	"github.com/twmb/franz-go/pkg/kmsg"
-)
+import "time"
 
 // This file is the engine's contract with the rest of kproxy: the proxy
 // hands it decoded requests, the store persists offsets, and tap reads the
@@ -34,39 +29,6 @@ type Timer interface {
 	// Stop prevents the call if it has not started; it reports whether
 	// it did so.
 	Stop() bool
-}
-
-// OffsetStore is where committed offsets live. The engine validates every
-// offset request (member, generation, state) and then calls the store; it
-// answers the client only after the store returns. Calls are made from
-// goroutines outside the engine's loops and may block; implementations are
-// safe for concurrent use.
-//
-// The production store (KafkaStore) writes offsets to the upstream
-// cluster's own __consumer_offsets as simple commits (generation -1, no
-// member id), so existing lag tools still see them. MemoryStore is for
-// tests.
-type OffsetStore interface {
-	// CommitOffsets durably stores offsets for group and returns the
-	// per-partition result, in the shape of an OffsetCommit response.
-	CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error)
-	// TxnCommitOffsets adds transactional offsets for group on behalf of
-	// a transactional producer; they become visible when the transaction
-	// commits.
-	TxnCommitOffsets(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, error)
-	// FetchOffsets returns the committed offsets of group. topics nil
-	// means every partition with a committed offset. requireStable asks
-	// for UNSTABLE_OFFSET_COMMIT on partitions with pending transactional
-	// offsets.
-	FetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error)
-	// DeleteOffsets removes the committed offsets of the given
-	// partitions.
-	DeleteOffsets(ctx context.Context, group string, topics []kmsg.OffsetDeleteRequestTopic) ([]kmsg.OffsetDeleteResponseTopic, error)
-	// DeleteGroup removes every committed offset of group.
-	DeleteGroup(ctx context.Context, group string) error
-	// ListGroups lists the groups that have committed offsets in the
-	// store (simple groups the engine has no state for).
-	ListGroups(ctx context.Context) ([]string, error)
 }
 
 // EventKind says what happened in an Event.
@@ -194,37 +156,4 @@ type GroupSnapshot struct {
 	Members      []Member
 	// StateSince is when the group entered its current state.
 	StateSince time.Time
-}
-
-// TopicResolver is implemented by an OffsetStore that can translate
-// between topic names and topic IDs. OffsetCommit v10, OffsetFetch v10 and
-// TxnOffsetCommit v6 name topics by ID; the engine resolves them to names
-// (the store and the ownership check work on names) and answers with IDs.
-// With a store that does not implement it, topics named only by ID get
-// UNKNOWN_TOPIC_ID.
-type TopicResolver interface {
-	// TopicNames maps topic IDs to names; unknown IDs are left out.
-	TopicNames(ctx context.Context, ids [][16]byte) (map[[16]byte]string, error)
-	// TopicIDs maps topic names to IDs; unknown names are left out.
-	TopicIDs(ctx context.Context, names []string) (map[string][16]byte, error)
-}
-
-// GroupMetadataStore is implemented by an OffsetStore that can also
-// persist classic group metadata, so that a restarted engine resumes every
-// group where it was, without a rebalance (spec F). The record is opaque
-// to the store: a versioned encoding owned by the engine. The engine
-// calls these methods off its loops, at most one at a time per group id,
-// in the order it issued them; the first call for a group id after the
-// engine's start is always a load. A store that does not implement it
-// (or is wrapped by WithoutGroupMetadata) keeps no group metadata: a
-// restart then forgets every member and the groups rebalance.
-type GroupMetadataStore interface {
-	// SaveGroupMetadata durably replaces the record of group; the engine
-	// answers the clients waiting on it only after it returned nil.
-	SaveGroupMetadata(ctx context.Context, group string, record []byte) error
-	// DeleteGroupMetadata removes the record of group (a tombstone).
-	DeleteGroupMetadata(ctx context.Context, group string) error
-	// LoadGroupMetadata returns the last record saved for group, and
-	// false if there is none (never saved, or deleted).
-	LoadGroupMetadata(ctx context.Context, group string) (record []byte, found bool, err error)
 }

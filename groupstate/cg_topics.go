@@ -2,33 +2,10 @@ package groupstate
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"maps"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
-
-// TopicInfo describes one topic of the cluster, as KIP-848 assignment
-// needs it.
-type TopicInfo struct {
-	ID         [16]byte
-	Partitions int32
-}
-
-// TopicMetadataStore is implemented by an OffsetStore that can list the
-// cluster's topics. KIP-848 groups (ConsumerGroupHeartbeat) resolve their
-// subscriptions (names and regular expressions) and partition counts
-// through it; the engine caches the answer and refreshes it every
-// Config.TopicRefreshInterval, so a partition-count change bumps the
-// epoch of the groups subscribed to the topic. With a store that does not
-// implement it, every subscribed topic counts as missing and KIP-848
-// members get empty assignments.
-type TopicMetadataStore interface {
-	// TopicMetadata returns every (non-internal) topic by name.
-	TopicMetadata(ctx context.Context) (map[string]TopicInfo, error)
-}
 
 // topicSnapshot is an immutable copy of the cluster's topics.
 type topicSnapshot struct {
@@ -142,74 +119,6 @@ func (e *Engine) stopTopicTimer() {
 		e.topicTimer = nil
 	}
 }
-
-// SetTopic creates or resizes a topic for TopicMetadata. A topic without
-// an ID registered with SetTopicID gets one derived from its name.
-func (s *MemoryStore) SetTopic(name string, partitions int32) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	id, ok := s.ids[name]
-	if !ok {
-		sum := sha256.Sum256([]byte("kproxy-topic/" + name))
-		copy(id[:], sum[:16])
-		s.ids[name] = id
-		s.names[id] = name
-	}
-	if s.parts == nil {
-		s.parts = make(map[string]int32)
-	}
-	s.parts[name] = partitions
-}
-
-// DeleteTopic removes a topic created with SetTopic.
-func (s *MemoryStore) DeleteTopic(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.parts, name)
-}
-
-// TopicMetadata implements TopicMetadataStore: the topics given to
-// SetTopic.
-func (s *MemoryStore) TopicMetadata(context.Context) (map[string]TopicInfo, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[string]TopicInfo, len(s.parts))
-	for n, p := range s.parts {
-		out[n] = TopicInfo{ID: s.ids[n], Partitions: p}
-	}
-	return out, nil
-}
-
-// TopicMetadata implements TopicMetadataStore with a metadata request for
-// every topic of the cluster; internal topics are left out. It also
-// refreshes the store's name ↔ id cache.
-func (s *KafkaStore) TopicMetadata(ctx context.Context) (map[string]TopicInfo, error) {
-	req := kmsg.NewPtrMetadataRequest()
-	req.Topics = nil
-	resp, err := req.RequestWith(ctx, s.cl)
-	if err != nil {
-		return nil, fmt.Errorf("kafkastore: metadata: %w", err)
-	}
-	out := make(map[string]TopicInfo, len(resp.Topics))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, t := range resp.Topics {
-		if t.Topic == nil || t.ErrorCode != 0 || t.IsInternal {
-			continue
-		}
-		out[*t.Topic] = TopicInfo{ID: t.TopicID, Partitions: int32(len(t.Partitions))}
-		if t.TopicID != ([16]byte{}) {
-			s.ids[*t.Topic] = t.TopicID
-			s.names[t.TopicID] = *t.Topic
-		}
-	}
-	return out, nil
-}
-
-var (
-	_ TopicMetadataStore = (*MemoryStore)(nil)
-	_ TopicMetadataStore = (*KafkaStore)(nil)
-)
 
 // defaultTopicRefreshInterval is Config.TopicRefreshInterval's default.
 const defaultTopicRefreshInterval = 30 * time.Second

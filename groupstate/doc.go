@@ -17,7 +17,7 @@
 // post their result back; a commit is acknowledged only after the store
 // returned.
 //
-// With a store that implements GroupMetadataStore (KafkaStore: a
+// With a store that implements GroupMetadataStore (groupstate/kafkastore: a
 // compacted topic upstream; MemoryStore), each classic group's metadata
 // is persisted as one record (persist.go): when a join completes into
 // Empty, on the leader's SyncGroup (answered once durable) and on a static

@@ -2,6 +2,7 @@ package groupstate
 
 import (
 	"context"
+	"crypto/sha256"
 	"sort"
 	"sync"
 
@@ -36,6 +37,7 @@ var (
 	_ OffsetStore        = (*MemoryStore)(nil)
 	_ TopicResolver      = (*MemoryStore)(nil)
 	_ GroupMetadataStore = (*MemoryStore)(nil)
+	_ TopicMetadataStore = (*MemoryStore)(nil)
 )
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -266,5 +268,42 @@ func (s *MemoryStore) ListGroups(context.Context) ([]string, error) {
 		out = append(out, g)
 	}
 	sort.Strings(out)
+	return out, nil
+}
+
+// SetTopic creates or resizes a topic for TopicMetadata. A topic without
+// an ID registered with SetTopicID gets one derived from its name.
+func (s *MemoryStore) SetTopic(name string, partitions int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.ids[name]
+	if !ok {
+		sum := sha256.Sum256([]byte("kproxy-topic/" + name))
+		copy(id[:], sum[:16])
+		s.ids[name] = id
+		s.names[id] = name
+	}
+	if s.parts == nil {
+		s.parts = make(map[string]int32)
+	}
+	s.parts[name] = partitions
+}
+
+// DeleteTopic removes a topic created with SetTopic.
+func (s *MemoryStore) DeleteTopic(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.parts, name)
+}
+
+// TopicMetadata implements TopicMetadataStore: the topics given to
+// SetTopic.
+func (s *MemoryStore) TopicMetadata(context.Context) (map[string]TopicInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]TopicInfo, len(s.parts))
+	for n, p := range s.parts {
+		out[n] = TopicInfo{ID: s.ids[n], Partitions: p}
+	}
 	return out, nil
 }

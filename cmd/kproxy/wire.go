@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -45,7 +46,7 @@ func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error
 			delay = -1 // the engine's zero value means Kafka's 3s default
 		}
 		eng, err := groupstate.New(groupstate.Config{
-			Store:                 groupstate.NewKafkaStore(cl),
+			Store:                 kafkastore.New(cl),
 			Logger:                log.With("component", "engine"),
 			Events:                w.publish,
 			MinSessionTimeout:     cfg.Groups.MinSessionTimeout,

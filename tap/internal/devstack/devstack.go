@@ -22,6 +22,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -98,7 +99,7 @@ func Start(ctx context.Context, opt Options) (s *Stack, err error) {
 		return nil, fmt.Errorf("devstack: store client: %w", err)
 	}
 	s.Engine, err = groupstate.New(groupstate.Config{
-		Store:                 groupstate.NewKafkaStore(s.storeCl),
+		Store:                 kafkastore.New(s.storeCl),
 		Events:                s.Tap.OnEvent,
 		Logger:                log,
 		InitialRebalanceDelay: -1,

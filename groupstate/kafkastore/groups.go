@@ -1,4 +1,4 @@
-package groupstate
+package kafkastore
 
 import (
 	"context"
@@ -14,9 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
 )
 
-// KafkaStore keeps group metadata in a compacted topic of the upstream
+// Store keeps group metadata in a compacted topic of the upstream
 // cluster (DefaultGroupsTopic unless configured): one record per group,
 // key = group id, value = the engine's record, null value = tombstone.
 // The record of a group lives in partition hash(group id) mod partitions,
@@ -34,9 +36,9 @@ import (
 // DefaultGroupsTopic is the compacted topic holding group metadata.
 const DefaultGroupsTopic = "__kproxy_groups"
 
-// KafkaStoreOptions configures NewKafkaStoreWith; zero values are
+// Options configures NewWith; zero values are
 // defaults.
-type KafkaStoreOptions struct {
+type Options struct {
 	// GroupsTopic is the group metadata topic; "" means
 	// DefaultGroupsTopic.
 	GroupsTopic string
@@ -50,7 +52,7 @@ type KafkaStoreOptions struct {
 	Logger *slog.Logger
 }
 
-// groupsTopicMeta is what a KafkaStore knows of its groups topic.
+// groupsTopicMeta is what a Store knows of its groups topic.
 type groupsTopicMeta struct {
 	id      [16]byte
 	leaders []int32 // per partition; -1 = unknown
@@ -63,11 +65,11 @@ const maxGroupRecordFetch = 16 << 20
 // creates.
 const groupRecordMaxBytes = 8 << 20
 
-var _ GroupMetadataStore = (*KafkaStore)(nil)
+var _ groupstate.GroupMetadataStore = (*Store)(nil)
 
-// NewKafkaStoreWith is NewKafkaStore with options.
-func NewKafkaStoreWith(cl *kgo.Client, opts KafkaStoreOptions) *KafkaStore {
-	s := NewKafkaStore(cl)
+// NewWith is New with options.
+func NewWith(cl *kgo.Client, opts Options) *Store {
+	s := New(cl)
 	if opts.GroupsTopic != "" {
 		s.groupsTopic = opts.GroupsTopic
 	}
@@ -84,11 +86,11 @@ func NewKafkaStoreWith(cl *kgo.Client, opts KafkaStoreOptions) *KafkaStore {
 }
 
 // GroupsTopic returns the name of the group metadata topic.
-func (s *KafkaStore) GroupsTopic() string { return s.groupsTopic }
+func (s *Store) GroupsTopic() string { return s.groupsTopic }
 
 // groupsMeta returns the groups topic's metadata, creating the topic if
 // it does not exist yet and waiting until every partition has a leader.
-func (s *KafkaStore) groupsMeta(ctx context.Context) (*groupsTopicMeta, error) {
+func (s *Store) groupsMeta(ctx context.Context) (*groupsTopicMeta, error) {
 	s.mu.Lock()
 	cached := s.gmeta
 	s.mu.Unlock()
@@ -167,7 +169,7 @@ func (s *KafkaStore) groupsMeta(ctx context.Context) (*groupsTopicMeta, error) {
 
 // checkCompacted warns, once, if the groups topic is not compacted: its
 // records would then be deleted by retention and idle groups forgotten.
-func (s *KafkaStore) checkCompacted(ctx context.Context) {
+func (s *Store) checkCompacted(ctx context.Context) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	res := kmsg.NewDescribeConfigsRequestResource()
 	res.ResourceType = kmsg.ConfigResourceTypeTopic
@@ -200,7 +202,7 @@ func (s *KafkaStore) checkCompacted(ctx context.Context) {
 // createGroupsTopic creates the compacted groups topic; an existing one
 // is fine. A broker older than 2.4 refuses the default replication factor
 // (-1): it is then asked for min(3, brokers).
-func (s *KafkaStore) createGroupsTopic(ctx context.Context, brokers int) error {
+func (s *Store) createGroupsTopic(ctx context.Context, brokers int) error {
 	err := s.createGroupsTopicRF(ctx, s.groupsRF)
 	if errors.Is(err, kerr.InvalidReplicationFactor) && s.groupsRF == -1 && brokers > 0 {
 		err = s.createGroupsTopicRF(ctx, int16(min(3, brokers)))
@@ -209,7 +211,7 @@ func (s *KafkaStore) createGroupsTopic(ctx context.Context, brokers int) error {
 }
 
 // createGroupsTopicRF creates the groups topic with replication factor rf.
-func (s *KafkaStore) createGroupsTopicRF(ctx context.Context, rf int16) error {
+func (s *Store) createGroupsTopicRF(ctx context.Context, rf int16) error {
 	req := kmsg.NewPtrCreateTopicsRequest()
 	rt := kmsg.NewCreateTopicsRequestTopic()
 	rt.Topic = s.groupsTopic
@@ -237,14 +239,21 @@ func (s *KafkaStore) createGroupsTopicRF(ctx context.Context, rf int16) error {
 }
 
 // forgetGroupsMeta drops the cached leaders after an error.
-func (s *KafkaStore) forgetGroupsMeta() {
+func (s *Store) forgetGroupsMeta() {
 	s.mu.Lock()
 	s.gmeta = nil
 	s.mu.Unlock()
 }
 
-// groupPartition is the partition holding group's record.
-func groupPartition(group string, partitions int) int32 {
+// GroupPartition is the partition of a groups topic with partitions
+// partitions that holds group's record: murmur2(group) mod partitions,
+// Kafka's default key partitioner (kgo's StickyKeyPartitioner with a key,
+// the Java client's BuiltInPartitioner). The fleet owns groups by this
+// partition (docs/fleet.md). partitions must be positive.
+func GroupPartition(group string, partitions int) int32 {
+	if partitions <= 0 {
+		return 0
+	}
 	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(group)}, partitions))
 }
 
@@ -259,29 +268,29 @@ func retriableLeaderError(code int16) bool {
 	return false
 }
 
-// SaveGroupMetadata implements GroupMetadataStore: it produces the record
+// SaveGroupMetadata implements groupstate.GroupMetadataStore: it produces the record
 // with acks=all and returns once the partition leader acknowledged it.
-func (s *KafkaStore) SaveGroupMetadata(ctx context.Context, group string, record []byte) error {
+func (s *Store) SaveGroupMetadata(ctx context.Context, group string, record []byte) error {
 	if record == nil {
 		record = []byte{}
 	}
 	return s.produceGroupRecord(ctx, group, record)
 }
 
-// DeleteGroupMetadata implements GroupMetadataStore with a tombstone.
-func (s *KafkaStore) DeleteGroupMetadata(ctx context.Context, group string) error {
+// DeleteGroupMetadata implements groupstate.GroupMetadataStore with a tombstone.
+func (s *Store) DeleteGroupMetadata(ctx context.Context, group string) error {
 	return s.produceGroupRecord(ctx, group, nil)
 }
 
 // produceGroupRecord writes key group with value (nil = tombstone).
-func (s *KafkaStore) produceGroupRecord(ctx context.Context, group string, value []byte) error {
+func (s *Store) produceGroupRecord(ctx context.Context, group string, value []byte) error {
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
 		m, err := s.groupsMeta(ctx)
 		if err != nil {
 			return err
 		}
-		p := groupPartition(group, len(m.leaders))
+		p := GroupPartition(group, len(m.leaders))
 		req := kmsg.NewPtrProduceRequest()
 		req.Acks = -1
 		req.TimeoutMillis = 15000
@@ -320,18 +329,18 @@ func (s *KafkaStore) produceGroupRecord(ctx context.Context, group string, value
 	return fmt.Errorf("kafkastore: writing the metadata of group %q: %w", group, last)
 }
 
-// LoadGroupMetadata implements GroupMetadataStore: it reads the group's
+// LoadGroupMetadata implements groupstate.GroupMetadataStore: it reads the group's
 // partition up to the high watermark and returns the last value written
 // for the group's key. Loads of groups in one partition that arrive while
 // a scan of it runs are served together by the next scan (after a
 // restart every group loads at once), and each caller's scan starts after
 // its call.
-func (s *KafkaStore) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
+func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
 	m, err := s.groupsMeta(ctx)
 	if err != nil {
 		return nil, false, err
 	}
-	p := groupPartition(group, len(m.leaders))
+	p := GroupPartition(group, len(m.leaders))
 	ch := make(chan scanResult, 1)
 	s.mu.Lock()
 	ps := s.scans[p]
@@ -358,7 +367,7 @@ func (s *KafkaStore) LoadGroupMetadata(ctx context.Context, group string) ([]byt
 }
 
 // partitionScans is the load queue of one groups partition (guarded by
-// KafkaStore.mu).
+// Store.mu).
 type partitionScans struct {
 	running bool
 	waiting map[string][]chan scanResult // group → callers waiting for the next scan
@@ -375,7 +384,7 @@ type scanResult struct {
 const groupScanTimeout = 30 * time.Second
 
 // runScans scans partition p for the waiting groups until nobody waits.
-func (s *KafkaStore) runScans(p int32, ps *partitionScans) {
+func (s *Store) runScans(p int32, ps *partitionScans) {
 	for {
 		s.mu.Lock()
 		waiting := ps.waiting
@@ -404,7 +413,7 @@ func (s *KafkaStore) runScans(p int32, ps *partitionScans) {
 
 // scanWithRetries scans partition p for the keys of want, looking the
 // leader up again after a leader error.
-func (s *KafkaStore) scanWithRetries(ctx context.Context, p int32, want map[string][]chan scanResult) (map[string][]byte, error) {
+func (s *Store) scanWithRetries(ctx context.Context, p int32, want map[string][]chan scanResult) (map[string][]byte, error) {
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
 		m, err := s.groupsMeta(ctx)
@@ -438,7 +447,7 @@ func (s *KafkaStore) scanWithRetries(ctx context.Context, p int32, want map[stri
 // watermark and returns the last value of each key of want (absent when
 // the last one is a tombstone). A partition-level error is returned as
 // code.
-func (s *KafkaStore) scanGroupPartition(ctx context.Context, m *groupsTopicMeta, p int32, want map[string][]chan scanResult) (map[string][]byte, int16, error) {
+func (s *Store) scanGroupPartition(ctx context.Context, m *groupsTopicMeta, p int32, want map[string][]chan scanResult) (map[string][]byte, int16, error) {
 	broker := s.cl.Broker(int(m.leaders[p]))
 	var (
 		offset int64

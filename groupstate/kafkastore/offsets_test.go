@@ -1,4 +1,4 @@
-package groupstate
+package kafkastore
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// TestKafkaStoreRoundTrip proves that offsets committed through the engine
+// TestStoreRoundTrip proves that offsets committed through the engine
 // land in the upstream cluster's own group offsets (read back with kadm,
 // as a lag tool would) and come back through OffsetFetch, and that the
 // group's delete reaches the cluster.
-func TestKafkaStoreRoundTrip(t *testing.T) {
+func TestStoreRoundTrip(t *testing.T) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, "orders"))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
@@ -28,8 +28,8 @@ func TestKafkaStoreRoundTrip(t *testing.T) {
 		t.Fatalf("kgo: %v", err)
 	}
 	t.Cleanup(cl.Close)
-	store := NewKafkaStore(cl)
-	h := newHarness(t, func(c *Config) { c.Store = store; c.Clock = nil })
+	store := New(cl)
+	h := newEngine(t, store)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -52,7 +52,7 @@ func TestKafkaStoreRoundTrip(t *testing.T) {
 	// A stale generation never reaches the cluster.
 	stale := commitReq(8, "app", ids[0], gen+5, 1, 99)
 	stale.Topics[0].Topic = "orders"
-	if code := commitCode(t, h.do(stale)); code != errIllegalGeneration {
+	if code := commitCode(t, h.do(stale)); code != kerr.IllegalGeneration.Code {
 		t.Fatalf("stale commit: %s", errName(code))
 	}
 
@@ -206,7 +206,7 @@ func TestKafkaStoreRoundTrip(t *testing.T) {
 	d := kmsg.NewPtrDeleteGroupsRequest()
 	d.Groups = []string{"app", "never-existed"}
 	dr := h.do(d).(*kmsg.DeleteGroupsResponse)
-	if dr.Groups[0].ErrorCode != 0 || dr.Groups[1].ErrorCode != errGroupIDNotFound {
+	if dr.Groups[0].ErrorCode != 0 || dr.Groups[1].ErrorCode != kerr.GroupIDNotFound.Code {
 		t.Fatalf("delete groups: %s %s", errName(dr.Groups[0].ErrorCode), errName(dr.Groups[1].ErrorCode))
 	}
 	offs, err = adm.FetchOffsets(ctx, "app")

@@ -1,4 +1,10 @@
-package groupstate
+// Package kafkastore is kproxy's store over the upstream Kafka cluster:
+// committed offsets in the cluster's own __consumer_offsets (as simple
+// commits, so lag tools see them) and group metadata in a compacted
+// topic (groups.go). It implements the store interfaces of package
+// groupstate (OffsetStore, TopicResolver, GroupMetadataStore,
+// TopicMetadataStore).
+package kafkastore
 
 import (
 	"context"
@@ -9,20 +15,22 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
 )
 
-// KafkaStore is the OffsetStore over the upstream cluster: offsets are
+// Store is the groupstate.OffsetStore over the upstream cluster: offsets are
 // ordinary simple commits (generation -1, no member id) in the cluster's
 // own __consumer_offsets, so every existing lag tool still sees them. The
 // engine has validated membership before; the upstream group coordinator
 // only stores. It also keeps group metadata in a compacted topic
-// (GroupMetadataStore, kafkastore_groups.go). It is safe for concurrent
+// (groupstate.GroupMetadataStore, groups.go). It is safe for concurrent
 // use.
-type KafkaStore struct {
+type Store struct {
 	cl *kgo.Client // immutable
 
 	// groupsTopic, groupsPartitions and groupsRF configure the group
-	// metadata topic (kafkastore_groups.go); immutable after creation.
+	// metadata topic (groups.go); immutable after creation.
 	groupsTopic      string
 	groupsPartitions int32
 	groupsRF         int16
@@ -38,14 +46,15 @@ type KafkaStore struct {
 }
 
 var (
-	_ OffsetStore   = (*KafkaStore)(nil)
-	_ TopicResolver = (*KafkaStore)(nil)
+	_ groupstate.OffsetStore        = (*Store)(nil)
+	_ groupstate.TopicResolver      = (*Store)(nil)
+	_ groupstate.TopicMetadataStore = (*Store)(nil)
 )
 
-// NewKafkaStore returns a store that talks to the cluster behind cl, with
+// New returns a store that talks to the cluster behind cl, with
 // group metadata in DefaultGroupsTopic.
-func NewKafkaStore(cl *kgo.Client) *KafkaStore {
-	return &KafkaStore{
+func New(cl *kgo.Client) *Store {
+	return &Store{
 		cl:               cl,
 		groupsTopic:      DefaultGroupsTopic,
 		groupsPartitions: 16,
@@ -59,7 +68,7 @@ func NewKafkaStore(cl *kgo.Client) *KafkaStore {
 
 // refreshTopics reloads the topic name ↔ id cache from a metadata request
 // for every topic.
-func (s *KafkaStore) refreshTopics(ctx context.Context) error {
+func (s *Store) refreshTopics(ctx context.Context) error {
 	req := kmsg.NewPtrMetadataRequest()
 	req.Topics = nil
 	resp, err := req.RequestWith(ctx, s.cl)
@@ -78,8 +87,8 @@ func (s *KafkaStore) refreshTopics(ctx context.Context) error {
 	return nil
 }
 
-// TopicNames implements TopicResolver.
-func (s *KafkaStore) TopicNames(ctx context.Context, ids [][16]byte) (map[[16]byte]string, error) {
+// TopicNames implements groupstate.TopicResolver.
+func (s *Store) TopicNames(ctx context.Context, ids [][16]byte) (map[[16]byte]string, error) {
 	lookup := func() (map[[16]byte]string, bool) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -101,8 +110,8 @@ func (s *KafkaStore) TopicNames(ctx context.Context, ids [][16]byte) (map[[16]by
 	return out, nil
 }
 
-// TopicIDs implements TopicResolver.
-func (s *KafkaStore) TopicIDs(ctx context.Context, names []string) (map[string][16]byte, error) {
+// TopicIDs implements groupstate.TopicResolver.
+func (s *Store) TopicIDs(ctx context.Context, names []string) (map[string][16]byte, error) {
 	lookup := func() (map[string][16]byte, bool) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -126,7 +135,7 @@ func (s *KafkaStore) TopicIDs(ctx context.Context, names []string) (map[string][
 
 // idsFor returns ids for names, best effort: the broker may pick a request
 // version that names topics by id, so both are filled in.
-func (s *KafkaStore) idsFor(ctx context.Context, names []string) map[string][16]byte {
+func (s *Store) idsFor(ctx context.Context, names []string) map[string][16]byte {
 	ids, err := s.TopicIDs(ctx, names)
 	if err != nil {
 		return nil
@@ -135,7 +144,7 @@ func (s *KafkaStore) idsFor(ctx context.Context, names []string) map[string][16]
 }
 
 // nameOf maps a response topic back to its name.
-func (s *KafkaStore) nameOf(name string, id [16]byte) string {
+func (s *Store) nameOf(name string, id [16]byte) string {
 	if name != "" {
 		return name
 	}
@@ -144,8 +153,8 @@ func (s *KafkaStore) nameOf(name string, id [16]byte) string {
 	return s.names[id]
 }
 
-// CommitOffsets implements OffsetStore with a simple commit upstream.
-func (s *KafkaStore) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
+// CommitOffsets implements groupstate.OffsetStore with a simple commit upstream.
+func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
 	names := make([]string, len(topics))
 	for i, t := range topics {
 		names[i] = t.Topic
@@ -175,9 +184,9 @@ func (s *KafkaStore) CommitOffsets(ctx context.Context, group string, topics []k
 	return resp.Topics, nil
 }
 
-// TxnCommitOffsets implements OffsetStore by forwarding the request to
+// TxnCommitOffsets implements groupstate.OffsetStore by forwarding the request to
 // the upstream group coordinator, identity fields cleared.
-func (s *KafkaStore) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, error) {
+func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, error) {
 	names := make([]string, len(in.Topics))
 	for i, t := range in.Topics {
 		names[i] = t.Topic
@@ -201,8 +210,8 @@ func (s *KafkaStore) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCom
 	return resp, nil
 }
 
-// FetchOffsets implements OffsetStore with an OffsetFetch upstream.
-func (s *KafkaStore) FetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error) {
+// FetchOffsets implements groupstate.OffsetStore with an OffsetFetch upstream.
+func (s *Store) FetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = group
 	req.RequireStable = requireStable
@@ -284,8 +293,8 @@ func noOffsets(topics []kmsg.OffsetFetchRequestTopic) []kmsg.OffsetFetchResponse
 	return out
 }
 
-// DeleteOffsets implements OffsetStore with an OffsetDelete upstream.
-func (s *KafkaStore) DeleteOffsets(ctx context.Context, group string, topics []kmsg.OffsetDeleteRequestTopic) ([]kmsg.OffsetDeleteResponseTopic, error) {
+// DeleteOffsets implements groupstate.OffsetStore with an OffsetDelete upstream.
+func (s *Store) DeleteOffsets(ctx context.Context, group string, topics []kmsg.OffsetDeleteRequestTopic) ([]kmsg.OffsetDeleteResponseTopic, error) {
 	req := kmsg.NewPtrOffsetDeleteRequest()
 	req.Group = group
 	req.Topics = topics
@@ -299,8 +308,8 @@ func (s *KafkaStore) DeleteOffsets(ctx context.Context, group string, topics []k
 	return resp.Topics, nil
 }
 
-// DeleteGroup implements OffsetStore with a DeleteGroups upstream.
-func (s *KafkaStore) DeleteGroup(ctx context.Context, group string) error {
+// DeleteGroup implements groupstate.OffsetStore with a DeleteGroups upstream.
+func (s *Store) DeleteGroup(ctx context.Context, group string) error {
 	req := kmsg.NewPtrDeleteGroupsRequest()
 	req.Groups = []string{group}
 	resp, err := req.RequestWith(ctx, s.cl)
@@ -318,9 +327,9 @@ func (s *KafkaStore) DeleteGroup(ctx context.Context, group string) error {
 	return fmt.Errorf("kafkastore: delete group %q: group missing from the response", group)
 }
 
-// ListGroups implements OffsetStore: the simple groups (protocol type "")
+// ListGroups implements groupstate.OffsetStore: the simple groups (protocol type "")
 // of the upstream cluster, which is how kproxy's commits appear there.
-func (s *KafkaStore) ListGroups(ctx context.Context) ([]string, error) {
+func (s *Store) ListGroups(ctx context.Context) ([]string, error) {
 	req := kmsg.NewPtrListGroupsRequest()
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {
@@ -333,6 +342,32 @@ func (s *KafkaStore) ListGroups(ctx context.Context) ([]string, error) {
 	for _, g := range resp.Groups {
 		if g.ProtocolType == "" {
 			out = append(out, g.Group)
+		}
+	}
+	return out, nil
+}
+
+// TopicMetadata implements groupstate.TopicMetadataStore with a metadata request for
+// every topic of the cluster; internal topics are left out. It also
+// refreshes the store's name ↔ id cache.
+func (s *Store) TopicMetadata(ctx context.Context) (map[string]groupstate.TopicInfo, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	req.Topics = nil
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return nil, fmt.Errorf("kafkastore: metadata: %w", err)
+	}
+	out := make(map[string]groupstate.TopicInfo, len(resp.Topics))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range resp.Topics {
+		if t.Topic == nil || t.ErrorCode != 0 || t.IsInternal {
+			continue
+		}
+		out[*t.Topic] = groupstate.TopicInfo{ID: t.TopicID, Partitions: int32(len(t.Partitions))}
+		if t.TopicID != ([16]byte{}) {
+			s.ids[*t.Topic] = t.TopicID
+			s.names[t.TopicID] = *t.Topic
 		}
 	}
 	return out, nil

@@ -1,4 +1,4 @@
-package groupstate
+package kafkastore
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
 )
 
 // newKfakeClient starts a one-broker kfake cluster and returns a client
@@ -35,16 +37,16 @@ func newKfakeClient(t testing.TB) func() *kgo.Client {
 	}
 }
 
-// TestKafkaStoreGroupMetadata proves that group records round-trip
+// TestStoreGroupMetadata proves that group records round-trip
 // through the compacted topic: created on first use with
 // cleanup.policy=compact, last value per key wins, tombstones delete, and
 // a new store (a restarted kproxy) reads the same.
-func TestKafkaStoreGroupMetadata(t *testing.T) {
+func TestStoreGroupMetadata(t *testing.T) {
 	newClient := newKfakeClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl := newClient()
-	store := NewKafkaStoreWith(cl, KafkaStoreOptions{GroupsPartitions: 4})
+	store := NewWith(cl, Options{GroupsPartitions: 4})
 
 	if _, found, err := store.LoadGroupMetadata(ctx, "nobody"); err != nil || found {
 		t.Fatalf("load before any write: found %v err %v", found, err)
@@ -75,7 +77,7 @@ func TestKafkaStoreGroupMetadata(t *testing.T) {
 	used := map[int32]bool{}
 	for i := range n {
 		g := fmt.Sprintf("group-%d", i)
-		used[groupPartition(g, 4)] = true
+		used[GroupPartition(g, 4)] = true
 		for round := range 2 {
 			if err := store.SaveGroupMetadata(ctx, g, fmt.Appendf(nil, "%s/%d", g, round)); err != nil {
 				t.Fatalf("save %s: %v", g, err)
@@ -92,7 +94,7 @@ func TestKafkaStoreGroupMetadata(t *testing.T) {
 	// A new store over a new client, as after a restart.
 	// Every group loads at once (as after a restart), twice per group:
 	// the loads share partition scans and each gets its own key's value.
-	again := NewKafkaStore(newClient())
+	again := New(newClient())
 	var wg sync.WaitGroup
 	for i := range 2 * n {
 		wg.Add(1)
@@ -134,16 +136,16 @@ func TestKafkaStoreGroupMetadata(t *testing.T) {
 		}
 		fs.EachRecord(func(r *kgo.Record) {
 			seen++
-			if want := groupPartition(string(r.Key), 4); r.Partition != want {
+			if want := GroupPartition(string(r.Key), 4); r.Partition != want {
 				t.Errorf("record of %s in partition %d, want %d", r.Key, r.Partition, want)
 			}
 		})
 	}
 }
 
-// TestKafkaStoreWarnsOnUncompactedTopic: a groups topic made by someone
+// TestStoreWarnsOnUncompactedTopic: a groups topic made by someone
 // else without compaction works but is reported loudly.
-func TestKafkaStoreWarnsOnUncompactedTopic(t *testing.T) {
+func TestStoreWarnsOnUncompactedTopic(t *testing.T) {
 	newClient := newKfakeClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -158,7 +160,7 @@ func TestKafkaStoreWarnsOnUncompactedTopic(t *testing.T) {
 		defer mu.Unlock()
 		return logs.Write(p)
 	}), nil))
-	store := NewKafkaStoreWith(cl, KafkaStoreOptions{GroupsTopic: "plain-groups", Logger: logger})
+	store := NewWith(cl, Options{GroupsTopic: "plain-groups", Logger: logger})
 	if err := store.SaveGroupMetadata(ctx, "g", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
@@ -172,10 +174,10 @@ func TestKafkaStoreWarnsOnUncompactedTopic(t *testing.T) {
 	}
 }
 
-// TestKafkaStoreCreatesWithExplicitReplication: a broker older than 2.4
+// TestStoreCreatesWithExplicitReplication: a broker older than 2.4
 // refuses replication factor -1; the store asks again with
 // min(3, brokers).
-func TestKafkaStoreCreatesWithExplicitReplication(t *testing.T) {
+func TestStoreCreatesWithExplicitReplication(t *testing.T) {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +208,7 @@ func TestKafkaStoreCreatesWithExplicitReplication(t *testing.T) {
 	t.Cleanup(cl.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store := NewKafkaStore(cl)
+	store := New(cl)
 	if err := store.SaveGroupMetadata(ctx, "g", []byte("v")); err != nil {
 		t.Fatalf("save: %v", err)
 	}
@@ -222,16 +224,16 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// TestKafkaStoreEngineRestart runs a group on an engine over KafkaStore,
+// TestStoreEngineRestart runs a group on an engine over Store,
 // replaces the engine and its client (a kproxy restart), and the group
 // goes on at the same generation.
-func TestKafkaStoreEngineRestart(t *testing.T) {
+func TestStoreEngineRestart(t *testing.T) {
 	newClient := newKfakeClient(t)
-	h1 := newHarness(t, func(c *Config) { c.Store = NewKafkaStore(newClient()); c.Clock = nil })
+	h1 := newEngine(t, New(newClient()))
 	ids, gen := h1.stableGroup("app", 2)
 	h1.e.Close()
 
-	h2 := newHarness(t, func(c *Config) { c.Store = NewKafkaStore(newClient()); c.Clock = nil })
+	h2 := newEngine(t, New(newClient()))
 	r := h2.do(syncReq("app", ids[1], gen, nil)).(*kmsg.SyncGroupResponse)
 	if r.ErrorCode != 0 || string(r.MemberAssignment) != string(assignment("t", 1)) {
 		t.Fatalf("sync after restart: %s %x", errName(r.ErrorCode), r.MemberAssignment)
@@ -246,7 +248,7 @@ func TestKafkaStoreEngineRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v", snap)
 	}
 	for _, ev := range h2.takeEvents("app") {
-		if ev.Kind == EventRebalanceStarted {
+		if ev.Kind == groupstate.EventRebalanceStarted {
 			t.Fatalf("rebalance after restart: %+v", ev)
 		}
 	}
@@ -256,7 +258,7 @@ func TestKafkaStoreEngineRestart(t *testing.T) {
 var benchGroupSeq int
 
 // BenchmarkLeaderSyncPersist measures the latency of the leader's
-// SyncGroup (followers already parked) over a KafkaStore on an
+// SyncGroup (followers already parked) over a Store on an
 // in-process kfake broker, with the group metadata write (persist) and
 // without it (offsets only), for groups of 1 and 10 members.
 func BenchmarkLeaderSyncPersist(b *testing.B) {
@@ -264,11 +266,11 @@ func BenchmarkLeaderSyncPersist(b *testing.B) {
 	for _, mode := range []string{"offsets-only", "persist"} {
 		for _, n := range []int{1, 10} {
 			b.Run(fmt.Sprintf("%s/members=%d", mode, n), func(b *testing.B) {
-				var store OffsetStore = NewKafkaStore(newClient())
+				var store groupstate.OffsetStore = New(newClient())
 				if mode == "offsets-only" {
-					store = WithoutGroupMetadata(store)
+					store = groupstate.WithoutGroupMetadata(store)
 				}
-				h := newHarness(b, func(c *Config) { c.Store = store; c.Clock = nil; c.Events = nil })
+				h := newEngine(b, store)
 				for b.Loop() {
 					b.StopTimer()
 					// Unique over every run: the records of earlier
@@ -284,7 +286,6 @@ func BenchmarkLeaderSyncPersist(b *testing.B) {
 					for k, id := range ids {
 						assign[id] = assignment("t", int32(k))
 					}
-					h.flushLoops()
 					b.StartTimer()
 					r := h.send(syncReq(group, ids[0], gen, assign)).wait().(*kmsg.SyncGroupResponse)
 					b.StopTimer()
@@ -301,17 +302,18 @@ func BenchmarkLeaderSyncPersist(b *testing.B) {
 	}
 }
 
-// BenchmarkKafkaStoreLoad measures loads (scans of a partition to the
+// BenchmarkStoreLoad measures loads (scans of a partition to the
 // high watermark) with 1000 groups of 10 members stored in the default
 // 16 partitions, each written twice: one group alone, and all of them at
 // once.
-func BenchmarkKafkaStoreLoad(b *testing.B) {
+func BenchmarkStoreLoad(b *testing.B) {
 	newClient := newKfakeClient(b)
 	ctx := context.Background()
-	store := NewKafkaStore(newClient())
-	h := newHarness(b, func(c *Config) { c.Events = nil })
+	store := New(newClient())
+	mem := groupstate.NewMemoryStore()
+	h := newEngine(b, mem)
 	h.stableGroup("template", 10)
-	rec, _, err := h.store.LoadGroupMetadata(ctx, "template")
+	rec, _, err := mem.LoadGroupMetadata(ctx, "template")
 	if err != nil || len(rec) == 0 {
 		b.Fatalf("template record: %v", err)
 	}
