@@ -235,7 +235,7 @@ func (e *Engine) namesFor(ctx context.Context, n int, at func(int) (string, [16]
 	return names
 }
 
-// validateCommit applies the KIP-848 offset-commit rules (spec B1) to a
+// validateCommit applies the KIP-848 offset-commit rules to a
 // consumer group. It returns the partitions the member may commit (nil:
 // not checked) and the code for the others. At the member's epoch the
 // partitions are checked only with Config.CheckCommitOwnership; at an

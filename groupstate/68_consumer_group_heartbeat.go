@@ -16,14 +16,15 @@ import (
 //   - v1: the client generates its member id (KIP-1082), so it is never
 //     empty; SubscribedTopicRegex (RE2, full-name match).
 //
-// One heartbeat: validate (spec C2), find or create the group and member
-// (C3), apply the request's fields, bump the group epoch when the
+// One heartbeat, in the order of Kafka's GroupMetadataManager: validate the
+// request's fields, find or create the group and member (checking the
+// member epoch), apply the request's fields, bump the group epoch when the
 // subscription or the subscribed topics' metadata changed, compute a new
 // target when the group epoch is ahead of the assignment epoch, reconcile
-// the member toward its target (C5, revoke before assign), re-arm its
-// session timer and answer (C4). Epochs -1 and -2 leave (C6).
+// the member toward its target (revoke before assign), re-arm its
+// session timer and answer. Epochs -1 and -2 leave.
 //
-// Online migration between classic and KIP-848 groups (spec D) is not
+// Online migration between classic and KIP-848 groups is not
 // implemented: an empty group of the other kind is replaced, a non-empty
 // one is refused.
 
@@ -81,7 +82,10 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	g.heartbeat(rc, r, re, m, joined, reply)
 }
 
-// validateConsumerHeartbeat applies spec C2 and compiles the regex.
+// validateConsumerHeartbeat checks the request's fields as Kafka does
+// before any group logic (INVALID_REQUEST for a missing or empty field the
+// member epoch requires, UNSUPPORTED_ASSIGNOR for an unknown assignor) and
+// compiles the regex.
 func validateConsumerHeartbeat(r *kmsg.ConsumerGroupHeartbeatRequest, configured []string) (*regexp.Regexp, int16, string) {
 	switch {
 	case r.Group == "":
@@ -136,7 +140,8 @@ func (s *shard) dropClassic(cg *group) {
 }
 
 // memberFor finds or creates the member a heartbeat with epoch ≥ 0 is
-// for (spec C3); joined reports a new member.
+// for, enforcing static membership (KIP-345) and the group size limit;
+// joined reports a new member.
 func (g *cgroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *cmember, joined bool, code int16, msg string) {
 	if r.InstanceID != nil {
 		inst := *r.InstanceID
@@ -218,9 +223,9 @@ func (g *cgroup) resetForRejoin(m *cmember) {
 	m.lastSent = nil
 }
 
-// heartbeat runs steps 1-7 of spec C4 for member m.
+// heartbeat runs one heartbeat's seven steps for member m, numbered below.
 func (g *cgroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartbeatRequest, re *regexp.Regexp, m *cmember, joined bool, reply func(kmsg.Response)) {
-	// Epoch check (C3): a lost response may leave the client one epoch
+	// Epoch check: a lost response may leave the client one epoch
 	// behind, owning a subset of what it was given.
 	owned := ownedFromRequest(r.Topics)
 	if r.MemberEpoch > 0 && r.MemberEpoch != m.Epoch {
@@ -362,7 +367,9 @@ func answerWith(resp *kmsg.ConsumerGroupHeartbeatResponse, reply func(kmsg.Respo
 }
 
 // leave serves epoch -1 (leave) and -2 (static member leaving for a
-// while) per spec C6.
+// while): a leaving member is removed and the group epoch bumped; a
+// static member leaving with -2 keeps its assignment, without a bump,
+// until its session expires or a new instance replaces it.
 func (g *cgroup) leave(r *kmsg.ConsumerGroupHeartbeatRequest, reply func(kmsg.Response), fail func(int16, string)) {
 	var m *cmember
 	if r.InstanceID != nil {

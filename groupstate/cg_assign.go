@@ -5,7 +5,8 @@ import (
 	"sort"
 )
 
-// This file holds the KIP-848 server-side assignors (spec C7) as pure
+// This file holds the KIP-848 server-side assignors (uniform and range,
+// after Kafka's UniformAssignor and RangeAssignor) as pure
 // functions: they read their input and return a fresh target assignment,
 // touching no group state.
 

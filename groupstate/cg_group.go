@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// This file holds the KIP-848 consumer group (spec C): its members,
+// This file holds the KIP-848 consumer group: its members,
 // epochs, target assignment and the ownership book that keeps a partition
 // from ever having two owners. Every field is owned by the loop of the
 // shard that holds the group.

@@ -12,8 +12,9 @@ import (
 	"time"
 )
 
-// Persistence of KIP-848 groups (spec F). With a GroupMetadataStore the
-// engine keeps one record per consumer group, in the same slot as a
+// Persistence of KIP-848 groups, so that a restart needs no rebalance.
+// With a GroupMetadataStore the engine keeps one record per consumer
+// group, in the same slot as a
 // classic group's record: the group and assignment epochs, the assignor,
 // the subscribed topics' metadata hash, and per member its identity,
 // subscription, epochs, reconciliation state, assigned and

@@ -2,7 +2,7 @@ package groupstate
 
 import "fmt"
 
-// This file holds KIP-848 reconciliation (spec C5, Kafka's
+// This file holds KIP-848 reconciliation (after Kafka's
 // CurrentAssignmentBuilder) as a pure function.
 
 // memberState is a KIP-848 member's reconciliation state.

@@ -35,8 +35,8 @@
 // bumps the group epoch), and persistence of the group as one record in
 // the same slot (cg_persist.go). A classic and a KIP-848 group never share
 // an id: an empty group of one kind is replaced by the other, a non-empty
-// one refuses the other protocol. Online migration between the two (spec
-// D) is not implemented.
+// one refuses the other protocol. Online migration between the two
+// (KIP-848's upgrade and downgrade of a non-empty group) is not implemented.
 //
 // Reply callbacks and the Events sink are called on a loop goroutine:
 // they must not block, and must not call back into Engine.Group or

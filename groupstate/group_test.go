@@ -82,7 +82,8 @@ func TestHeartbeatErrors(t *testing.T) {
 	hbInst := hb("g", ids[0], gen)
 	hbInst.InstanceID = &inst
 	// The first request for a group id loads its metadata; a heartbeat
-	// during the load is answered NONE (spec A2).
+	// during the load is answered NONE, as Kafka's coordinator does while
+	// loading (it answers COORDINATOR_LOAD_IN_PROGRESS to the other APIs).
 	if code := h.heartbeat("nope", ids[0], gen); code != 0 {
 		t.Fatalf("heartbeat while loading: %s", errName(code))
 	}

@@ -9,7 +9,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Group metadata persistence (spec F). With a store that implements
+// Group metadata persistence (a restarted engine resumes each group
+// without a rebalance, as Kafka's coordinator does from the group records
+// in __consumer_offsets). With a store that implements
 // GroupMetadataStore, the engine keeps one record per classic group: its
 // protocol type, generation, selected protocol, leader, state timestamp
 // and members (ids, client, timeouts, the subscription for the selected

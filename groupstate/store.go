@@ -59,7 +59,8 @@ type TopicResolver interface {
 
 // GroupMetadataStore is implemented by an OffsetStore that can also
 // persist classic group metadata, so that a restarted engine resumes every
-// group where it was, without a rebalance (spec F). The record is opaque
+// group where it was, without a rebalance (as Kafka's coordinator does
+// after failover, from __consumer_offsets). The record is opaque
 // to the store: a versioned encoding owned by the engine. The engine
 // calls these methods off its loops, at most one at a time per group id,
 // in the order it issued them; the first call for a group id after the

@@ -32,6 +32,7 @@ for tool in go java mvn node npm python3; do
 	command -v "$tool" >/dev/null || die "$tool is not installed (the interop tier needs Go, Java 17+, Maven, Node.js and Python 3)"
 done
 mkdir -p "$KPROXY_CACHE" "$LOGS"
+LOGS="$(cd "$LOGS" && pwd)" # absolute: the harness is built from interop/
 
 # stamp FILE... prints a hash of the given files, to rebuild only on change.
 stamp() { cat "$@" | sha256sum | cut -c1-16; }
@@ -66,7 +67,9 @@ if [[ "$(cat interop/js/node_modules/.kproxy-stamp 2>/dev/null)" != "$js_stamp" 
 fi
 
 say "building the harness"
-go build -o "$LOGS/harness" ./interop/harness || die "harness build failed"
+# The harness and the Go client are the interop module (interop/go.mod), apart
+# from kproxy's own module.
+go -C interop build -o "$LOGS/harness" ./harness || die "harness build failed"
 
 # The broker: stop a leftover one from an earlier run, then start fresh, and
 # stop it whatever happens next.

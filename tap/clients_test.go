@@ -32,7 +32,7 @@ func rebalanceRoots(spans tracetest.SpanStubs, group string) []tracetest.SpanStu
 func attr(s tracetest.SpanStub, key string) string {
 	for _, kv := range s.Attributes {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -109,7 +109,7 @@ func wantAttr(t *testing.T, what string, kvs []attribute.KeyValue, key, want str
 		t.Errorf("%s: attribute %s missing (have %v)", what, key, kvs)
 		return
 	}
-	if got := v.Emit(); got != want {
+	if got := v.String(); got != want {
 		t.Errorf("%s: attribute %s = %q, want %q", what, key, got, want)
 	}
 }

@@ -37,19 +37,18 @@ const (
 
 // options are the command-line settings; immutable once parsed.
 type options struct {
-	duration     time.Duration // measured time per mode per path
-	rounds       int
-	recordSize   int
-	modes        []string
-	conns        int
-	partitions   int
-	batchBytes   int // bytes of records per synthetic fetch batch
-	latDuration  time.Duration
-	latRate      int
-	jsonOut      bool
-	kproxyBin    string
-	verbose      bool
-	loadAvgStart string
+	duration    time.Duration // measured time per mode per path
+	rounds      int
+	recordSize  int
+	modes       []string
+	conns       int
+	partitions  int
+	batchBytes  int // bytes of records per synthetic fetch batch
+	latDuration time.Duration
+	latRate     int
+	jsonOut     bool
+	kproxyBin   string
+	verbose     bool
 }
 
 func parseOptions(args []string) (options, error) {

@@ -126,6 +126,10 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	if err := os.MkdirAll(h.logDir, 0o755); err != nil {
 		return fmt.Errorf("log dir: %w", err)
 	}
+	// Absolute, because the go builds below run in other directories.
+	if h.logDir, err = filepath.Abs(h.logDir); err != nil {
+		return fmt.Errorf("log dir: %w", err)
+	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(h.broker))
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
@@ -142,7 +146,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	}
 
 	goclient := filepath.Join(h.logDir, "goclient")
-	if err := goBuild(h.root, goclient, "./interop/goclient"); err != nil {
+	if err := goBuild(filepath.Join(h.root, "interop"), goclient, "./goclient"); err != nil {
 		return err
 	}
 
@@ -292,10 +296,11 @@ func joinReason(old, add string) string {
 	return old + "; " + add
 }
 
-// goBuild builds a package of the main module into out.
-func goBuild(root, out, pkg string) error {
+// goBuild builds package pkg of the module in dir into out: kproxy from
+// the repository root, the Go client from the interop module.
+func goBuild(dir, out, pkg string) error {
 	cmd := exec.Command("go", "build", "-o", out, pkg)
-	cmd.Dir = root
+	cmd.Dir = dir
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go build %s: %w: %s", pkg, err, strings.TrimSpace(string(b)))
