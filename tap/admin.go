@@ -37,6 +37,9 @@ type AdminConfig struct {
 	// KeepAlive is the interval of SSE keep-alive comments, 15s when
 	// zero.
 	KeepAlive time.Duration
+	// Fleet provides /api/fleet (distributed groups: the fleet's members,
+	// who owns which partition, epochs); nil answers 404.
+	Fleet func() any
 }
 
 // admin serves the admin API. Immutable after NewAdminHandler.
@@ -73,6 +76,13 @@ func NewAdminHandler(cfg AdminConfig) http.Handler {
 	mux.HandleFunc("GET /api/groups", a.groups)
 	mux.HandleFunc("GET /api/groups/{id...}", a.group)
 	mux.HandleFunc("GET /api/events", a.events)
+	mux.HandleFunc("GET /api/fleet", func(w http.ResponseWriter, _ *http.Request) {
+		if a.cfg.Fleet == nil {
+			http.Error(w, "groups are not distributed: no fleet", http.StatusNotFound)
+			return
+		}
+		writeJSON(w, a.cfg.Fleet())
+	})
 	files := http.FileServerFS(webFiles)
 	mux.HandleFunc("GET /", func(w http.ResponseWriter, r *http.Request) {
 		r2 := r.Clone(r.Context())

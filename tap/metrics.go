@@ -21,7 +21,10 @@ var secondsBuckets = []float64{
 
 // Attribute keys tap uses besides the semantic-convention ones.
 const (
-	attrCause        = attribute.Key("kproxy.rebalance.cause")
+	attrCause = attribute.Key("kproxy.rebalance.cause")
+	// attrOwner is the id of the kproxy whose engine ran the rebalance
+	// (the group's owner in a fleet).
+	attrOwner        = attribute.Key("kproxy.owner")
 	attrOutcome      = attribute.Key("kproxy.rebalance.outcome")
 	attrState        = attribute.Key("kproxy.group.state")
 	attrKind         = attribute.Key("kproxy.event.kind")

@@ -49,6 +49,10 @@ type Config struct {
 	ServiceName string
 	// ServiceVersion is the service.version resource attribute.
 	ServiceVersion string
+	// InstanceID names this kproxy (its fleet id): the
+	// service.instance.id resource attribute and the kproxy.owner
+	// attribute of every rebalance trace.
+	InstanceID string
 	// Traces chooses where rebalance traces go.
 	Traces TracesConfig
 	// Groups feeds the group gauges. It may be nil here and set later
@@ -232,7 +236,7 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 		return nil, err
 	}
 
-	t.rebalances = newRebalanceTracker(t.tracer, t.inst)
+	t.rebalances = newRebalanceTracker(t.tracer, t.inst, cfg.InstanceID)
 	go t.run()
 	log.Info("tap started", "trace_exporter", name)
 	return t, nil
@@ -244,11 +248,14 @@ func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 		resource.WithSchemaURL(semconv.SchemaURL),
 		resource.WithAttributes(semconv.ServiceName(cfg.ServiceName)),
 		resource.WithTelemetrySDK(),
-		resource.WithFromEnv(), // last: the environment overrides the defaults above
 	}
 	if cfg.ServiceVersion != "" {
 		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(cfg.ServiceVersion)))
 	}
+	if cfg.InstanceID != "" {
+		attrs = append(attrs, resource.WithAttributes(semconv.ServiceInstanceID(cfg.InstanceID)))
+	}
+	attrs = append(attrs, resource.WithFromEnv()) // last: the environment overrides the defaults above
 	res, err := resource.New(ctx, attrs...)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tap: building resource: %w", err)

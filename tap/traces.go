@@ -66,6 +66,7 @@ type rebalanceTracker struct {
 	open    map[string]*rebalance         // group -> rebalance in progress
 	pending map[string][]groupstate.Event // group -> recent member events outside a rebalance
 	handled int                           // events seen, to sweep pending now and then
+	owner   string                        // this kproxy's id, on every root span; immutable
 }
 
 // rebalance is the trace state of one rebalance in progress.
@@ -79,8 +80,9 @@ type rebalance struct {
 }
 
 // newRebalanceTracker returns a tracker creating spans with tracer.
-func newRebalanceTracker(tracer trace.Tracer, inst *instruments) *rebalanceTracker {
+func newRebalanceTracker(tracer trace.Tracer, inst *instruments, owner string) *rebalanceTracker {
 	return &rebalanceTracker{
+		owner:   owner,
 		tracer:  tracer,
 		inst:    inst,
 		open:    map[string]*rebalance{},
@@ -208,6 +210,9 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) {
 	}
 	if ev.ProtocolType != "" {
 		attrs = append(attrs, attrProtocolType.String(ev.ProtocolType))
+	}
+	if rt.owner != "" {
+		attrs = append(attrs, attrOwner.String(rt.owner))
 	}
 	if m := ev.Member; m != nil {
 		attrs = append(attrs, attrCauseMember.String(m.MemberID))

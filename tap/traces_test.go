@@ -50,7 +50,7 @@ func names(spans tracetest.SpanStubs) []string {
 }
 
 func TestTraceOfFirstJoin(t *testing.T) {
-	tp, exp := newTestTap(t, Config{})
+	tp, exp := newTestTap(t, Config{InstanceID: "kproxy-a"})
 	s := newSeq("orders")
 	m1 := member("m1")
 	m1.InstanceID = "pod-1"
@@ -82,6 +82,7 @@ func TestTraceOfFirstJoin(t *testing.T) {
 		t.Errorf("rebalance lasted %v, want 3.02s", got)
 	}
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause", "member_joined")
+	wantAttr(t, "root", root.Attributes, "kproxy.owner", "kproxy-a")
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause.member.id", "m1")
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause.client.id", "client-m1")
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause.instance_id", "pod-1")

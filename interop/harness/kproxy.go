@@ -154,7 +154,9 @@ func (l *requestLog) scan() error {
 	const key = `"requestApiKey":`
 	for _, line := range strings.Split(string(buf[:end]), "\n") {
 		i := strings.Index(line, key)
-		if i < 0 {
+		if i < 0 || strings.Contains(line, "__kproxy_fleet") {
+			// The kproxy fleet's own group (docs/fleet.md) is served
+			// by the brokers by design; only application groups count.
 			continue
 		}
 		n, j := 0, i+len(key)
