@@ -61,9 +61,15 @@ type memberCfg struct {
 
 func (s *stack) startMember(name string, mc memberCfg) *member {
 	s.t.Helper()
+	return startMemberAt(s.t, s.addr(), name, mc)
+}
+
+// startMemberAt starts a member bootstrapped at addr.
+func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
+	t.Helper()
 	m := &member{name: name, dialer: &cuttableDialer{}, done: make(chan struct{})}
 	opts := append([]kgo.Opt{
-		kgo.SeedBrokers(s.addr()),
+		kgo.SeedBrokers(addr),
 		kgo.ClientID(name),
 		kgo.Dialer(m.dialer.DialContext),
 		kgo.ConsumerGroup(mc.group),
@@ -87,7 +93,7 @@ func (s *stack) startMember(name string, mc memberCfg) *member {
 	}, mc.opts...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	m.cl = cl
 	ctx, cancel := context.WithCancel(context.Background())
@@ -102,7 +108,7 @@ func (s *stack) startMember(name string, mc memberCfg) *member {
 			}
 			if len(recs) > 0 {
 				if err := cl.CommitRecords(ctx, recs...); err != nil && ctx.Err() == nil {
-					s.t.Logf("%s: commit: %v", name, err)
+					t.Logf("%s: commit: %v", name, err)
 				}
 			}
 			cl.AllowRebalance()

@@ -196,9 +196,16 @@ func (s *stack) produceRange(ctx context.Context, topic string, from, to int) {
 // group's committed offsets equal the end offsets of every partition.
 func (s *stack) assertCommittedAtEnd(ctx context.Context, group, topic string) {
 	s.t.Helper()
-	direct, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
+	assertCommittedAtEnd(ctx, s.t, s.cluster.ListenAddrs(), group, topic)
+}
+
+// assertCommittedAtEnd checks against brokers that the group's committed
+// offsets equal the end offsets of every partition of topic.
+func assertCommittedAtEnd(ctx context.Context, t testing.TB, brokers []string, group, topic string) {
+	t.Helper()
+	direct, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {
-		s.t.Fatal(err)
+		t.Fatal(err)
 	}
 	defer direct.Close()
 	adm := kadm.NewClient(direct)
@@ -223,7 +230,7 @@ func (s *stack) assertCommittedAtEnd(ctx context.Context, group, topic string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s.t.Fatalf("committed offsets of %s never reached the end offsets:%s", group, last)
+	t.Fatalf("committed offsets of %s never reached the end offsets:%s", group, last)
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

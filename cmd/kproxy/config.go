@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -40,13 +42,36 @@ type logConfig struct {
 }
 
 type groupsConfig struct {
-	Mode                  string               `yaml:"mode"` // local or forward
+	Mode                  string               `yaml:"mode"` // distributed, local or forward
 	MinSessionTimeout     time.Duration        `yaml:"min_session_timeout"`
 	MaxSessionTimeout     time.Duration        `yaml:"max_session_timeout"`
 	InitialRebalanceDelay time.Duration        `yaml:"initial_rebalance_delay"`
 	MaxSize               int                  `yaml:"max_size"`
 	CheckCommitOwnership  bool                 `yaml:"check_commit_ownership"`
 	Consumer              consumerGroupsConfig `yaml:"consumer"`
+	Fleet                 fleetConfig          `yaml:"fleet"`
+}
+
+// fleetConfig configures distributed groups (docs/fleet.md): the kproxies
+// in front of one cluster that agree on one owner per group.
+type fleetConfig struct {
+	// Name keeps two fleets in front of one cluster apart: "" uses the
+	// fleet group __kproxy_fleet and the groups topic __kproxy_groups,
+	// NAME uses __kproxy_fleet.NAME and __kproxy_groups.NAME.
+	Name string `yaml:"name"`
+	// Role is owner (may own groups) or relay (owns nothing, relays
+	// every group request to its owner).
+	Role string `yaml:"role"`
+	// SessionTimeout is the fleet membership's session: a kproxy that
+	// stops heartbeating loses its groups after it.
+	SessionTimeout    time.Duration `yaml:"session_timeout"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// PeerListen is where other kproxies reach this one; the default is
+	// the listen host on an ephemeral port.
+	PeerListen string `yaml:"peer_listen"`
+	// PeerAdvertise is the peer address told to other kproxies, when it
+	// differs from PeerListen (a pod IP behind 0.0.0.0).
+	PeerAdvertise string `yaml:"peer_advertise"`
 }
 
 // consumerGroupsConfig configures KIP-848 (group.protocol=consumer) groups.
@@ -72,7 +97,7 @@ func defaultConfig() fileConfig {
 		ShutdownTimeout: 15 * time.Second,
 		Log:             logConfig{Level: "info", Format: "text"},
 		Groups: groupsConfig{
-			Mode:                  "local",
+			Mode:                  "distributed",
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
@@ -80,6 +105,11 @@ func defaultConfig() fileConfig {
 				SessionTimeout:    45 * time.Second,
 				HeartbeatInterval: 5 * time.Second,
 				Assignors:         []string{"uniform", "range"},
+			},
+			Fleet: fleetConfig{
+				Role:              "owner",
+				SessionTimeout:    10 * time.Second,
+				HeartbeatInterval: time.Second,
 			},
 		},
 		Telemetry: telemetryConfig{ServiceName: "kproxy"},
@@ -108,9 +138,28 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, errors.New("no upstream broker: set --upstream or upstream in the config file"))
 	}
 	switch c.Groups.Mode {
-	case "local", "forward":
+	case "distributed", "local", "forward":
 	default:
-		errs = append(errs, fmt.Errorf("groups.mode %q: want local or forward", c.Groups.Mode))
+		errs = append(errs, fmt.Errorf("groups.mode %q: want distributed, local or forward", c.Groups.Mode))
+	}
+	if fl := c.Groups.Fleet; c.Groups.Mode == "distributed" {
+		if fl.Role != "owner" && fl.Role != "relay" {
+			errs = append(errs, fmt.Errorf("groups.fleet.role %q: want owner or relay", fl.Role))
+		}
+		if fl.HeartbeatInterval <= 0 || fl.HeartbeatInterval*3 > fl.SessionTimeout {
+			errs = append(errs, fmt.Errorf("groups.fleet.heartbeat_interval %v must be positive and at most a third of session_timeout %v", fl.HeartbeatInterval, fl.SessionTimeout))
+		}
+		if strings.ContainsAny(fl.Name, "/ ") {
+			errs = append(errs, fmt.Errorf("groups.fleet.name %q: no slashes or spaces", fl.Name))
+		}
+		for name, addr := range map[string]string{"peer_listen": fl.PeerListen, "peer_advertise": fl.PeerAdvertise} {
+			if addr == "" {
+				continue
+			}
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				errs = append(errs, fmt.Errorf("groups.fleet.%s %q: %w", name, addr, err))
+			}
+		}
 	}
 	if c.Groups.MinSessionTimeout > c.Groups.MaxSessionTimeout {
 		errs = append(errs, fmt.Errorf("groups.min_session_timeout %v exceeds max_session_timeout %v", c.Groups.MinSessionTimeout, c.Groups.MaxSessionTimeout))
@@ -175,6 +224,7 @@ type flagSet struct {
 	maxSize     int
 	checkOwner  bool
 	maxFrame    int32
+	fleet       fleetConfig
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -188,7 +238,13 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.advPort, "advertise-port", 0, "bootstrap port advertised to clients behind a port mapping; broker ports shift with it (default: the listen port)")
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&f.groupsMode, "groups", "local", "local: kproxy's engine serves consumer groups; forward: the brokers do")
+	fs.StringVar(&f.groupsMode, "groups", "distributed", "distributed: the kproxies in front of the cluster serve consumer groups, one owner per group; local: this kproxy alone serves the groups of its clients; forward: the brokers do")
+	fs.StringVar(&f.fleet.PeerListen, "peer-listen", "", "where other kproxies of the fleet reach this one, HOST:PORT (default: the listen host, an ephemeral port)")
+	fs.StringVar(&f.fleet.PeerAdvertise, "peer-advertise", "", "peer address told to the other kproxies, when it differs from --peer-listen")
+	fs.StringVar(&f.fleet.Name, "fleet-name", "", "keeps fleets in front of one cluster apart (fleet group __kproxy_fleet.NAME, groups topic __kproxy_groups.NAME)")
+	fs.StringVar(&f.fleet.Role, "fleet-role", "owner", "owner: may own groups; relay: owns none and relays group requests to their owners")
+	fs.DurationVar(&f.fleet.SessionTimeout, "fleet-session-timeout", 10*time.Second, "a kproxy that stops heartbeating the fleet loses its groups after this long")
+	fs.DurationVar(&f.fleet.HeartbeatInterval, "fleet-heartbeat-interval", time.Second, "how often a kproxy heartbeats the fleet")
 	fs.DurationVar(&f.minSession, "group-min-session-timeout", 6*time.Second, "smallest session timeout a member may ask for")
 	fs.DurationVar(&f.maxSession, "group-max-session-timeout", 30*time.Minute, "largest session timeout a member may ask for")
 	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables)")
@@ -225,5 +281,11 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
 	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
+	set("peer-listen", func() { c.Groups.Fleet.PeerListen = f.fleet.PeerListen })
+	set("peer-advertise", func() { c.Groups.Fleet.PeerAdvertise = f.fleet.PeerAdvertise })
+	set("fleet-name", func() { c.Groups.Fleet.Name = f.fleet.Name })
+	set("fleet-role", func() { c.Groups.Fleet.Role = f.fleet.Role })
+	set("fleet-session-timeout", func() { c.Groups.Fleet.SessionTimeout = f.fleet.SessionTimeout })
+	set("fleet-heartbeat-interval", func() { c.Groups.Fleet.HeartbeatInterval = f.fleet.HeartbeatInterval })
 	return c, nil
 }

@@ -21,6 +21,7 @@ import (
 func wireTelemetry(ctx context.Context, w *wiring, cfg fileConfig, log *slog.Logger) error {
 	t, err := tap.New(ctx, tap.Config{
 		ServiceName: cfg.Telemetry.ServiceName,
+		InstanceID:  w.id,
 		Traces:      cfg.Telemetry.Traces,
 		Logger:      log.With("component", "tap"),
 	})
@@ -62,6 +63,9 @@ func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy, addr string, lo
 	}
 	if w.engine != nil {
 		acfg.Groups = w.engine
+	}
+	if w.fleet != nil {
+		acfg.Fleet = w.fleet.status
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

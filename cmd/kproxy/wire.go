@@ -20,6 +20,8 @@ import (
 // Owned by run; closers run in reverse order.
 type wiring struct {
 	engine        *groupstate.Engine // nil with groups forwarded
+	fleet         *fleetRuntime      // nil unless groups are distributed
+	id            string             // this process's id: fleet member, traces
 	upstream      *kgo.Client        // kproxy's own client of the cluster
 	tap           *tap.Tap
 	coordinator   proxy.Coordinator
@@ -29,7 +31,7 @@ type wiring struct {
 }
 
 func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error) {
-	w := &wiring{}
+	w := &wiring{id: kproxyID()}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Upstream...), kgo.DialTimeout(cfg.DialTimeout), kgo.ClientID("kproxy"))
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
@@ -40,38 +42,47 @@ func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error
 		w.close(context.Background())
 		return nil, err
 	}
-	if cfg.Groups.Mode == "local" {
-		delay := cfg.Groups.InitialRebalanceDelay
-		if delay == 0 {
-			delay = -1 // the engine's zero value means Kafka's 3s default
-		}
-		eng, err := groupstate.New(groupstate.Config{
-			Store:                 kafkastore.New(cl),
-			Logger:                log.With("component", "engine"),
-			Events:                w.publish,
-			MinSessionTimeout:     cfg.Groups.MinSessionTimeout,
-			MaxSessionTimeout:     cfg.Groups.MaxSessionTimeout,
-			InitialRebalanceDelay: delay,
-			MaxGroupSize:          cfg.Groups.MaxSize,
-			CheckCommitOwnership:  cfg.Groups.CheckCommitOwnership,
-			// KIP-848 groups: the session timeout is the group's, so
-			// it is also its own bounds.
-			ConsumerSessionTimeout:    cfg.Groups.Consumer.SessionTimeout,
-			ConsumerMinSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
-			ConsumerMaxSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
-			ConsumerHeartbeatInterval: cfg.Groups.Consumer.HeartbeatInterval,
-			ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
-			ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
-		})
-		if err != nil {
-			w.close(context.Background())
-			return nil, fmt.Errorf("coordinator engine: %w", err)
-		}
-		w.engine = eng
-		w.coordinator = engineCoordinator{eng}
-		// The engine closes before the upstream client it stores through.
-		w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+	if cfg.Groups.Mode == "forward" {
+		return w, nil
 	}
+	delay := cfg.Groups.InitialRebalanceDelay
+	if delay == 0 {
+		delay = -1 // the engine's zero value means Kafka's 3s default
+	}
+	engCfg := groupstate.Config{
+		Logger:                log.With("component", "engine"),
+		Events:                w.publish,
+		MinSessionTimeout:     cfg.Groups.MinSessionTimeout,
+		MaxSessionTimeout:     cfg.Groups.MaxSessionTimeout,
+		InitialRebalanceDelay: delay,
+		MaxGroupSize:          cfg.Groups.MaxSize,
+		CheckCommitOwnership:  cfg.Groups.CheckCommitOwnership,
+		// KIP-848 groups: the session timeout is the group's, so it is
+		// also its own bounds.
+		ConsumerSessionTimeout:    cfg.Groups.Consumer.SessionTimeout,
+		ConsumerMinSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
+		ConsumerMaxSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
+		ConsumerHeartbeatInterval: cfg.Groups.Consumer.HeartbeatInterval,
+		ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
+		ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
+	}
+	if cfg.Groups.Mode == "distributed" {
+		if err := startFleet(ctx, w, cfg, engCfg, log); err != nil {
+			w.close(context.Background())
+			return nil, err
+		}
+		return w, nil
+	}
+	engCfg.Store = kafkastore.New(cl)
+	eng, err := groupstate.New(engCfg)
+	if err != nil {
+		w.close(context.Background())
+		return nil, fmt.Errorf("coordinator engine: %w", err)
+	}
+	w.engine = eng
+	w.coordinator = engineCoordinator{eng}
+	// The engine closes before the upstream client it stores through.
+	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
 	return w, nil
 }
 

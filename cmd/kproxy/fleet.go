@@ -1,0 +1,401 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/kproxy/kproxy/fleet"
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// fleetRuntime ties together, in distributed mode, the fleet member (who
+// should own which partition of the groups topic), the transactional
+// store (who can write it) and the engine (who serves the groups): a
+// partition is served here only once the store has claimed it, and is
+// unloaded before it is given up (docs/fleet.md).
+type fleetRuntime struct {
+	id         string
+	partitions int
+	member     *fleet.Member
+	store      *kafkastore.Store
+	engine     *groupstate.Engine // set once, before the member runs
+	log        *slog.Logger
+
+	// serving[p] is set once p is claimed and cleared before p is
+	// unloaded; written by the member loop's callbacks and by onFenced,
+	// read on every group request.
+	serving []atomic.Bool
+	// unloadMu serializes unloads and claims of one partition between
+	// the member loop and onFenced.
+	unloadMu sync.Mutex
+	// moves counts ownership changes seen here (claims, releases,
+	// losses); fenced counts partitions dropped because a newer owner
+	// fenced this one. Both also feed the metrics below.
+	moves  atomic.Int64
+	fenced atomic.Int64
+	// movesMetric counts ownership changes by kind (claimed, released,
+	// lost, fenced, claim_failed); immutable after startFleet.
+	movesMetric metric.Int64Counter
+
+	peer *proxy.PeerServer
+}
+
+// upstreamSupportsTransactions asks a broker for its API versions and
+// reports which of the transactional APIs distributed mode needs it
+// lacks.
+func upstreamSupportsTransactions(ctx context.Context, cl *kgo.Client) error {
+	req := kmsg.NewPtrApiVersionsRequest()
+	req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("asking the upstream for its API versions: %w", err)
+	}
+	have := map[int16]bool{}
+	for _, k := range resp.ApiKeys {
+		have[k.ApiKey] = true
+	}
+	var missing []string
+	for _, key := range []int16{22, 24, 25, 26, 28} { // InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
+		if !have[key] {
+			missing = append(missing, kmsg.NameForKey(key))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the upstream cluster does not support transactions (missing %v), which --groups distributed needs to fence a stale owner; "+
+			"run --groups local (one kproxy sees every member of its groups) or --groups forward (the brokers serve groups)", missing)
+	}
+	return nil
+}
+
+// fleetNames returns the fleet group and the groups topic for a fleet
+// name.
+func fleetNames(name string) (group, topic string) {
+	if name == "" {
+		return "__kproxy_fleet", kafkastore.DefaultGroupsTopic
+	}
+	return "__kproxy_fleet." + name, kafkastore.DefaultGroupsTopic + "." + name
+}
+
+// kproxyID names this process in the fleet: host, pid and start time,
+// so a restarted kproxy is a new member.
+func kproxyID() string {
+	host, _ := os.Hostname()
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixMilli()%1_000_000, 36)
+}
+
+// startFleet builds the distributed-mode coordinator: the store in
+// transactional mode, the engine gated on ownership, the peer server,
+// the fleet member and the router. The returned coordinator is what the
+// proxy serves group requests through.
+func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstate.Config, log *slog.Logger) error {
+	fc := cfg.Groups.Fleet
+	if err := upstreamSupportsTransactions(ctx, w.upstream); err != nil {
+		return err
+	}
+	group, topic := fleetNames(fc.Name)
+	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet")}
+	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
+	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced})
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	n, err := f.store.Partitions(pctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("groups topic %s: %w", topic, err)
+	}
+	f.partitions = n
+	f.serving = make([]atomic.Bool, n)
+	if err := f.registerMetrics(w.meterProvider); err != nil {
+		return err
+	}
+
+	engCfg.Store = f.store
+	engCfg.Owns = f.owns
+	eng, err := groupstate.New(engCfg)
+	if err != nil {
+		return fmt.Errorf("coordinator engine: %w", err)
+	}
+	f.engine = eng
+	w.engine = eng
+	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+
+	listen := fc.PeerListen
+	if listen == "" {
+		host, _, _ := net.SplitHostPort(cfg.Listen)
+		listen = net.JoinHostPort(host, "0")
+	}
+	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
+		Listen:      listen,
+		Coordinator: engineCoordinator{eng},
+		Logger:      log.With("component", "peer"),
+		MaxFrame:    cfg.MaxFrameBytes,
+	})
+	if err != nil {
+		return fmt.Errorf("peer listener: %w", err)
+	}
+	f.peer = peer
+	w.closers = append(w.closers, func(context.Context) error { peer.Close(); return nil })
+	advertise := fc.PeerAdvertise
+	if advertise == "" {
+		advertise = peer.Addr()
+	}
+
+	m, err := fleet.New(fleet.Config{
+		Client:            w.upstream,
+		Group:             group,
+		ID:                f.id,
+		PeerAddr:          advertise,
+		Partitions:        int32(n),
+		Owner:             fc.Role == "owner",
+		SessionTimeout:    fc.SessionTimeout,
+		HeartbeatInterval: fc.HeartbeatInterval,
+		Logger:            log.With("component", "fleet"),
+		OnAssigned:        f.onAssigned,
+		OnRevoked:         f.onRevoked,
+		OnLost:            f.onLost,
+	})
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	f.member = m
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := m.Run(runCtx); err != nil && runCtx.Err() == nil {
+			f.log.Error("fleet member stopped", "err", err)
+		}
+	}()
+	// Closers run in reverse: the member leaves (handing its partitions
+	// over) before the engine and the peer server close.
+	w.closers = append(w.closers, func(ctx context.Context) error {
+		err := m.Leave(ctx)
+		stop()
+		<-done
+		return err
+	})
+	router := proxy.NewRouter(proxy.RouterConfig{
+		Local:         engineCoordinator{eng},
+		Locator:       f,
+		Logger:        log.With("component", "router"),
+		MeterProvider: w.meterProvider,
+	})
+	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
+	w.coordinator = router
+	w.fleet = f
+	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fc.Role)
+	return nil
+}
+
+// partitionOf is the groups-topic partition holding group.
+func (f *fleetRuntime) partitionOf(group string) int32 {
+	return kafkastore.GroupPartition(group, f.partitions)
+}
+
+// owns is the engine's ownership gate: group's partition is claimed here
+// and the fleet lease still holds.
+func (f *fleetRuntime) owns(group string) bool {
+	p := f.partitionOf(group)
+	return f.serving[p].Load() && f.member.Owns(p)
+}
+
+// Locate implements proxy.Locator.
+func (f *fleetRuntime) Locate(group string) (local bool, addr string, ok bool) {
+	if f.owns(group) {
+		return true, "", true
+	}
+	p := f.partitionOf(group)
+	table := f.member.Table()
+	if int(p) >= len(table) {
+		return false, "", false
+	}
+	o := table[p]
+	if o.ID == "" || o.ID == f.id {
+		// Nobody owns p right now, or it is ours but not claimed yet.
+		return false, "", false
+	}
+	return false, o.Peer, true
+}
+
+// Changed implements proxy.Locator.
+func (f *fleetRuntime) Changed() <-chan struct{} { return f.member.Changed() }
+
+// Peers implements proxy.Locator: every other owner's peer address.
+func (f *fleetRuntime) Peers() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, o := range f.member.Table() {
+		if o.ID == "" || o.ID == f.id || seen[o.Peer] {
+			continue
+		}
+		seen[o.Peer] = true
+		out = append(out, o.Peer)
+	}
+	return out
+}
+
+// ownerRecord is what a claim writes as p's owner record.
+func (f *fleetRuntime) ownerRecord(gen int32) []byte {
+	b, _ := json.Marshal(struct {
+		ID         string `json:"id"`
+		Peer       string `json:"peer"`
+		Generation int32  `json:"fleet_generation"`
+		At         int64  `json:"at_ms"`
+	}{f.id, f.peer.Addr(), gen, time.Now().UnixMilli()})
+	return b
+}
+
+// onAssigned claims the partitions the fleet gave this kproxy. A claim
+// that fails leaves the partition unserved; the member is told to drop
+// it so the fleet can give it to someone who can.
+func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32) {
+	var wg sync.WaitGroup
+	for _, p := range gained {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.unloadMu.Lock()
+			defer f.unloadMu.Unlock()
+			start := time.Now()
+			if err := f.store.Claim(ctx, p, f.ownerRecord(gen)); err != nil {
+				f.log.Warn("fleet: claiming a partition failed", "partition", p, "generation", gen, "err", err)
+				f.moved(ctx, "claim_failed")
+				go f.member.Drop(p)
+				return
+			}
+			f.serving[p].Store(true)
+			f.moved(ctx, "claimed")
+			f.log.Info("fleet: partition claimed", "partition", p, "generation", gen, "took", time.Since(start))
+		}()
+	}
+	wg.Wait()
+}
+
+// onRevoked hands partitions over: stop serving, unload their groups
+// (parked requests get NOT_COORDINATOR), let the in-flight transaction
+// finish, then give them up.
+func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
+	for _, p := range lost {
+		f.unloadMu.Lock()
+		f.serving[p].Store(false)
+		f.engine.Unload(f.matcher(p))
+		f.store.Release(ctx, p)
+		f.unloadMu.Unlock()
+		f.moved(ctx, "released")
+		f.log.Info("fleet: partition handed over", "partition", p)
+	}
+}
+
+// onLost drops partitions at once, writing nothing.
+func (f *fleetRuntime) onLost(lost []int32) {
+	for _, p := range lost {
+		f.serving[p].Store(false)
+	}
+	for _, p := range lost {
+		f.store.Drop(p)
+		f.engine.Unload(f.matcher(p))
+		f.moved(context.Background(), "lost")
+		f.log.Warn("fleet: partition lost", "partition", p)
+	}
+}
+
+// onFenced is the store's report that a newer owner fenced p: stop
+// serving it now, unload its groups and tell the fleet.
+func (f *fleetRuntime) onFenced(p int32) {
+	if int(p) >= len(f.serving) || !f.serving[p].Swap(false) {
+		return
+	}
+	f.fenced.Add(1)
+	f.moved(context.Background(), "fenced")
+	f.log.Warn("fleet: fenced by a newer owner; dropping the partition", "partition", p)
+	go func() {
+		f.engine.Unload(f.matcher(p))
+		f.member.Drop(p)
+	}()
+}
+
+// matcher selects the groups of partition p.
+func (f *fleetRuntime) matcher(p int32) func(string) bool {
+	return func(group string) bool { return f.partitionOf(group) == p }
+}
+
+// fleetStatus is /api/fleet: this kproxy's view of the fleet.
+type fleetStatus struct {
+	ID          string       `json:"id"`
+	Peer        string       `json:"peer"`
+	Partitions  int          `json:"partitions"`
+	Serving     []int32      `json:"serving"`
+	Moves       int64        `json:"ownership_moves"`
+	FencedSeen  int64        `json:"fenced"`
+	Member      fleet.Status `json:"member"`
+	LeaseValid  bool         `json:"lease_valid"`
+	PeerAddress string       `json:"peer_listen"`
+}
+
+// status implements the admin server's /api/fleet.
+func (f *fleetRuntime) status() any {
+	st := fleetStatus{
+		ID: f.id, Peer: f.peer.Addr(), Partitions: f.partitions,
+		Moves: f.moves.Load(), FencedSeen: f.fenced.Load(),
+		Member: f.member.Snapshot(), LeaseValid: f.member.LeaseValid(), PeerAddress: f.peer.Addr(),
+		Serving: []int32{},
+	}
+	for p := range f.serving {
+		if f.serving[p].Load() && f.member.Owns(int32(p)) {
+			st.Serving = append(st.Serving, int32(p))
+		}
+	}
+	return st
+}
+
+// registerMetrics registers the fleet's instruments: ownership moves by
+// kind and the partitions served here.
+func (f *fleetRuntime) registerMetrics(mp metric.MeterProvider) error {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	m := mp.Meter("github.com/kproxy/kproxy/fleet")
+	var err error
+	f.movesMetric, err = m.Int64Counter("kproxy.fleet.ownership_moves",
+		metric.WithDescription("groups-topic partitions claimed, released, lost or fenced by this kproxy"))
+	if err != nil {
+		return fmt.Errorf("fleet metrics: %w", err)
+	}
+	_, err = m.Int64ObservableGauge("kproxy.fleet.partitions_served",
+		metric.WithDescription("groups-topic partitions this kproxy serves now"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			n := int64(0)
+			for p := range f.serving {
+				if f.serving[p].Load() {
+					n++
+				}
+			}
+			o.Observe(n)
+			return nil
+		}))
+	if err != nil {
+		return fmt.Errorf("fleet metrics: %w", err)
+	}
+	return nil
+}
+
+// moved counts one ownership change of kind.
+func (f *fleetRuntime) moved(ctx context.Context, kind string) {
+	f.moves.Add(1)
+	f.movesMetric.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
+}
