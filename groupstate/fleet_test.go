@@ -485,7 +485,9 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 			resp := h.do(r8).(*kmsg.OffsetFetchResponse)
 			return []int16{top, resp.Groups[0].ErrorCode, resp.Groups[1].ErrorCode}
 		},
-		11: func() []int16 { return []int16{h.do(jr{group: "x", version: 9}.req()).(*kmsg.JoinGroupResponse).ErrorCode} },
+		11: func() []int16 {
+			return []int16{h.do(jr{group: "x", version: 9}.req()).(*kmsg.JoinGroupResponse).ErrorCode}
+		},
 		12: func() []int16 { return []int16{h.heartbeat("x", "m", 1)} },
 		13: func() []int16 {
 			r := kmsg.NewPtrLeaveGroupRequest()
@@ -534,7 +536,9 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 			r.Topics = []kmsg.OffsetDeleteRequestTopic{{Topic: "t", Partitions: []kmsg.OffsetDeleteRequestTopicPartition{{Partition: 0}}}}
 			return []int16{h.do(r).(*kmsg.OffsetDeleteResponse).ErrorCode}
 		},
-		68: func() []int16 { return []int16{h.do(cgJoin("x", "m", "t")).(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode} },
+		68: func() []int16 {
+			return []int16{h.do(cgJoin("x", "m", "t")).(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode}
+		},
 		69: func() []int16 {
 			r := kmsg.NewPtrConsumerGroupDescribeRequest()
 			r.Groups = []string{"o", "x"}
