@@ -46,7 +46,8 @@ type plan struct {
 //     member id), each member keeps as many of its current partitions as
 //     its quota allows (lowest first), and what is left (unowned,
 //     contested, over quota, held by a relay) fills the members below
-//     quota, the member with the most room first.
+//     quota one partition at a time, the member with the most room first,
+//     then the one with the fewest, so fresh members interleave.
 //  3. Assignment: a partition nobody holds goes straight to its target. A
 //     partition whose current owner is its target stays. A partition whose
 //     current owner is not its target, and a contested one, is assigned
@@ -155,7 +156,11 @@ func assign(partitions int32, gen int32, members []assignInput) plan {
 				if count[i] == quota[i] {
 					continue
 				}
-				if best == -1 || quota[i]-count[i] > quota[best]-count[best] {
+				room, bestRoom := quota[i]-count[i], int32(0)
+				if best >= 0 {
+					bestRoom = quota[best] - count[best]
+				}
+				if best == -1 || room > bestRoom || (room == bestRoom && count[i] < count[best]) {
 					best = i
 				}
 			}
