@@ -77,7 +77,7 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 	groupID := r.Group
 	e := s.e
 	s.enqueue(groupID, storeOp{
-		abort: commitError(r, errCoordinatorNotAvailable),
+		abort: func(cause error) any { return commitError(r, storeErrorCode(cause)) },
 		done:  func(res any) { reply(res.(kmsg.Response)) },
 		run: func(ctx context.Context) (any, func()) {
 			resp, stored := e.commit(ctx, groupID, topics, owned, notOwned)

@@ -23,7 +23,9 @@ import (
 //
 // Offsets are always read from the store, even for groups the engine does
 // not hold (simple groups, or groups from before a restart): a group
-// without offsets answers -1 for every requested partition.
+// without offsets answers -1 for every requested partition. A group the
+// engine does not own (Config.Owns) answers NOT_COORDINATOR, in its slot
+// from v8.
 
 // fetchTopic is one requested topic.
 type fetchTopic struct {
@@ -75,6 +77,10 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 		s := e.shardFor(fg.group)
 		set := func(v any) { ga.set(i, v) }
 		if !s.post(func() {
+			if !e.owns(fg.group) {
+				set(fetchResult{code: errNotCoordinator})
+				return
+			}
 			s.whenLoaded(fg.group, func() { s.fetchOffsets(fg, r.RequireStable, v10, set) },
 				func(code int16) { set(fetchResult{code: code}) })
 		}) {
@@ -122,7 +128,7 @@ func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(an
 	}
 	e := s.e
 	s.enqueue(fg.group, storeOp{
-		abort: fetchResult{code: errCoordinatorNotAvailable},
+		abort: func(cause error) any { return fetchResult{code: storeErrorCode(cause)} },
 		done:  set,
 		run: func(ctx context.Context) (any, func()) {
 			return e.fetch(ctx, fg, requireStable, v10), nil

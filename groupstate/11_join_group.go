@@ -1,6 +1,7 @@
 package groupstate
 
 import (
+	"errors"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -337,11 +338,22 @@ func (g *group) replaceStaticMember(j *joinReq, newID string) {
 				j.reply(resp)
 				return
 			}
+			// A failed write drops the group: the store still holds
+			// the old member id, and memory must not run ahead of it
+			// (the next request reloads the group, Stable at its
+			// stored generation).
 			reply, log, gid := j.reply, g.s.e.log, g.id
 			g.s.saveMeta(g.id, g.record(nil), func(err error) {
 				if err != nil {
-					log.Warn("groupstate: persisting a static member's replacement failed", "group", gid, "member", newID, "err", err)
-					reply(joinError(storeErrorCode(err), ""))
+					code := storeErrorCode(err)
+					reply(joinError(code, ""))
+					if errors.Is(err, errUnloaded) || errors.Is(err, errEngineClosed) {
+						return // the group is gone already
+					}
+					log.Warn("groupstate: persisting a static member's replacement failed; dropping the group", "group", gid, "member", newID, "err", err)
+					if g.live() {
+						g.s.unloadClassic(g, code, CauseStoreError)
+					}
 					return
 				}
 				reply(resp)

@@ -16,7 +16,11 @@ import (
 //     is INCONSISTENT_GROUP_PROTOCOL (KIP-559).
 //
 // Followers' SyncGroups park until the leader's arrives; nothing is ever
-// answered on a timer (a coordinator that did so broke franz-go).
+// answered on a timer (a coordinator that did so broke franz-go). With a
+// GroupMetadataStore the leader's assignments are written first and
+// every parked SyncGroup is answered only once the write returned nil
+// (a write too large to ever succeed excepted, see below); a failed
+// write answers the store error's code and rebalances.
 
 // syncGroup serves a SyncGroup on the owning loop.
 func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
@@ -117,9 +121,18 @@ func recordTooLarge(err error) bool {
 
 // syncSaveFailed answers the parked syncs of a generation whose
 // assignments could not be persisted and starts a new rebalance, as Kafka
-// does.
+// does. A write refused because this engine is no longer the group's
+// owner (fenced, docs/fleet.md) drops the group instead:
+// a rebalance here could never be persisted either, and the owner loads
+// the group from the store.
 func (g *group) syncSaveFailed(err error) {
 	code := storeErrorCode(err)
+	if fenced(err) {
+		g.s.e.log.Warn("groupstate: persisting the leader's assignments was refused; dropping the group",
+			"group", g.id, "generation", g.generation, "err", err)
+		g.s.unloadClassic(g, code, CauseStoreError)
+		return
+	}
 	g.s.e.log.Warn("groupstate: persisting the leader's assignments failed; rebalancing",
 		"group", g.id, "generation", g.generation, "err", err)
 	for _, id := range g.order {

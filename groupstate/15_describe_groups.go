@@ -19,7 +19,8 @@ import (
 // A Stable group reports its protocol and each member's metadata and
 // assignment; other states report members without them. A group the
 // engine does not hold but the store has offsets for (a simple group) is
-// reported Empty with protocol type "".
+// reported Empty with protocol type "". A group the engine does not own
+// (Config.Owns) answers NOT_COORDINATOR in its slot.
 
 // groupOperations is the authorized-operations bit set of a group for a
 // proxy that does not authorize: READ (3), DELETE (6), DESCRIBE (8).
@@ -80,6 +81,12 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
 		if !s.post(func() {
+			if !e.owns(id) {
+				dg := kmsg.NewDescribeGroupsResponseGroup()
+				dg.Group, dg.ErrorCode = id, errNotCoordinator
+				ga.set(i, &dg)
+				return
+			}
 			s.whenLoaded(id, func() { ga.set(i, s.describe(id)) }, func(code int16) {
 				dg := kmsg.NewDescribeGroupsResponseGroup()
 				dg.Group, dg.ErrorCode = id, code

@@ -19,7 +19,9 @@ import (
 // The engine's groups are merged with the groups the store has offsets
 // for that the engine does not hold; those are loaded first (their
 // metadata may be persisted from before a restart), and the ones still
-// unknown are simple groups, protocol type "", state Empty.
+// unknown are simple groups, protocol type "", state Empty. Only groups
+// the engine owns (Config.Owns) are listed: in a fleet the router merges
+// the lists of every owner.
 
 // listGroups gathers the groups of every loop and of the store.
 func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)) {
@@ -52,7 +54,7 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 		done := func(stored []string, code int16) {
 			var missing []string
 			for _, id := range stored {
-				if !seen[id] {
+				if !seen[id] && e.owns(id) {
 					seen[id] = true
 					missing = append(missing, id)
 				}
@@ -80,6 +82,10 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 				s := e.shardFor(id)
 				set := func(v any) { lg.set(i, v) }
 				if !s.post(func() {
+					if !e.owns(id) {
+						set(nil)
+						return
+					}
 					s.whenLoaded(id, func() { set(s.listOne(id)) }, func(int16) { set(simpleListEntry(id)) })
 				}) {
 					set(simpleListEntry(id))
@@ -110,7 +116,7 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 	out := make([]kmsg.ListGroupsResponseGroup, 0, len(s.groups))
 	for _, g := range s.groups {
-		if g.state == stateDead {
+		if g.state == stateDead || !s.e.owns(g.id) {
 			continue
 		}
 		lg := kmsg.NewListGroupsResponseGroup()
@@ -118,7 +124,9 @@ func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 		out = append(out, lg)
 	}
 	for _, g := range s.cgroups {
-		out = append(out, g.listEntry())
+		if s.e.owns(g.id) {
+			out = append(out, g.listEntry())
+		}
 	}
 	return out
 }

@@ -59,7 +59,7 @@ func (s *shard) txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, reply func(kmsg.
 	}
 	e := s.e
 	s.enqueue(r.Group, storeOp{
-		abort: fail(errCoordinatorNotAvailable),
+		abort: func(cause error) any { return fail(storeErrorCode(cause)) },
 		done:  func(res any) { reply(res.(kmsg.Response)) },
 		run: func(ctx context.Context) (any, func()) {
 			return e.txnCommit(ctx, fwd, owned), nil

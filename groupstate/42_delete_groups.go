@@ -16,7 +16,8 @@ import (
 // A group with members answers NON_EMPTY_GROUP. An Empty group is
 // forgotten by the engine and its offsets are deleted from the store; a
 // group only the store knows (a simple group) has its offsets deleted; a
-// group nobody knows answers GROUP_ID_NOT_FOUND.
+// group nobody knows answers GROUP_ID_NOT_FOUND; a group the engine does
+// not own (Config.Owns), NOT_COORDINATOR.
 
 // deleteGroups fans a DeleteGroups out to the loops owning its groups.
 func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Response)) {
@@ -34,6 +35,10 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 		s := e.shardFor(id)
 		set := func(v any) { ga.set(i, v) }
 		if !s.post(func() {
+			if !e.owns(id) {
+				set(errNotCoordinator)
+				return
+			}
 			s.whenLoaded(id, func() { s.deleteGroup(id, set) }, func(code int16) { set(code) })
 		}) {
 			set(errCoordinatorNotAvailable)
@@ -79,7 +84,7 @@ func (s *shard) deleteGroup(id string, set func(any)) {
 	}
 	e := s.e
 	s.enqueue(id, storeOp{
-		abort: errCoordinatorNotAvailable,
+		abort: func(cause error) any { return storeErrorCode(cause) },
 		done:  set,
 		run: func(ctx context.Context) (any, func()) {
 			err := e.cfg.Store.DeleteGroup(ctx, id)

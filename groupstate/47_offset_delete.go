@@ -66,7 +66,7 @@ func (s *shard) offsetDelete(r *kmsg.OffsetDeleteRequest, reply func(kmsg.Respon
 	e := s.e
 	group := r.Group
 	s.enqueue(group, storeOp{
-		abort: errorResponse(r, errCoordinatorNotAvailable),
+		abort: func(cause error) any { return errorResponse(r, storeErrorCode(cause)) },
 		done:  func(res any) { reply(res.(kmsg.Response)) },
 		run: func(ctx context.Context) (any, func()) {
 			res, err := e.cfg.Store.DeleteOffsets(ctx, group, toDelete)

@@ -12,7 +12,8 @@ import (
 //     consumer group, type 0, do not exist here: no online migration).
 //
 // A group the engine does not hold as a KIP-848 group answers
-// GROUP_ID_NOT_FOUND. Authorized operations are not computed (kproxy has
+// GROUP_ID_NOT_FOUND, a group it does not own (Config.Owns)
+// NOT_COORDINATOR. Authorized operations are not computed (kproxy has
 // no ACLs): the field keeps its "not requested" value.
 
 // consumerGroupDescribe fans a ConsumerGroupDescribe out to the loops.
@@ -33,6 +34,10 @@ func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, rep
 			set(dg)
 		}
 		if !s.post(func() {
+			if !e.owns(id) {
+				notFound(errNotCoordinator)
+				return
+			}
 			s.whenLoaded(id, func() { set(s.describeConsumerGroup(id, r.Version)) }, notFound)
 		}) {
 			notFound(errCoordinatorNotAvailable)

@@ -52,6 +52,14 @@ const (
 	// its target assignment at the assignment epoch (Generation is the
 	// group epoch, Members carry their assignments).
 	EventAssignmentReconciled
+	// EventGroupUnloaded: the engine dropped the group's state without
+	// writing anything, and a later request loads it from the store
+	// again. Cause is CauseUnloaded (Engine.Unload: ownership moved to
+	// another kproxy) or CauseStoreError (a write a reply waited for
+	// failed: the state must not run ahead of the store). State is the
+	// state the group was in; Members lists its members. A rebalance in
+	// progress ends here (its parked requests were answered).
+	EventGroupUnloaded
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.
@@ -85,11 +93,13 @@ func (k EventKind) String() string {
 		return "group_loaded"
 	case EventAssignmentReconciled:
 		return "assignment_reconciled"
+	case EventGroupUnloaded:
+		return "group_unloaded"
 	}
 	return "unknown"
 }
 
-// Rebalance causes, carried by EventRebalanceStarted.
+// Causes, carried by EventRebalanceStarted and EventGroupUnloaded.
 const (
 	CauseMemberJoined         = "member_joined"          // a new member joined
 	CauseMemberLeft           = "member_left"            // a member sent LeaveGroup
@@ -98,9 +108,10 @@ const (
 	CauseLeaderRejoined       = "leader_rejoined"        // the leader rejoined while Stable
 	CauseSyncTimeout          = "sync_timeout"           // members never sent SyncGroup
 	CauseStaticMemberReplaced = "static_member_replaced" // a static member's new instance forced a rebalance
-	CauseStoreError           = "store_error"            // the group's metadata could not be persisted on the leader's SyncGroup
+	CauseStoreError           = "store_error"            // the group's metadata could not be persisted (a rebalance on the leader's SyncGroup, or EventGroupUnloaded)
 	CauseSubscriptionChanged  = "subscription_changed"   // a KIP-848 member changed its subscription or assignor
 	CauseTopicsChanged        = "topics_changed"         // a subscribed topic was created, deleted or resized (KIP-848)
+	CauseUnloaded             = "unloaded"               // Engine.Unload dropped the group (EventGroupUnloaded)
 )
 
 // Member describes a group member as events and snapshots report it.

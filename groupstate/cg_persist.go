@@ -25,9 +25,24 @@ import (
 // session timer (and a revoking member a fresh rebalance timer), so
 // members that keep heartbeating go on without a new epoch.
 //
-// Heartbeats are answered without waiting for the write: after a crash
-// the stored state may be one change behind, and a member whose epoch
-// got ahead of it is fenced and rejoins (epoch 0, KAFKA-19233).
+// A heartbeat is answered only once the write holding every change made
+// to the group up to its answer returned nil (persistThen): an answer
+// that moves a member's epoch or assignment, or the group epoch, rides on
+// a durable (in a fleet: committed, fenced) write, so a new owner or a
+// restarted kproxy never knows less than a client was told. A heartbeat
+// that changed nothing is answered at once when no write is pending, and
+// otherwise waits for the write in flight or the next one, which hold
+// what its answer says.
+//
+// A failed write is answered with the store error's code
+// (storeErrorCode: NOT_COORDINATOR for a fenced writer) to every
+// heartbeat that waited for it, and the group's in-memory state is
+// dropped (EventGroupUnloaded, CauseStoreError): the next request loads
+// it from the store, as after a restart. Keeping the state and writing
+// it with the next change would also never send an undurable answer,
+// but dropping it keeps memory equal to the store after any failure, so
+// partitions a failed write would have granted are never granted from
+// memory, and a fenced (zombie) owner holds no state a write cannot back.
 //
 // The record is a two-byte marker (cgRecordMagic, never a valid classic
 // record version) followed by a versioned JSON document.
@@ -158,10 +173,11 @@ func (g *cgroup) markDirty() { g.dirty = true }
 // that holds the change. Writes are coalesced: while one is in flight,
 // further changes only mark the group dirty and wait for the next write,
 // which holds the latest state, so a busy rebalance costs one write at a
-// time per group. answer gets errNone, or COORDINATOR_NOT_AVAILABLE when
-// the engine closed first. A failed write is logged and answered errNone
-// (the change stays in memory and is written with the next one). A nil
-// answer just starts the write.
+// time per group. answer gets errNone; the store error's code when the
+// write failed (the group is then dropped, to be reloaded);
+// NOT_COORDINATOR when the group was unloaded before its write started;
+// COORDINATOR_NOT_AVAILABLE when the engine closed first. A nil answer
+// just starts the write.
 func (g *cgroup) persistThen(answer func(code int16)) {
 	if answer == nil {
 		answer = func(int16) {}
@@ -202,18 +218,26 @@ func (g *cgroup) startSave() {
 	id, epoch := g.id, g.epoch
 	log := g.s.e.log
 	g.s.saveMeta(id, rec, func(err error) {
-		if errors.Is(err, errEngineClosed) {
-			// Closed before the write started: teardown already
-			// dropped the group; answer here.
-			batch.finish(errCoordinatorNotAvailable)
+		if errors.Is(err, errEngineClosed) || errors.Is(err, errUnloaded) {
+			// Closed or unloaded before the write started: the group
+			// was already dropped; answer here.
+			batch.finish(storeErrorCode(err))
 			return
-		}
-		if err != nil {
-			log.Warn("groupstate: persisting consumer group failed", "group", id, "epoch", epoch, "err", err)
-			g.dirty = true // written again with the next change
 		}
 		g.saving = false
 		g.cur = nil
+		if err != nil {
+			// Nothing of this write is durable: answer its waiters with
+			// the error and drop the group, so that memory is again
+			// what the store holds (the next request reloads it).
+			code := storeErrorCode(err)
+			log.Warn("groupstate: persisting consumer group failed; dropping its state", "group", id, "epoch", epoch, "err", err)
+			batch.finish(code)
+			if g.live() {
+				g.s.unloadConsumer(g, code, CauseStoreError)
+			}
+			return
+		}
 		batch.finish(errNone)
 		if g.live() {
 			g.startSave()
@@ -271,13 +295,13 @@ func (b *saveBatch) finish(code int16) {
 	}
 }
 
-// failWaiters answers every heartbeat waiting for a write that will not
-// happen (teardown, the group dropped).
-func (g *cgroup) failWaiters() {
+// failWaiters answers code to every heartbeat waiting for a write that
+// will not happen (teardown, the group unloaded or dropped).
+func (g *cgroup) failWaiters(code int16) {
 	ws := g.waitNext
-	g.waitNext = nil
+	g.waitNext, g.dirty = nil, false
 	for _, w := range ws {
-		w(errCoordinatorNotAvailable)
+		w(code)
 	}
 }
 

@@ -75,6 +75,19 @@ type Config struct {
 	// assign from is reloaded from the store (TopicMetadataStore); 0
 	// means 30s.
 	TopicRefreshInterval time.Duration
+	// Owns reports whether this engine serves group: in a fleet, whether
+	// this kproxy owns the partition of the groups topic the group lives
+	// in (docs/fleet.md). nil means every group, a single kproxy. It is
+	// called on the loops every time a request for a group is
+	// dispatched, once per group of a multi-group request, and for
+	// every group ListGroups would list, so it must be cheap, safe for
+	// concurrent use and must not block or call into the Engine (an
+	// atomic load). A group it refuses is answered NOT_COORDINATOR (in
+	// its slot for DescribeGroups, DeleteGroups, OffsetFetch v8+ and
+	// ConsumerGroupDescribe; ListGroups leaves it out) and no state is
+	// created or loaded for it. Turning it false does not drop what the
+	// engine holds: call Unload for that (unload.go).
+	Owns func(group string) bool
 	// EmptyGroupRetention is how long the engine keeps the state of a
 	// group that has been Empty (protocol type, generation) before
 	// forgetting it; its offsets stay in the store, so it then shows as
@@ -218,6 +231,11 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// owns applies Config.Owns.
+func (e *Engine) owns(group string) bool {
+	return e.cfg.Owns == nil || e.cfg.Owns(group)
+}
+
 // shardFor returns the loop that owns group id.
 func (e *Engine) shardFor(id string) *shard {
 	if len(e.shards) == 1 {
@@ -254,6 +272,9 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 		// (Kafka does the same); it does not wait for the load.
 		s := e.shardFor(r.Group)
 		if !s.post(func() {
+			if !e.gate(r.Group, req, once) {
+				return
+			}
 			if s.loadPending(r.Group) {
 				resp := kmsg.NewPtrHeartbeatResponse()
 				once(resp)
@@ -291,10 +312,14 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 
 // onGroup runs fn on the loop that owns group once the group's persisted
 // metadata is loaded, or answers COORDINATOR_NOT_AVAILABLE if the engine
-// closed meanwhile (COORDINATOR_LOAD_IN_PROGRESS if the load failed).
+// closed meanwhile (COORDINATOR_LOAD_IN_PROGRESS if the load failed,
+// NOT_COORDINATOR if the engine does not own the group).
 func (e *Engine) onGroup(group string, req kmsg.Request, reply func(kmsg.Response), fn func(*shard)) {
 	s := e.shardFor(group)
 	if !s.post(func() {
+		if !e.gate(group, req, reply) {
+			return
+		}
 		s.whenLoaded(group, func() { fn(s) }, func(code int16) { reply(errorResponse(req, code)) })
 	}) {
 		reply(errorResponse(req, errCoordinatorNotAvailable))
@@ -486,7 +511,7 @@ func (s *shard) teardown() {
 	s.groups = map[string]*group{}
 	for _, g := range s.cgroups {
 		g.cancelAllTimers()
-		g.failWaiters()
+		g.failWaiters(errCoordinatorNotAvailable)
 	}
 	s.cgroups = map[string]*cgroup{}
 	for id, parked := range s.loading {

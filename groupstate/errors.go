@@ -43,9 +43,28 @@ const (
 // is told, following Kafka's remapping of storage errors: clients retry
 // COORDINATOR_NOT_AVAILABLE and NOT_COORDINATOR by looking the coordinator
 // up again, which brings them back to kproxy.
+//
+// A fenced writer (docs/fleet.md: the partition's transactional id was
+// claimed by another kproxy, KIP-98) answers NOT_COORDINATOR: PRODUCER_FENCED,
+// INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE and NOT_COORDINATOR from the
+// transaction coordinator all say that this kproxy no longer owns the
+// group. CONCURRENT_TRANSACTIONS and COORDINATOR_LOAD_IN_PROGRESS from the
+// transaction coordinator are transient (the previous transaction is
+// still completing, the coordinator is moving): they answer
+// COORDINATOR_NOT_AVAILABLE rather than COORDINATOR_LOAD_IN_PROGRESS
+// because it is the one transient code every client retries on every
+// group API; the Java consumer, for one, fails the poll with "Unexpected
+// error from SyncGroup" on COORDINATOR_LOAD_IN_PROGRESS. The lookup it
+// causes costs one FindCoordinator answered by the local kproxy.
 func storeErrorCode(err error) int16 {
 	if err == nil {
 		return errNone
+	}
+	switch {
+	case errors.Is(err, errUnloaded):
+		return errNotCoordinator
+	case errors.Is(err, errEngineClosed):
+		return errCoordinatorNotAvailable
 	}
 	var ke *kerr.Error
 	if errors.As(err, &ke) {
@@ -54,6 +73,10 @@ func storeErrorCode(err error) int16 {
 			return errCoordinatorNotAvailable
 		case kerr.NotLeaderForPartition, kerr.KafkaStorageError:
 			return errNotCoordinator
+		case kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidTxnState, kerr.NotCoordinator:
+			return errNotCoordinator
+		case kerr.ConcurrentTransactions, kerr.CoordinatorLoadInProgress:
+			return errCoordinatorNotAvailable
 		case kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidFetchSize:
 			return errUnknownServer
 		case kerr.NetworkException:

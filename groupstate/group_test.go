@@ -87,6 +87,7 @@ func TestHeartbeatErrors(t *testing.T) {
 	if code := h.heartbeat("nope", ids[0], gen); code != 0 {
 		t.Fatalf("heartbeat while loading: %s", errName(code))
 	}
+	h.flush() // the load completes
 	for _, tc := range []struct {
 		name string
 		req  *kmsg.HeartbeatRequest

@@ -115,12 +115,16 @@ func (s *shard) loadPending(id string) bool {
 func (s *shard) startLoad(id string) {
 	meta := s.e.meta
 	s.enqueueMeta(id, storeOp{
-		abort: loadResult{err: errEngineClosed},
+		abort: func(cause error) any { return loadResult{err: cause} },
 		run: func(ctx context.Context) (any, func()) {
 			rec, found, err := meta.LoadGroupMetadata(ctx, id)
 			return loadResult{record: rec, found: found, err: err}, nil
 		},
 		done: func(res any) { s.finishLoad(id, res.(loadResult)) },
+		// Unloaded while loading: the unload answered the parked
+		// requests, and what was read may be older than what a later
+		// owner wrote. A later request loads again.
+		stale: func(any) {},
 		// After Close the teardown answered the parked requests.
 		closed: func(any) {},
 	})
@@ -130,8 +134,15 @@ func (s *shard) startLoad(id string) {
 func (s *shard) finishLoad(id string, res loadResult) {
 	parked := s.loading[id]
 	delete(s.loading, id)
+	if !s.e.owns(id) {
+		// Ownership moved while the group loaded: install nothing.
+		for _, p := range parked {
+			p.fail(errNotCoordinator)
+		}
+		return
+	}
 	if res.err != nil {
-		if !errors.Is(res.err, errEngineClosed) {
+		if !errors.Is(res.err, errEngineClosed) && !errors.Is(res.err, errUnloaded) {
 			s.e.log.Warn("groupstate: loading group metadata failed", "group", id, "err", res.err)
 		}
 		for _, p := range parked {
@@ -176,10 +187,16 @@ func (s *shard) finishLoad(id string, res loadResult) {
 func (s *shard) enqueueMeta(group string, op storeOp) {
 	e := s.e
 	e.metaInflight.Add(1)
-	done, closed := op.done, op.closed
+	done, closed, stale := op.done, op.closed, op.stale
 	op.done = func(res any) {
 		defer e.metaInflight.Add(-1)
 		done(res)
+	}
+	if stale != nil {
+		op.stale = func(res any) {
+			defer e.metaInflight.Add(-1)
+			stale(res)
+		}
 	}
 	op.closed = func(res any) {
 		defer e.metaInflight.Add(-1)
@@ -204,7 +221,7 @@ func (s *shard) enqueueMeta(group string, op storeOp) {
 func (s *shard) saveMeta(group string, record []byte, onLoop func(error), onClosed func()) {
 	meta := s.e.meta
 	s.enqueueMeta(group, storeOp{
-		abort: errEngineClosed,
+		abort: func(cause error) any { return cause },
 		run: func(ctx context.Context) (any, func()) {
 			return meta.SaveGroupMetadata(ctx, group, record), nil
 		},
@@ -228,7 +245,7 @@ func (g *group) persist() {
 	id, gen := g.id, g.generation
 	log := g.s.e.log
 	g.s.saveMeta(id, g.record(nil), func(err error) {
-		if err != nil && !errors.Is(err, errEngineClosed) {
+		if err != nil && !errors.Is(err, errEngineClosed) && !errors.Is(err, errUnloaded) {
 			log.Warn("groupstate: persisting group metadata failed", "group", id, "generation", gen, "err", err)
 		}
 	}, nil)
@@ -242,12 +259,12 @@ func (s *shard) tombstone(id string) {
 	}
 	log := s.e.log
 	s.enqueueMeta(id, storeOp{
-		abort: errEngineClosed,
+		abort: func(cause error) any { return cause },
 		run: func(ctx context.Context) (any, func()) {
 			return meta.DeleteGroupMetadata(ctx, id), nil
 		},
 		done: func(res any) {
-			if err, _ := res.(error); err != nil && !errors.Is(err, errEngineClosed) {
+			if err, _ := res.(error); err != nil && !errors.Is(err, errEngineClosed) && !errors.Is(err, errUnloaded) {
 				log.Warn("groupstate: deleting group metadata failed", "group", id, "err", err)
 			}
 		},

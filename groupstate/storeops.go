@@ -11,6 +11,14 @@ import (
 // applied in the order they arrived. The operation runs on its own
 // goroutine and posts its completion back to the loop; if the engine has
 // closed meanwhile, the completion answers the client directly.
+//
+// Engine.Unload answers the unstarted operations of an unloaded group
+// (abort with errUnloaded) and leaves the one in flight running: its
+// FIFO stays in place, marked by a new unload count, so that operations
+// queued after the group is claimed again still run after it. Its
+// completion still answers the client with the store's result (done) but
+// skips the follow-up, and an operation that installs state (a load) is
+// given stale instead of done.
 
 // storeOp is one queued store operation.
 type storeOp struct {
@@ -20,9 +28,13 @@ type storeOp struct {
 	// done receives the result exactly once, from the loop or, after
 	// Close, from the operation's goroutine.
 	done func(result any)
-	// abort is the result given to done if the engine closes before the
-	// operation started.
-	abort any
+	// abort returns the result given to done if the operation never
+	// starts: cause is errEngineClosed (Close) or errUnloaded (Unload).
+	abort func(cause error) any
+	// stale, if set, receives the result instead of done when the group
+	// was unloaded while the operation ran (on the loop); it must not
+	// install state.
+	stale func(result any)
 	// closed, if set, receives the result instead of done when the
 	// engine closed while the operation ran: it is then called off the
 	// loop and must not touch loop-owned state.
@@ -33,6 +45,9 @@ type storeOp struct {
 type opQueue struct {
 	busy bool
 	q    []storeOp
+	// unloads counts the Unloads of the group since the queue was
+	// created: an operation that started at another count is stale.
+	unloads uint64
 }
 
 // enqueue adds op to group's FIFO and starts it if the FIFO was idle.
@@ -62,13 +77,23 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 	q.q[0] = storeOp{}
 	q.q = q.q[1:]
 	q.busy = true
+	gen := q.unloads
 	started := s.e.goStore(func(ctx context.Context) {
 		result, after := op.run(ctx)
 		if !s.post(func() {
-			if after != nil {
-				after()
+			switch {
+			case q.unloads != gen && op.stale != nil:
+				op.stale(result)
+			case q.unloads != gen:
+				// The group was unloaded meanwhile: answer the
+				// client, touch no state.
+				op.done(result)
+			default:
+				if after != nil {
+					after()
+				}
+				op.done(result)
 			}
-			op.done(result)
 			s.startNext(ops, group, q)
 		}) {
 			if op.closed != nil {
@@ -79,7 +104,7 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 		}
 	})
 	if !started {
-		op.done(op.abort)
+		op.done(op.abort(errEngineClosed))
 		s.startNext(ops, group, q)
 	}
 }
@@ -89,10 +114,33 @@ func (s *shard) abortOps() {
 	for _, ops := range []map[string]*opQueue{s.ops, s.metaOps} {
 		for group, q := range ops {
 			for _, op := range q.q {
-				op.done(op.abort)
+				op.done(op.abort(errEngineClosed))
 			}
 			q.q = nil
 			delete(ops, group)
+		}
+	}
+}
+
+// unloadOps answers the unstarted operations of every group id match
+// accepts with errUnloaded and marks their FIFOs, so that the completion
+// of the operation in flight touches no state. A busy FIFO stays in
+// place to keep later operations of the id behind the one in flight.
+func (s *shard) unloadOps(match func(string) bool) {
+	for _, ops := range []map[string]*opQueue{s.ops, s.metaOps} {
+		for group, q := range ops {
+			if !match(group) {
+				continue
+			}
+			q.unloads++
+			pending := q.q
+			q.q = nil
+			for _, op := range pending {
+				op.done(op.abort(errUnloaded))
+			}
+			if !q.busy {
+				delete(ops, group)
+			}
 		}
 	}
 }

@@ -269,16 +269,24 @@ func retriableLeaderError(code int16) bool {
 }
 
 // SaveGroupMetadata implements groupstate.GroupMetadataStore: it produces the record
-// with acks=all and returns once the partition leader acknowledged it.
+// with acks=all and returns once the partition leader acknowledged it. In
+// transactional mode the record rides in the transaction of the group's
+// partition, and the call returns once that transaction committed.
 func (s *Store) SaveGroupMetadata(ctx context.Context, group string, record []byte) error {
 	if record == nil {
 		record = []byte{}
+	}
+	if s.txn != nil {
+		return s.txnSubmit(ctx, &txnWrite{group: group, meta: true, value: append([]byte{}, record...)}).err
 	}
 	return s.produceGroupRecord(ctx, group, record)
 }
 
 // DeleteGroupMetadata implements groupstate.GroupMetadataStore with a tombstone.
 func (s *Store) DeleteGroupMetadata(ctx context.Context, group string) error {
+	if s.txn != nil {
+		return s.txnSubmit(ctx, &txnWrite{group: group, meta: true}).err
+	}
 	return s.produceGroupRecord(ctx, group, nil)
 }
 
@@ -330,12 +338,17 @@ func (s *Store) produceGroupRecord(ctx context.Context, group string, value []by
 }
 
 // LoadGroupMetadata implements groupstate.GroupMetadataStore: it reads the group's
-// partition up to the high watermark and returns the last value written
-// for the group's key. Loads of groups in one partition that arrive while
+// partition's committed records up to the last stable offset (load.go)
+// and returns the last value written for the group's key. In
+// transactional mode it answers from the index of the group's claimed
+// partition. Loads of groups in one partition that arrive while
 // a scan of it runs are served together by the next scan (after a
 // restart every group loads at once), and each caller's scan starts after
 // its call.
 func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
+	if s.txn != nil {
+		return s.txnLoad(ctx, group)
+	}
 	m, err := s.groupsMeta(ctx)
 	if err != nil {
 		return nil, false, err
@@ -397,7 +410,7 @@ func (s *Store) runScans(p int32, ps *partitionScans) {
 		s.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), groupScanTimeout)
-		found, err := s.scanWithRetries(ctx, p, waiting)
+		found, err := s.scanWithRetries(ctx, p, func(key string) bool { _, ok := waiting[key]; return ok })
 		cancel()
 		for group, chans := range waiting {
 			r := scanResult{err: err}
@@ -411,136 +424,41 @@ func (s *Store) runScans(p int32, ps *partitionScans) {
 	}
 }
 
-// scanWithRetries scans partition p for the keys of want, looking the
-// leader up again after a leader error.
-func (s *Store) scanWithRetries(ctx context.Context, p int32, want map[string][]chan scanResult) (map[string][]byte, error) {
-	var last error
-	for attempt := 0; attempt < 5; attempt++ {
-		m, err := s.groupsMeta(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if int(p) >= len(m.leaders) {
-			return nil, fmt.Errorf("partition %d of %s is gone", p, s.groupsTopic)
-		}
-		found, code, err := s.scanGroupPartition(ctx, m, p, want)
-		if err != nil {
-			s.forgetGroupsMeta()
-			return nil, err
-		}
-		if code == 0 {
-			return found, nil
-		}
-		last = kerr.ErrorForCode(code)
-		if !retriableLeaderError(code) {
-			return nil, last
-		}
-		s.forgetGroupsMeta()
-		if err := sleepCtx(ctx, time.Duration(20*(attempt+1))*time.Millisecond); err != nil {
-			return nil, fmt.Errorf("%w (last: %v)", err, last)
-		}
-	}
-	return nil, last
-}
-
-// scanGroupPartition reads partition p from its log start to the high
-// watermark and returns the last value of each key of want (absent when
-// the last one is a tombstone). A partition-level error is returned as
-// code.
-func (s *Store) scanGroupPartition(ctx context.Context, m *groupsTopicMeta, p int32, want map[string][]chan scanResult) (map[string][]byte, int16, error) {
-	broker := s.cl.Broker(int(m.leaders[p]))
-	var (
-		offset int64
-		hwm    int64 = -1
-		found        = make(map[string][]byte, len(want))
-	)
-	for {
-		req := kmsg.NewPtrFetchRequest()
-		req.ReplicaID = -1
-		req.MaxWaitMillis = 0
-		req.MinBytes = 1
-		req.MaxBytes = maxGroupRecordFetch
-		req.SessionID, req.SessionEpoch = 0, -1
-		rt := kmsg.NewFetchRequestTopic()
-		rt.Topic, rt.TopicID = s.groupsTopic, m.id
-		rp := kmsg.NewFetchRequestTopicPartition()
-		rp.Partition = p
-		rp.FetchOffset = offset
-		rp.LogStartOffset = -1
-		rp.PartitionMaxBytes = maxGroupRecordFetch
-		rp.CurrentLeaderEpoch = -1
-		rt.Partitions = []kmsg.FetchRequestTopicPartition{rp}
-		req.Topics = []kmsg.FetchRequestTopic{rt}
-		raw, err := broker.RetriableRequest(ctx, req)
-		if err != nil {
-			return nil, 0, err
-		}
-		resp := raw.(*kmsg.FetchResponse)
-		if resp.ErrorCode != 0 {
-			return nil, resp.ErrorCode, nil
-		}
-		if len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
-			return nil, 0, errors.New("malformed fetch response")
-		}
-		part := &resp.Topics[0].Partitions[0]
-		if part.ErrorCode == kerr.OffsetOutOfRange.Code && part.LogStartOffset > offset {
-			offset = part.LogStartOffset
-			continue
-		}
-		if part.ErrorCode != 0 {
-			return nil, part.ErrorCode, nil
-		}
-		if hwm < 0 {
-			hwm = part.HighWatermark
-		}
-		if offset >= hwm {
-			return found, 0, nil
-		}
-		fp, _ := kgo.ProcessFetchPartition(kgo.ProcessFetchPartitionOpts{
-			Offset:    offset,
-			Topic:     s.groupsTopic,
-			Partition: p,
-		}, part, kgo.DefaultDecompressor(), nil)
-		if fp.Err != nil {
-			return nil, 0, fp.Err
-		}
-		next := offset
-		for _, r := range fp.Records {
-			if _, ok := want[string(r.Key)]; ok {
-				if r.Value == nil {
-					delete(found, string(r.Key))
-				} else {
-					found[string(r.Key)] = r.Value
-				}
-			}
-			next = r.Offset + 1
-		}
-		if next == offset {
-			// Nothing readable at this offset (control batches, or a
-			// record larger than the fetch allows): do not spin.
-			return nil, 0, fmt.Errorf("no progress reading %s[%d] at offset %d (high watermark %d)", s.groupsTopic, p, offset, hwm)
-		}
-		offset = next
-	}
-}
-
 // singleRecordBatch encodes one uncompressed, non-transactional record
 // (magic 2) with key and value (nil = null).
 func singleRecordBatch(key, value []byte, ts int64) []byte {
-	r := kmsg.Record{Key: key, Value: value}
-	// Length counts what follows the length varint; with Length 0 that
-	// varint takes one byte.
-	r.Length = int32(len(r.AppendTo(nil)) - 1)
+	return recordBatch([]kmsg.Record{{Key: key, Value: value}}, ts, -1, -1, -1, false)
+}
+
+// recordBatch encodes recs (keys and values set, the rest filled in
+// here) as one uncompressed record batch (magic 2) of producer pid at
+// epoch whose first record has sequence number seq (-1, -1, -1 for a
+// plain producer), with the transactional attribute if txn.
+func recordBatch(recs []kmsg.Record, ts int64, pid int64, epoch int16, seq int32, txn bool) []byte {
+	var records []byte
+	for i := range recs {
+		r := &recs[i]
+		r.Attributes, r.TimestampDelta64, r.OffsetDelta = 0, 0, int32(i)
+		r.Length = 0
+		// Length counts what follows the length varint; with Length 0
+		// that varint takes one byte.
+		r.Length = int32(len(r.AppendTo(nil)) - 1)
+		records = r.AppendTo(records)
+	}
 	b := kmsg.RecordBatch{
 		PartitionLeaderEpoch: -1,
 		Magic:                2,
+		LastOffsetDelta:      int32(len(recs) - 1),
 		FirstTimestamp:       ts,
 		MaxTimestamp:         ts,
-		ProducerID:           -1,
-		ProducerEpoch:        -1,
-		FirstSequence:        -1,
-		NumRecords:           1,
-		Records:              r.AppendTo(nil),
+		ProducerID:           pid,
+		ProducerEpoch:        epoch,
+		FirstSequence:        seq,
+		NumRecords:           int32(len(recs)),
+		Records:              records,
+	}
+	if txn {
+		b.Attributes = 0x0010 // transactional
 	}
 	buf := b.AppendTo(nil)
 	// Length covers everything after itself (FirstOffset 8 + Length 4);

@@ -43,6 +43,13 @@ type Store struct {
 	gchecked bool             // the topic's cleanup policy was checked
 	// scans holds the load queue of each groups partition.
 	scans map[int32]*partitionScans
+	// coords caches the coordinators of transactional ids and groups
+	// for the transactional write path (txnreq.go); guarded by mu.
+	coords map[coordKey]int32
+
+	// txn is the transactional mode (txn.go), nil in local mode; set
+	// once by EnableTransactions before the store is shared.
+	txn *txnMode
 }
 
 var (
@@ -63,6 +70,7 @@ func New(cl *kgo.Client) *Store {
 		ids:              make(map[string][16]byte),
 		names:            make(map[[16]byte]string),
 		scans:            make(map[int32]*partitionScans),
+		coords:           make(map[coordKey]int32),
 	}
 }
 
@@ -153,8 +161,15 @@ func (s *Store) nameOf(name string, id [16]byte) string {
 	return s.names[id]
 }
 
-// CommitOffsets implements groupstate.OffsetStore with a simple commit upstream.
+// CommitOffsets implements groupstate.OffsetStore with a simple commit
+// upstream. In transactional mode the commit rides in the transaction of
+// the group's partition (AddOffsetsToTxn + TxnOffsetCommit, generation
+// -1, no member) and the call returns once that transaction committed.
 func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
+	if s.txn != nil {
+		r := s.txnSubmit(ctx, &txnWrite{group: group, offsets: topics})
+		return r.topics, r.err
+	}
 	names := make([]string, len(topics))
 	for i, t := range topics {
 		names[i] = t.Topic
@@ -210,8 +225,18 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 	return resp, nil
 }
 
-// FetchOffsets implements groupstate.OffsetStore with an OffsetFetch upstream.
+// FetchOffsets implements groupstate.OffsetStore with an OffsetFetch
+// upstream. In transactional mode it always requires stable offsets and
+// retries UNSTABLE_OFFSET_COMMIT briefly.
 func (s *Store) FetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error) {
+	if s.txn != nil {
+		return s.txnFetchOffsets(ctx, group, topics)
+	}
+	return s.fetchOffsets(ctx, group, topics, requireStable)
+}
+
+// fetchOffsets is one OffsetFetch of group upstream.
+func (s *Store) fetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error) {
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group = group
 	req.RequireStable = requireStable

@@ -1,0 +1,346 @@
+package proxy
+
+import (
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// groupAPI is what the router needs to know about one group API: which
+// groups a request names, how to answer it with an error, and, for APIs
+// that name several groups, how to split a request by owner and merge
+// the answers.
+type groupAPI struct {
+	// groups names the groups req is for, in request order.
+	groups func(req kmsg.Request) []string
+	// errorResponse answers req with code in every slot where a broker
+	// puts a coordinator error (top level, per group or per partition).
+	errorResponse func(req kmsg.Request, code int16) kmsg.Response
+	// multi splits and merges requests naming several groups; nil for
+	// single-group APIs.
+	multi splitter
+}
+
+// splitter splits a multi-group request by destination and merges the
+// answers in the original order.
+type splitter interface {
+	// subset is a copy of req naming only the groups at idx.
+	subset(req kmsg.Request, idx []int) kmsg.Request
+	// merge builds the answer to req from the answers to its subsets.
+	merge(req kmsg.Request, parts []part) kmsg.Response
+}
+
+// part is one subset of a split request and its answer.
+type part struct {
+	idx  []int // positions of the subset's groups in the original request
+	resp kmsg.Response
+}
+
+// groupAPIs lists every API the router routes, by key. ListGroups names
+// no group: the router asks every owner (router.go). FindCoordinator is
+// answered by the session, never routed.
+var groupAPIs = map[int16]groupAPI{
+	8: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.OffsetCommitRequest).Group} },
+		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
+			q := r.(*kmsg.OffsetCommitRequest)
+			resp := kmsg.NewPtrOffsetCommitResponse()
+			for _, t := range q.Topics {
+				rt := kmsg.NewOffsetCommitResponseTopic()
+				rt.Topic, rt.TopicID = t.Topic, t.TopicID
+				for _, p := range t.Partitions {
+					rp := kmsg.NewOffsetCommitResponseTopicPartition()
+					rp.Partition, rp.ErrorCode = p.Partition, code
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			return resp
+		},
+	},
+	9: {
+		groups:        offsetFetchGroups,
+		errorResponse: offsetFetchError,
+		multi:         offsetFetchSplitter,
+	},
+	11: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.JoinGroupRequest).Group} },
+		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrJoinGroupResponse()
+			resp.ErrorCode, resp.MemberID = code, r.(*kmsg.JoinGroupRequest).MemberID
+			return resp
+		},
+	},
+	12: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.HeartbeatRequest).Group} },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrHeartbeatResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	13: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.LeaveGroupRequest).Group} },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrLeaveGroupResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	14: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.SyncGroupRequest).Group} },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrSyncGroupResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	15: describeGroupsAPI,
+	16: {
+		groups: func(kmsg.Request) []string { return nil },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrListGroupsResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	28: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.TxnOffsetCommitRequest).Group} },
+		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
+			q := r.(*kmsg.TxnOffsetCommitRequest)
+			resp := kmsg.NewPtrTxnOffsetCommitResponse()
+			for _, t := range q.Topics {
+				rt := kmsg.NewTxnOffsetCommitResponseTopic()
+				rt.Topic, rt.TopicID = t.Topic, t.TopicID
+				for _, p := range t.Partitions {
+					rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+					rp.Partition, rp.ErrorCode = p.Partition, code
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			return resp
+		},
+	},
+	42: deleteGroupsAPI,
+	47: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.OffsetDeleteRequest).Group} },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrOffsetDeleteResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	68: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.ConsumerGroupHeartbeatRequest).Group} },
+		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
+			resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+			resp.ErrorCode = code
+			return resp
+		},
+	},
+	69: consumerGroupDescribeAPI,
+}
+
+// multiAPI describes a multi-group API whose request is a *Q holding a
+// list of G (one per group) and whose response is a *S holding a list of
+// I (one per group). Its methods implement splitter for any such pair.
+type multiAPI[Q, S, G, I any] struct {
+	reqItems func(*Q) *[]G // the request's group list
+	reqName  func(G) string
+	newResp  func() *S
+	items    func(*S) *[]I // the response's group list
+	name     func(I) string
+	errItem  func(group string, code int16) I
+}
+
+func (m multiAPI[Q, S, G, I]) api() groupAPI {
+	return groupAPI{groups: m.groups, errorResponse: m.errorResponse, multi: m}
+}
+
+func (m multiAPI[Q, S, G, I]) groups(r kmsg.Request) []string {
+	gs := *m.reqItems(any(r).(*Q))
+	names := make([]string, len(gs))
+	for i, g := range gs {
+		names[i] = m.reqName(g)
+	}
+	return names
+}
+
+func (m multiAPI[Q, S, G, I]) errorResponse(r kmsg.Request, code int16) kmsg.Response {
+	resp := m.newResp()
+	items := m.items(resp)
+	for _, g := range *m.reqItems(any(r).(*Q)) {
+		*items = append(*items, m.errItem(m.reqName(g), code))
+	}
+	return any(resp).(kmsg.Response)
+}
+
+func (m multiAPI[Q, S, G, I]) subset(r kmsg.Request, idx []int) kmsg.Request {
+	q := *any(r).(*Q) // a shallow copy; only its group list changes
+	all := *m.reqItems(any(r).(*Q))
+	sub := make([]G, len(idx))
+	for i, j := range idx {
+		sub[i] = all[j]
+	}
+	*m.reqItems(&q) = sub
+	return any(&q).(kmsg.Request)
+}
+
+// merge places each part's answers at their groups' original positions.
+// An owner answers its groups in request order; when a part does not (a
+// group missing or renamed), its answers are matched by group name, and
+// a group nobody answered gets COORDINATOR_NOT_AVAILABLE.
+func (m multiAPI[Q, S, G, I]) merge(r kmsg.Request, parts []part) kmsg.Response {
+	names := m.groups(r)
+	out := make([]I, len(names))
+	filled := make([]bool, len(names))
+	var throttle int32
+	for _, p := range parts {
+		s, ok := any(p.resp).(*S)
+		if !ok {
+			continue
+		}
+		if t, ok := p.resp.(kmsg.ThrottleResponse); ok {
+			ms, _ := t.Throttle()
+			throttle = max(throttle, ms)
+		}
+		got := *m.items(s)
+		inOrder := len(got) == len(p.idx)
+		for i := 0; inOrder && i < len(got); i++ {
+			inOrder = m.name(got[i]) == names[p.idx[i]]
+		}
+		if inOrder {
+			for i, j := range p.idx {
+				out[j], filled[j] = got[i], true
+			}
+			continue
+		}
+		used := make([]bool, len(got))
+		for _, j := range p.idx {
+			for i, it := range got {
+				if !used[i] && m.name(it) == names[j] {
+					out[j], filled[j], used[i] = it, true, true
+					break
+				}
+			}
+		}
+	}
+	for j, ok := range filled {
+		if !ok {
+			out[j] = m.errItem(names[j], errCoordinatorNotAvailable)
+		}
+	}
+	resp := m.newResp()
+	*m.items(resp) = out
+	kr := any(resp).(kmsg.Response)
+	if t, ok := kr.(kmsg.SetThrottleResponse); ok {
+		t.SetThrottle(throttle)
+	}
+	return kr
+}
+
+// Kafka error codes the router answers with.
+const (
+	errCoordinatorNotAvailable int16 = 15 // COORDINATOR_NOT_AVAILABLE
+	errInvalidRequest          int16 = 42 // INVALID_REQUEST
+	errUnsupportedVersion      int16 = 35 // UNSUPPORTED_VERSION
+)
+
+var describeGroupsAPI = multiAPI[kmsg.DescribeGroupsRequest, kmsg.DescribeGroupsResponse, string, kmsg.DescribeGroupsResponseGroup]{
+	reqItems: func(q *kmsg.DescribeGroupsRequest) *[]string { return &q.Groups },
+	reqName:  func(g string) string { return g },
+	newResp:  kmsg.NewPtrDescribeGroupsResponse,
+	items:    func(s *kmsg.DescribeGroupsResponse) *[]kmsg.DescribeGroupsResponseGroup { return &s.Groups },
+	name:     func(g kmsg.DescribeGroupsResponseGroup) string { return g.Group },
+	errItem: func(group string, code int16) kmsg.DescribeGroupsResponseGroup {
+		g := kmsg.NewDescribeGroupsResponseGroup()
+		g.Group, g.ErrorCode = group, code
+		return g
+	},
+}.api()
+
+var deleteGroupsAPI = multiAPI[kmsg.DeleteGroupsRequest, kmsg.DeleteGroupsResponse, string, kmsg.DeleteGroupsResponseGroup]{
+	reqItems: func(q *kmsg.DeleteGroupsRequest) *[]string { return &q.Groups },
+	reqName:  func(g string) string { return g },
+	newResp:  kmsg.NewPtrDeleteGroupsResponse,
+	items:    func(s *kmsg.DeleteGroupsResponse) *[]kmsg.DeleteGroupsResponseGroup { return &s.Groups },
+	name:     func(g kmsg.DeleteGroupsResponseGroup) string { return g.Group },
+	errItem: func(group string, code int16) kmsg.DeleteGroupsResponseGroup {
+		g := kmsg.NewDeleteGroupsResponseGroup()
+		g.Group, g.ErrorCode = group, code
+		return g
+	},
+}.api()
+
+var consumerGroupDescribeAPI = multiAPI[kmsg.ConsumerGroupDescribeRequest, kmsg.ConsumerGroupDescribeResponse, string, kmsg.ConsumerGroupDescribeResponseGroup]{
+	reqItems: func(q *kmsg.ConsumerGroupDescribeRequest) *[]string { return &q.Groups },
+	reqName:  func(g string) string { return g },
+	newResp:  kmsg.NewPtrConsumerGroupDescribeResponse,
+	items: func(s *kmsg.ConsumerGroupDescribeResponse) *[]kmsg.ConsumerGroupDescribeResponseGroup {
+		return &s.Groups
+	},
+	name: func(g kmsg.ConsumerGroupDescribeResponseGroup) string { return g.Group },
+	errItem: func(group string, code int16) kmsg.ConsumerGroupDescribeResponseGroup {
+		g := kmsg.NewConsumerGroupDescribeResponseGroup()
+		g.Group, g.ErrorCode = group, code
+		return g
+	},
+}.api()
+
+// offsetFetchV8 splits OffsetFetch v8+, which names groups in Groups;
+// v0-7 name one group in Group and are never split.
+var offsetFetchV8 = multiAPI[kmsg.OffsetFetchRequest, kmsg.OffsetFetchResponse, kmsg.OffsetFetchRequestGroup, kmsg.OffsetFetchResponseGroup]{
+	reqItems: func(q *kmsg.OffsetFetchRequest) *[]kmsg.OffsetFetchRequestGroup { return &q.Groups },
+	reqName:  func(g kmsg.OffsetFetchRequestGroup) string { return g.Group },
+	newResp:  kmsg.NewPtrOffsetFetchResponse,
+	items:    func(s *kmsg.OffsetFetchResponse) *[]kmsg.OffsetFetchResponseGroup { return &s.Groups },
+	name:     func(g kmsg.OffsetFetchResponseGroup) string { return g.Group },
+	errItem: func(group string, code int16) kmsg.OffsetFetchResponseGroup {
+		g := kmsg.NewOffsetFetchResponseGroup()
+		g.Group, g.ErrorCode = group, code
+		return g
+	},
+}
+
+var offsetFetchSplitter splitter = offsetFetchV8
+
+func offsetFetchGroups(r kmsg.Request) []string {
+	q := r.(*kmsg.OffsetFetchRequest)
+	if q.Version < 8 {
+		return []string{q.Group}
+	}
+	return offsetFetchV8.groups(r)
+}
+
+func offsetFetchError(r kmsg.Request, code int16) kmsg.Response {
+	q := r.(*kmsg.OffsetFetchRequest)
+	if q.Version >= 8 {
+		return offsetFetchV8.errorResponse(r, code)
+	}
+	// v2+ carry a top-level error; v0-1 only per-partition ones. Both
+	// are set, as Kafka does for the partitions asked for.
+	resp := kmsg.NewPtrOffsetFetchResponse()
+	resp.ErrorCode = code
+	for _, t := range q.Topics {
+		rt := kmsg.NewOffsetFetchResponseTopic()
+		rt.Topic = t.Topic
+		for _, p := range t.Partitions {
+			rp := kmsg.NewOffsetFetchResponseTopicPartition()
+			rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, code
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
+}
+
+// errorFor answers req with code, at req's version.
+func errorFor(req kmsg.Request, code int16) kmsg.Response {
+	var resp kmsg.Response
+	if api, ok := groupAPIs[req.Key()]; ok {
+		resp = api.errorResponse(req, code)
+	} else {
+		resp = req.ResponseKind()
+	}
+	resp.SetVersion(req.GetVersion())
+	return resp
+}

@@ -1,0 +1,432 @@
+package proxy
+
+import (
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// Locator says which kproxy owns a group (docs/fleet.md, "Ownership"). It
+// must be safe for concurrent use.
+type Locator interface {
+	// Locate says where group's requests go: local=true means the local
+	// coordinator; otherwise addr is the owner's peer address. ok=false
+	// means the group has no owner right now.
+	Locate(group string) (local bool, addr string, ok bool)
+	// Changed returns a channel that is closed when the table changes
+	// next, to wait briefly for an owner to appear.
+	Changed() <-chan struct{}
+	// Peers lists the peer addresses of every owner other than this
+	// kproxy, for requests that ask every owner (ListGroups).
+	Peers() []string
+}
+
+// RouterConfig configures a Router. Every field but Locator has a usable
+// zero value.
+type RouterConfig struct {
+	// Local serves the groups this kproxy owns; nil on a kproxy that owns
+	// none (a relay): a group located here then gets
+	// COORDINATOR_NOT_AVAILABLE.
+	Local Coordinator
+	// Locator says who owns each group; nil means every group is local
+	// (a single kproxy).
+	Locator Locator
+	// Dialer connects to peers; nil uses a net.Dialer.
+	Dialer Dialer
+	// RelayTimeout bounds dialling a peer and waiting for its answer;
+	// default 5s. JoinGroup and SyncGroup wait for the rebalance instead
+	// (see timeoutFor).
+	RelayTimeout time.Duration
+	// WaitForOwner is how long a request for a group without an owner
+	// waits for one before it is answered COORDINATOR_NOT_AVAILABLE;
+	// default 1s.
+	WaitForOwner time.Duration
+	// Logger; nil discards.
+	Logger *slog.Logger
+	// MeterProvider records kproxy.relay.requests and
+	// kproxy.relay.duration; nil records nothing.
+	MeterProvider metric.MeterProvider
+}
+
+// defaultRebalanceTimeout bounds a relayed SyncGroup when no JoinGroup
+// with a longer rebalance timeout was seen: Kafka's default
+// max.poll.interval.ms, the consumer's rebalance timeout.
+const defaultRebalanceTimeout = 5 * time.Minute
+
+// Router is the Coordinator a kproxy's sessions use in distributed mode:
+// it sends each group request to the local coordinator when the group is
+// owned here and otherwise relays it to the owner over the peer wire
+// (peer.go). Requests naming several groups are split by owner and the
+// answers merged in request order. Handle never blocks on the network.
+//
+// The router answers COORDINATOR_NOT_AVAILABLE when a group has no owner
+// within WaitForOwner, or its owner cannot be reached, cuts the connection
+// with the request in flight, or does not answer in time: a request once
+// sent is never resent, since the owner may have acted on it. Every
+// answer an owner gives, NOT_COORDINATOR included, reaches the client
+// as given; both errors make a client look the coordinator up again,
+// which brings it back to its local kproxy.
+type Router struct {
+	cfg     RouterConfig // immutable after NewRouter
+	loc     Locator      // immutable
+	log     *slog.Logger // immutable
+	pool    *peerPool
+	metrics *relayMetrics
+
+	// maxRebalance is the longest JoinGroup rebalance timeout relayed so
+	// far, in milliseconds; it bounds a relayed SyncGroup.
+	maxRebalance atomic.Int64
+
+	closing   chan struct{} // closed by Close: waits for an owner end
+	closeOnce sync.Once
+	mu        sync.Mutex
+	closed    bool           // guarded by mu: no new waiting goroutine
+	wg        sync.WaitGroup // goroutines waiting for an owner
+}
+
+// NewRouter returns a router; Close releases its peer connections.
+func NewRouter(cfg RouterConfig) *Router {
+	if cfg.RelayTimeout <= 0 {
+		cfg.RelayTimeout = 5 * time.Second
+	}
+	if cfg.WaitForOwner <= 0 {
+		cfg.WaitForOwner = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = (&net.Dialer{}).DialContext
+	}
+	loc := cfg.Locator
+	if loc == nil {
+		loc = allLocal{}
+	}
+	log := cfg.Logger.With("component", "router")
+	return &Router{
+		cfg:     cfg,
+		loc:     loc,
+		log:     log,
+		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, log),
+		metrics: newRelayMetrics(cfg.MeterProvider),
+		closing: make(chan struct{}),
+	}
+}
+
+// allLocal is the Locator of a single kproxy.
+type allLocal struct{}
+
+func (allLocal) Locate(string) (bool, string, bool) { return true, "", true }
+func (allLocal) Changed() <-chan struct{}           { return nil }
+func (allLocal) Peers() []string                    { return nil }
+
+// Close answers every relayed request still in flight with
+// COORDINATOR_NOT_AVAILABLE and closes the peer connections. Requests
+// handled later go to the local coordinator when they are local and are
+// answered COORDINATOR_NOT_AVAILABLE otherwise.
+func (r *Router) Close() {
+	r.closeOnce.Do(func() {
+		close(r.closing)
+		r.mu.Lock()
+		r.closed = true
+		r.mu.Unlock()
+		r.wg.Wait()
+		r.pool.close()
+	})
+}
+
+// dest is where a request goes: the local coordinator or a peer address.
+type dest struct {
+	local bool
+	addr  string
+}
+
+func (r *Router) locate(group string) (dest, bool) {
+	local, addr, ok := r.loc.Locate(group)
+	return dest{local: local, addr: addr}, ok
+}
+
+// Handle routes one group request; reply is called exactly once with a
+// response of the request's version.
+func (r *Router) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
+	version := req.GetVersion()
+	done := func(resp kmsg.Response) {
+		resp.SetVersion(version)
+		reply(resp)
+	}
+	api, ok := groupAPIs[req.Key()]
+	switch {
+	case !ok:
+		// Not a group API: the local coordinator answers it as it
+		// would without a router.
+		r.send(dest{local: true}, c, req, done)
+	case req.Key() == 16:
+		r.listGroups(c, req, done)
+	default:
+		groups := api.groups(req)
+		if api.multi == nil || len(groups) == 1 {
+			r.single(c, req, groups[0], done)
+		} else {
+			r.split(c, req, api.multi, groups, done)
+		}
+	}
+}
+
+// single routes a request for one group.
+func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg.Response)) {
+	if d, ok := r.locate(group); ok {
+		r.send(d, c, req, done)
+		return
+	}
+	req = cloneRequest(req) // the wait outlives the caller's buffers
+	start := time.Now()
+	r.goWait(func() {
+		var d dest
+		if !r.await(func() (ok bool) { d, ok = r.locate(group); return ok }) {
+			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
+			done(errorFor(req, errCoordinatorNotAvailable))
+			return
+		}
+		r.send(d, c, req, done)
+	})
+}
+
+// split routes a request naming several groups: one subset per
+// destination, answers merged in request order. Groups without an owner
+// wait for one together; those still without one get
+// COORDINATOR_NOT_AVAILABLE while the rest are answered by their owners.
+func (r *Router) split(c Client, req kmsg.Request, sp splitter, groups []string, done func(kmsg.Response)) {
+	dests := make([]dest, len(groups))
+	have := make([]bool, len(groups))
+	locateAll := func() bool {
+		all := true
+		for i, g := range groups {
+			if !have[i] {
+				dests[i], have[i] = r.locate(g)
+				all = all && have[i]
+			}
+		}
+		return all
+	}
+	if locateAll() {
+		r.fanOut(c, req, sp, dests, have, done)
+		return
+	}
+	req = cloneRequest(req)
+	start := time.Now()
+	r.goWait(func() {
+		if !r.await(locateAll) {
+			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
+		}
+		r.fanOut(c, req, sp, dests, have, done)
+	})
+}
+
+// fanOut sends each destination its subset of req (have[i] false: group i
+// has no owner) and merges the answers.
+func (r *Router) fanOut(c Client, req kmsg.Request, sp splitter, dests []dest, have []bool, done func(kmsg.Response)) {
+	var order []dest
+	byDest := map[dest][]int{}
+	var orphans []int
+	for i, d := range dests {
+		if !have[i] {
+			orphans = append(orphans, i)
+			continue
+		}
+		if _, ok := byDest[d]; !ok {
+			order = append(order, d)
+		}
+		byDest[d] = append(byDest[d], i)
+	}
+	parts := make([]part, len(order), len(order)+1)
+	for i, d := range order {
+		parts[i].idx = byDest[d]
+	}
+	if len(orphans) > 0 {
+		parts = append(parts, part{idx: orphans, resp: errorFor(sp.subset(req, orphans), errCoordinatorNotAvailable)})
+	}
+	var mu sync.Mutex
+	left := len(order)
+	if left == 0 {
+		done(sp.merge(req, parts))
+		return
+	}
+	for i, d := range order {
+		r.send(d, c, sp.subset(req, parts[i].idx), func(resp kmsg.Response) {
+			mu.Lock()
+			parts[i].resp = resp
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(sp.merge(req, parts))
+			}
+		})
+	}
+}
+
+// listGroups asks the local coordinator and every other owner, and merges
+// their groups (a group listed twice, as during a handover, once). If an
+// owner fails, the groups of the others are still listed, with the
+// owner's error (as Kafka lists what it has with
+// COORDINATOR_LOAD_IN_PROGRESS while a partition loads).
+func (r *Router) listGroups(c Client, req kmsg.Request, done func(kmsg.Response)) {
+	var dests []dest
+	if r.cfg.Local != nil {
+		dests = append(dests, dest{local: true})
+	}
+	seen := map[string]bool{}
+	for _, a := range r.loc.Peers() {
+		if a != "" && !seen[a] {
+			seen[a] = true
+			dests = append(dests, dest{addr: a})
+		}
+	}
+	if len(dests) == 0 {
+		done(kmsg.NewPtrListGroupsResponse())
+		return
+	}
+	resps := make([]kmsg.Response, len(dests))
+	var mu sync.Mutex
+	left := len(dests)
+	for i, d := range dests {
+		r.send(d, c, req, func(resp kmsg.Response) {
+			mu.Lock()
+			resps[i] = resp
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(mergeListGroups(resps))
+			}
+		})
+	}
+}
+
+func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
+	out := kmsg.NewPtrListGroupsResponse()
+	seen := map[string]bool{}
+	for _, r := range resps {
+		lg, ok := r.(*kmsg.ListGroupsResponse)
+		if !ok {
+			lg = &kmsg.ListGroupsResponse{ErrorCode: errCoordinatorNotAvailable}
+		}
+		if out.ErrorCode == 0 {
+			out.ErrorCode = lg.ErrorCode
+		}
+		out.ThrottleMillis = max(out.ThrottleMillis, lg.ThrottleMillis)
+		for _, g := range lg.Groups {
+			if !seen[g.Group] {
+				seen[g.Group] = true
+				out.Groups = append(out.Groups, g)
+			}
+		}
+	}
+	return out
+}
+
+// send hands req to its destination; done gets the answer, or
+// COORDINATOR_NOT_AVAILABLE if there is none.
+func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
+	if d.local {
+		if r.cfg.Local == nil {
+			done(errorFor(req, errCoordinatorNotAvailable))
+			return
+		}
+		r.cfg.Local.Handle(c, req, done)
+		return
+	}
+	start := time.Now()
+	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
+		r.metrics.record(req.Key(), o, time.Since(start))
+		if o != outcomeOK {
+			resp = errorFor(req, errCoordinatorNotAvailable)
+		}
+		done(resp)
+	})
+}
+
+// timeoutFor is how long a relayed request may wait for its answer. A
+// JoinGroup is parked until the rebalance completes, at most its
+// rebalance timeout (v0: its session timeout); a SyncGroup waits for the
+// leader's, bounded by the same timeout, which the SyncGroup does not
+// carry: it gets the longest rebalance timeout seen, at least Kafka's
+// default. Both add RelayTimeout for the network and the store.
+func (r *Router) timeoutFor(req kmsg.Request) time.Duration {
+	switch q := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		ms := q.RebalanceTimeoutMillis
+		if q.Version == 0 {
+			ms = q.SessionTimeoutMillis
+		}
+		ms = max(ms, 0)
+		for {
+			cur := r.maxRebalance.Load()
+			if int64(ms) <= cur || r.maxRebalance.CompareAndSwap(cur, int64(ms)) {
+				break
+			}
+		}
+		return time.Duration(ms)*time.Millisecond + r.cfg.RelayTimeout
+	case *kmsg.SyncGroupRequest:
+		wait := max(defaultRebalanceTimeout, time.Duration(r.maxRebalance.Load())*time.Millisecond)
+		return wait + r.cfg.RelayTimeout
+	}
+	return r.cfg.RelayTimeout
+}
+
+// goWait runs f on a goroutine that Close waits for; after Close, on the
+// caller's (await then returns at once).
+func (r *Router) goWait(f func()) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		f()
+		return
+	}
+	r.wg.Add(1)
+	r.mu.Unlock()
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
+}
+
+// await polls located after every table change until it reports true,
+// for at most WaitForOwner; false if it never did or the router closed.
+func (r *Router) await(located func() bool) bool {
+	t := time.NewTimer(r.cfg.WaitForOwner)
+	defer t.Stop()
+	for {
+		changed := r.loc.Changed() // before locating: no change is missed
+		if located() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return false
+		case <-r.closing:
+			return false
+		}
+	}
+}
+
+// cloneRequest deep-copies req, whose byte fields may alias a buffer the
+// caller reuses once Handle returns.
+func cloneRequest(req kmsg.Request) kmsg.Request {
+	b := req.AppendTo(nil)
+	c := kmsg.RequestForKey(req.Key())
+	if c == nil {
+		return req
+	}
+	c.SetVersion(req.GetVersion())
+	if err := c.ReadFrom(b); err != nil {
+		return req // cannot happen: kmsg decodes what it encodes
+	}
+	return c
+}
