@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -138,6 +139,7 @@ type testMember struct {
 	cl     *kgo.Client
 	net    *netCut
 	skew   atomic.Int64 // added to the member's clock
+	slow   atomic.Int64 // how long OnAssigned blocks
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -173,8 +175,15 @@ func startMember(t *testing.T, c *kfake.Cluster, log *eventLog, id string, owner
 		SessionTimeout: testSession, HeartbeatInterval: testHeartbeat, RebalanceTimeout: testRebalance, LeaseMargin: testMargin,
 		Now:    func() time.Time { return time.Now().Add(time.Duration(tm.skew.Load())) },
 		Logger: testLogger(t, id),
-		OnAssigned: func(_ context.Context, _ int32, gained []int32) {
+		OnAssigned: func(ctx context.Context, _ int32, gained []int32) {
 			log.add(id, "assigned", gained)
+			if d := time.Duration(tm.slow.Load()); d > 0 { // a slow claim
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+				}
+				log.add(id, "claimed", gained)
+			}
 		},
 		OnRevoked: func(_ context.Context, revoked []int32) {
 			log.add(id, "revoking", revoked)
@@ -219,7 +228,7 @@ type sampler struct {
 }
 
 func startSampler(t *testing.T, ms ...*testMember) *sampler {
-	s := &sampler{stop: make(chan struct{}), done: make(chan struct{}), ms: ms}
+	s := &sampler{stop: make(chan struct{}), done: make(chan struct{}), ms: slices.Clone(ms)}
 	go func() {
 		defer close(s.done)
 		for {
@@ -643,6 +652,90 @@ func TestFleetDropReassigns(t *testing.T) {
 	s.finish(t)
 	if g := a.m.Snapshot().Generation; g <= gen {
 		t.Fatalf("no new generation after Drop: %d", g)
+	}
+}
+
+// TestFleetHeartbeatsDuringSlowCallback blocks OnAssigned for longer
+// than the session: heartbeats go on meanwhile, so the member keeps its
+// membership, its lease and what it was given, and the others wait.
+func TestFleetHeartbeatsDuringSlowCallback(t *testing.T) {
+	c := newCluster(t)
+	log := &eventLog{}
+	ms := startFleet(t, c, log, 2)
+	s := startSampler(t, ms...)
+	x := startMember(t, c, log, "x", true)
+	x.slow.Store(int64(2 * testSession))
+	s.add(x)
+	ms = append(ms, x)
+	waitFor(t, 10*time.Second, func() error {
+		if log.find(func(e event) bool { return e.member == "x" && e.kind == "claimed" }) == nil {
+			return errors.New("x has not finished its slow claim")
+		}
+		return nil
+	})
+	waitConverged(t, 10*time.Second, ms...)
+	s.finish(t)
+	st := x.m.Snapshot()
+	if st.Fenced != 0 || st.LeaseExpired != 0 || st.Lost != 0 {
+		t.Fatalf("x during a slow callback: fenced %d, lease expired %d, lost %d", st.Fenced, st.LeaseExpired, st.Lost)
+	}
+}
+
+// TestLeaseBounds checks the lease arithmetic on an injected clock: the
+// session bound moves with every proof, the rebalance bound only with
+// proofs that the group was not rebalancing.
+func TestLeaseBounds(t *testing.T) {
+	c := newCluster(t)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var now atomic.Int64
+	start := time.Now()
+	m, err := New(Config{Client: cl, ID: "a", Partitions: 2, Owner: true,
+		SessionTimeout: 10 * time.Second, RebalanceTimeout: 15 * time.Second, LeaseMargin: 2 * time.Second,
+		Now: func() time.Time { return start.Add(time.Duration(now.Load())) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(d time.Duration) { now.Store(int64(d)) }
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.deadlineLocked() != math.MinInt64 || m.LeaseValid() {
+		t.Fatal("lease valid before any proof")
+	}
+	m.proveLocked(0, true) // a successful JoinGroup sent at 0
+	m.owned[0] = 1
+	m.publishLocked()
+	if got := m.deadlineLocked(); got != 8*time.Second {
+		t.Fatalf("deadline %v, want session 10s - margin 2s", got)
+	}
+	// REBALANCE_IN_PROGRESS answers extend the session bound only: the
+	// rebalance began after 0 and may complete without us at 15s.
+	for _, sent := range []time.Duration{4 * time.Second, 8 * time.Second, 12 * time.Second} {
+		at(sent)
+		m.proveLocked(sent, false)
+	}
+	if got := m.deadlineLocked(); got != 13*time.Second {
+		t.Fatalf("deadline %v, want rebalance bound 15s - 2s", got)
+	}
+	at(12*time.Second + 999*time.Millisecond)
+	if !m.Owns(0) || m.Owns(1) {
+		t.Fatal("Owns wrong before the deadline")
+	}
+	at(13 * time.Second)
+	if m.Owns(0) || m.LeaseValid() {
+		t.Fatal("Owns true at the deadline")
+	}
+	// A late proof must not revive the lease for what was owned: it
+	// loses the partitions first.
+	m.proveLocked(13*time.Second, true)
+	if m.Owns(0) || len(m.owned) != 0 || !slices.Equal(m.pend.lost, []int32{0}) {
+		t.Fatalf("after a late proof: owns %v, owned %v, pending lost %v", m.Owns(0), m.owned, m.pend.lost)
+	}
+	if !m.LeaseValid() {
+		t.Fatal("the lease itself is valid again after a fresh proof")
 	}
 }
 
