@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -279,7 +280,7 @@ func TestProduceAcks(t *testing.T) {
 func TestApiVersionsUnsupportedVersionIsReadAsV0(t *testing.T) {
 	resp := kmsg.NewPtrApiVersionsResponse()
 	resp.Version = 0
-	resp.ErrorCode = unsupportedVersion
+	resp.ErrorCode = kerr.UnsupportedVersion.Code
 	k := kmsg.NewApiVersionsResponseApiKey()
 	k.ApiKey, k.MaxVersion = KeyApiVersions, 4
 	resp.ApiKeys = append(resp.ApiKeys, k)
@@ -288,7 +289,7 @@ func TestApiVersionsUnsupportedVersionIsReadAsV0(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rewriting a v0 UNSUPPORTED_VERSION answer to a v5 request: %v", err)
 	}
-	if out.GetVersion() != 0 || out.(*kmsg.ApiVersionsResponse).ErrorCode != unsupportedVersion {
+	if out.GetVersion() != 0 || out.(*kmsg.ApiVersionsResponse).ErrorCode != kerr.UnsupportedVersion.Code {
 		t.Fatalf("got v%d error %d", out.GetVersion(), out.(*kmsg.ApiVersionsResponse).ErrorCode)
 	}
 	back := kmsg.NewPtrApiVersionsResponse()
