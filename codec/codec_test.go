@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -280,7 +281,7 @@ func TestProduceAcks(t *testing.T) {
 func TestApiVersionsErrorAnswerIsNotRewritten(t *testing.T) {
 	resp := kmsg.NewPtrApiVersionsResponse()
 	resp.Version = 0
-	resp.ErrorCode = unsupportedVersion
+	resp.ErrorCode = kerr.UnsupportedVersion.Code
 	k := kmsg.NewApiVersionsResponseApiKey()
 	k.ApiKey, k.MaxVersion = KeyApiVersions, 4
 	resp.ApiKeys = append(resp.ApiKeys, k)

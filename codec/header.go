@@ -16,6 +16,10 @@ const DefaultMaxFrame = 100 << 20
 // api version and correlation id.
 const minRequestHeader = 8
 
+// keyControlledShutdown is ControlledShutdown's api key. Its v0 request
+// header (request header v0) is the only one without a client id.
+const keyControlledShutdown = int16(kmsg.ControlledShutdown)
+
 // Framing errors. Each one means the connection must be closed.
 var (
 	ErrFrameTooLarge = errors.New("frame larger than the limit")
@@ -91,7 +95,7 @@ func ParseRequestHeader(b []byte) (RequestHeader, error) {
 	}
 	h.Flexible = flexible
 	i := minRequestHeader
-	if h.Key == 7 && h.Version == 0 { // ControlledShutdown v0 has no client id
+	if h.Key == keyControlledShutdown && h.Version == 0 {
 		h.Len = i
 		return h, nil
 	}
@@ -169,7 +173,7 @@ func Flexible(key, version int16) (flexible, known bool) {
 // that a client can parse it before it knows the broker's versions.
 func ResponseHeaderFlexible(key, version int16) bool {
 	f, _ := Flexible(key, version)
-	return f && key != 18
+	return f && key != KeyApiVersions
 }
 
 const (

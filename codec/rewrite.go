@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -44,7 +45,7 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 		return nil, fmt.Errorf("%w %d", ErrUnknownAPI, key)
 	}
 	resp := req.ResponseKind()
-	if key == KeyApiVersions && len(body) >= 2 && int16(binary.BigEndian.Uint16(body)) == unsupportedVersion {
+	if key == KeyApiVersions && len(body) >= 2 && int16(binary.BigEndian.Uint16(body)) == kerr.UnsupportedVersion.Code {
 		// A broker answers an ApiVersions version it does not speak in
 		// v0, so the client can read the versions it does speak and
 		// retry; the error code comes first in every version.
@@ -104,9 +105,6 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 // InternalTopicPrefix starts the names of kproxy's own topics (group
 // metadata), which Metadata responses mark internal.
 const InternalTopicPrefix = "__kproxy"
-
-// unsupportedVersion is Kafka's UNSUPPORTED_VERSION error code.
-const unsupportedVersion = 35
 
 // rewriteCoordinator maps one coordinator; node -1 (no coordinator, with
 // an error) stays as is.

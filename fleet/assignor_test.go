@@ -154,6 +154,16 @@ func TestAssignTable(t *testing.T) {
 			want: []string{"a", "b", "b", "", "c"},
 		},
 		{
+			name: "more members than partitions", P: 2,
+			in:   []assignInput{mem("a", true), mem("b", true), mem("c", true)},
+			want: []string{"a", "b"},
+		},
+		{
+			name: "more members than partitions, sticky", P: 2,
+			in:   []assignInput{mem("a", true), mem("b", true), mem("c", true, 0)},
+			want: []string{"c", "a"},
+		},
+		{
 			name: "contested partition is assigned to nobody", P: 4,
 			in:   []assignInput{mem("a", true, 0, 1), mem("b", true, 1, 2)},
 			want: []string{"a", "", "b", "b"}, contested: []int32{1},

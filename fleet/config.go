@@ -79,7 +79,8 @@ type Config struct {
 
 	// The callbacks are called on the member loop goroutine, in order,
 	// never concurrently with each other. Heartbeats go on while one
-	// runs. Each may be nil.
+	// runs. Each may be nil. A callback may call Owns, Table, OwnerOf,
+	// Snapshot and Drop, but not Leave (Leave waits for the loop).
 
 	// OnAssigned is called with the partitions that became this
 	// member's in generation gen. The callee claims them (fence, load,

@@ -11,4 +11,11 @@
 // arrives. Large bodies move between the two sockets without being copied
 // through user space (TCPConn.ReadFrom splices from an io.LimitedReader
 // over a TCPConn).
+//
+// In a fleet of kproxies (docs/fleet.md) the coordinator is a Router: it
+// serves a group request locally when the group's partition is owned
+// here and otherwise relays it, wrapped in an Envelope request, over a
+// multiplexed peer connection to the owner's PeerServer (peer.go
+// describes the wire). Requests naming several groups are split by owner
+// and merged (relay_apis.go holds the per-API table).
 package proxy

@@ -28,7 +28,8 @@ type AdminConfig struct {
 	// Ready reports whether kproxy can serve (upstream reachable, state
 	// loaded); /readyz answers 503 with its error. Nil means ready.
 	Ready func(context.Context) error
-	// Offsets provides committed offsets and lag in /api/groups/{id}.
+	// Offsets provides committed offsets and lag: per partition in
+	// /api/groups/{id}, each group's total in /api/groups.
 	Offsets OffsetSource
 	// Logger receives request failures; discarded when nil.
 	Logger *slog.Logger
@@ -131,6 +132,11 @@ type GroupSummary struct {
 	Leader       string    `json:"leader,omitempty"`
 	Members      int       `json:"members"`
 	StateSince   time.Time `json:"state_since"`
+	// TotalLag sums the known lags of the group's committed and assigned
+	// partitions; absent when offsets are off or could not be read.
+	TotalLag *int64 `json:"total_lag,omitempty"`
+	// LagError says why TotalLag is absent while offsets are on.
+	LagError string `json:"lag_error,omitempty"`
 }
 
 // GroupDetail is the body of /api/groups/{id}.
@@ -146,12 +152,15 @@ type GroupDetail struct {
 	Offsets      []PartitionLag `json:"offsets"`
 	// TotalLag sums the known lags of Offsets.
 	TotalLag int64 `json:"total_lag"`
-	// OffsetsError says why offsets could not be read.
+	// OffsetsError says why offsets could not be read. A group without
+	// commits is no error: Offsets then lists its assigned partitions
+	// with Committed -1.
 	OffsetsError string `json:"offsets_error,omitempty"`
 }
 
-// groups serves the group list, sorted by group id.
-func (a *admin) groups(w http.ResponseWriter, _ *http.Request) {
+// groups serves the group list, sorted by group id, with each group's
+// total lag (one offsets query for all groups).
+func (a *admin) groups(w http.ResponseWriter, r *http.Request) {
 	if a.cfg.Groups == nil {
 		http.Error(w, "no group source", http.StatusServiceUnavailable)
 		return
@@ -164,8 +173,50 @@ func (a *admin) groups(w http.ResponseWriter, _ *http.Request) {
 			Generation: g.Generation, Leader: g.Leader, Members: len(g.Members), StateSince: g.StateSince,
 		})
 	}
+	if a.cfg.Offsets != nil && len(snaps) > 0 {
+		qs := make([]LagQuery, 0, len(snaps))
+		for _, g := range snaps {
+			qs = append(qs, LagQuery{Group: g.Group, Assigned: assignedOf(groupDetail(g).Members)})
+		}
+		lags, err := a.lag(r.Context(), qs)
+		for i := range out {
+			gl, ok := lags[out[i].Group]
+			switch {
+			case err != nil:
+				out[i].LagError = err.Error()
+			case !ok:
+				out[i].LagError = "no answer for this group"
+			case gl.Err != nil:
+				out[i].LagError = gl.Err.Error()
+			default:
+				total := totalLag(gl.Offsets)
+				out[i].TotalLag = &total
+			}
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
 	writeJSON(w, out)
+}
+
+// lag asks the offset source, bounded by the configured timeout.
+func (a *admin) lag(ctx context.Context, qs []LagQuery) (map[string]GroupLag, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	lags, err := a.cfg.Offsets.Lag(ctx, qs)
+	if err != nil {
+		a.log.Warn("admin: reading offsets", "groups", len(qs), "err", err)
+		return nil, fmt.Errorf("reading offsets: %w", err)
+	}
+	return lags, nil
+}
+
+// assignedOf gathers the members' decoded assignments.
+func assignedOf(members []MemberInfo) []TopicPartitions {
+	var out []TopicPartitions
+	for _, m := range members {
+		out = append(out, m.Assignment...)
+	}
+	return out
 }
 
 // group serves one group's detail with its offsets and lag.
@@ -184,21 +235,21 @@ func (a *admin) group(w http.ResponseWriter, r *http.Request) {
 	}
 	detail.Offsets = []PartitionLag{}
 	if a.cfg.Offsets != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), a.cfg.Timeout)
-		lags, err := a.cfg.Offsets.Lag(ctx, id)
-		cancel()
-		if err != nil {
+		lags, err := a.lag(r.Context(), []LagQuery{{Group: id, Assigned: assignedOf(detail.Members)}})
+		gl, ok := lags[id]
+		switch {
+		case err != nil:
 			detail.OffsetsError = err.Error()
-			a.log.Warn("admin: reading offsets", "group", id, "err", err)
-		} else if lags != nil {
-			detail.Offsets = lags
+		case !ok:
+			detail.OffsetsError = "no answer for this group"
+		case gl.Err != nil:
+			detail.OffsetsError = gl.Err.Error()
+			a.log.Warn("admin: reading offsets", "group", id, "err", gl.Err)
+		case gl.Offsets != nil:
+			detail.Offsets = gl.Offsets
 		}
 	}
-	for _, l := range detail.Offsets {
-		if l.Lag > 0 {
-			detail.TotalLag += l.Lag
-		}
-	}
+	detail.TotalLag = totalLag(detail.Offsets)
 	if !known && len(detail.Offsets) == 0 {
 		http.Error(w, fmt.Sprintf("group %q not found", id), http.StatusNotFound)
 		return

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,14 +112,28 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// fakeOffsets is an OffsetSource with fixed answers.
+// fakeOffsets is an OffsetSource with fixed answers: a group it has no
+// entry for has no commits. It records the queries it was asked.
 type fakeOffsets struct {
-	lags map[string][]PartitionLag
+	lags map[string]GroupLag
 	err  error
+
+	mu    sync.Mutex // guards asked
+	asked map[string]LagQuery
 }
 
-func (f fakeOffsets) Lag(_ context.Context, group string) ([]PartitionLag, error) {
-	return f.lags[group], f.err
+func (f *fakeOffsets) Lag(_ context.Context, qs []LagQuery) (map[string]GroupLag, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.asked == nil {
+		f.asked = map[string]LagQuery{}
+	}
+	out := map[string]GroupLag{}
+	for _, q := range qs {
+		f.asked[q.Group] = q
+		out[q.Group] = f.lags[q.Group]
+	}
+	return out, f.err
 }
 
 func TestAdminGroupsAndHealth(t *testing.T) {
@@ -132,9 +148,10 @@ func TestAdminGroupsAndHealth(t *testing.T) {
 		{Group: "alpha", State: "Stable", ProtocolType: "consumer", Protocol: "range", Generation: 2,
 			Leader: "m1", Members: []groupstate.Member{m2, m1}, StateSince: since},
 	}}
-	offsets := fakeOffsets{lags: map[string][]PartitionLag{
-		"alpha":  {{Topic: "payments", Partition: 0, Committed: 10, End: 15, Lag: 5}, {Topic: "payments", Partition: 1, Committed: -1, End: 3, Lag: 3}},
-		"simple": {{Topic: "t", Partition: 0, Committed: 1, End: 1, Lag: 0}},
+	offsets := &fakeOffsets{lags: map[string]GroupLag{
+		"alpha":  {Offsets: []PartitionLag{{Topic: "payments", Partition: 0, Committed: 10, End: 15, Lag: 5}, {Topic: "payments", Partition: 1, Committed: -1, End: 3, Lag: 3}}},
+		"simple": {Offsets: []PartitionLag{{Topic: "t", Partition: 0, Committed: 1, End: 1, Lag: 0}}},
+		"zeta":   {Err: errors.New("NOT_COORDINATOR")},
 	}}
 	var ready error
 	srv := httptest.NewServer(NewAdminHandler(AdminConfig{
@@ -166,7 +183,26 @@ func TestAdminGroupsAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(list) != 3 || list[0].Group != "alpha" || list[0].Members != 2 || list[1].Group != "team/a" || list[2].Group != "zeta" {
-		t.Errorf("/api/groups = %+v", list)
+		t.Fatalf("/api/groups = %+v", list)
+	}
+	// Each group's total lag: alpha's known lags, 0 for a group with no
+	// commits, none (with the reason) where its offsets failed.
+	if l := list[0].TotalLag; l == nil || *l != 8 || list[0].LagError != "" {
+		t.Errorf("alpha total lag = %v (%q), want 8", l, list[0].LagError)
+	}
+	if l := list[1].TotalLag; l == nil || *l != 0 {
+		t.Errorf("team/a total lag = %v, want 0", l)
+	}
+	if list[2].TotalLag != nil || !strings.Contains(list[2].LagError, "NOT_COORDINATOR") {
+		t.Errorf("zeta: total lag %v, error %q; want none and the failure", list[2].TotalLag, list[2].LagError)
+	}
+	// The query names the partitions alpha's members are assigned (m2's
+	// assignment does not decode).
+	offsets.mu.Lock()
+	q := offsets.asked["alpha"]
+	offsets.mu.Unlock()
+	if len(q.Assigned) != 1 || q.Assigned[0].Topic != "payments" || !slices.Equal(q.Assigned[0].Partitions, []int32{0, 1}) {
+		t.Errorf("alpha's lag query assigned %+v, want payments [0 1]", q.Assigned)
 	}
 
 	code, body = get(t, srv, "/api/groups/alpha")
@@ -197,6 +233,14 @@ func TestAdminGroupsAndHealth(t *testing.T) {
 
 	if code, _ := get(t, srv, "/api/groups/simple"); code != 200 {
 		t.Errorf("group with offsets only: %d, want 200", code)
+	}
+	code, body = get(t, srv, "/api/groups/zeta")
+	var dz GroupDetail
+	if err := json.Unmarshal([]byte(body), &dz); err != nil || code != 200 {
+		t.Fatalf("/api/groups/zeta: %d %v %s", code, err, body)
+	}
+	if !strings.Contains(dz.OffsetsError, "NOT_COORDINATOR") || len(dz.Offsets) != 0 {
+		t.Errorf("zeta offsets %+v error %q, want the failure", dz.Offsets, dz.OffsetsError)
 	}
 	if code, body := get(t, srv, "/api/groups/team%2Fa"); code != 200 || !strings.Contains(body, `"group": "team/a"`) {
 		t.Errorf("group id with a slash: %d %s", code, body)

@@ -4,6 +4,12 @@
 // topic (groups.go). It implements the store interfaces of package
 // groupstate (OffsetStore, TopicResolver, GroupMetadataStore,
 // TopicMetadataStore).
+//
+// Loads read only committed records (load.go). In local mode writes are
+// plain produces and simple commits. In transactional mode
+// (EnableTransactions, txn.go, for a fleet of kproxies, docs/fleet.md)
+// each groups partition is claimed through its own transactional id and
+// every write of its groups rides in its transactions.
 package kafkastore
 
 import (

@@ -333,6 +333,15 @@ func (s *Store) claim(ctx context.Context, tp *txnPart, owner []byte) error {
 	// 3. Commit the owner record.
 	w := &txnWrite{group: ownerKey, meta: true, value: append([]byte{}, owner...), done: make(chan txnResult, 1)}
 	if err := s.runTxn(ctx, tp, []*txnWrite{w}); err != nil {
+		var te *txnError
+		if errors.As(err, &te) && te.fenced {
+			return fmt.Errorf("committing the owner record: someone newer holds the partition: %w (%v)", kerr.NotCoordinator, err)
+		}
+		actx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if aerr := s.endTxn(actx, tp, false); aerr != nil {
+			s.log.Warn("kafkastore: aborting a failed claim failed", "partition", tp.p, "err", aerr)
+		}
+		cancel()
 		return fmt.Errorf("committing the owner record: %w", err)
 	}
 	if r := <-w.done; r.err != nil {

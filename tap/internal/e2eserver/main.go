@@ -1,6 +1,7 @@
 // Command e2eserver runs an in-process kproxy (kfake cluster, proxy,
 // engine, tap, admin server) with real franz-go consumers, for tap's
-// browser test. It prints ADMIN_URL=<url> once the first group is Stable,
+// browser test: groups orders and billing commit, group audit never does.
+// It prints ADMIN_URL=<url> once the groups are Stable,
 // then serves until stdin closes or it is signalled. POST /test/drive
 // plays a scenario of real rebalances: a consumer joins, leaves, and a
 // static consumer vanishes and expires.
@@ -106,6 +107,11 @@ func run(listen string, verbose bool) error {
 		return err
 	}
 	if _, err := sc.join(setup, "billing", "billing-consumer-1", "invoices", 1); err != nil {
+		return err
+	}
+	// A group with a member that never commits: the web view shows its
+	// assigned partitions' end offsets and lag, not an error.
+	if _, err := sc.join(setup, "audit", "audit-consumer-1", "invoices", 1, kgo.DisableAutoCommit()); err != nil {
 		return err
 	}
 	fmt.Printf("ADMIN_URL=%s\n", st.AdminURL)

@@ -90,6 +90,30 @@ try {
   await page.goto(adminURL + "/#orders");
   await page.waitForSelector('#groups tbody tr[data-group="orders"]', { timeout: 15000 });
   check("group list shows orders and billing", await page.locator('#groups tbody tr[data-group="billing"]').count() === 1);
+
+  // Every group's total lag is in the list. audit's member never commits,
+  // so its lag is every record of invoices (50).
+  const lagOf = g => page.locator(`#groups tbody tr[data-group="${g}"] td[data-lag]`).getAttribute("data-lag");
+  check("group list shows each group's total lag",
+    (await Promise.all(["orders", "billing", "audit"].map(lagOf))).every(l => /^[0-9]+$/.test(l ?? "")));
+  check("audit's total lag counts every record", await lagOf("audit") === "50", await lagOf("audit"));
+
+  // A group with members but no commits: no error, the assigned
+  // partitions with their end offsets and lag.
+  await page.click('#groups tbody tr[data-group="audit"]');
+  const auditNote = await waitFor("audit's offsets", async () => {
+    const t = await page.locator("#offsets-note").textContent();
+    return (await page.locator("#offsets tbody tr").count()) === 3 ? t : null;
+  });
+  check("a group without commits says so, not an error",
+    auditNote.includes("no committed offsets") && !auditNote.includes("unavailable"), auditNote);
+  const auditRows = await page.$$eval("#offsets tbody tr", rs => rs.map(r => [...r.cells].map(c => c.textContent)));
+  check("its assigned partitions show end offsets and lag, nothing committed",
+    auditRows.every(([, , committed, end, lag]) => committed === "—" && end === lag && /^[0-9]+$/.test(end)) &&
+    auditRows.reduce((n, r) => n + Number(r[4]), 0) === 50, JSON.stringify(auditRows));
+  check("its total lag is shown", (await page.locator("#total-lag").textContent()) === "total lag 50");
+  mkdirSync(artifacts, { recursive: true });
+  await page.screenshot({ path: join(artifacts, "no-commits.png"), fullPage: true });
   await page.click('#groups tbody tr[data-group="orders"]');
   await page.waitForSelector('.conn[data-state="live"]', { timeout: 15000 });
   check("event stream connected", true);

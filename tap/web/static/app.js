@@ -259,7 +259,9 @@ function renderGroups() {
       el("td", { class: "mono" }, g.group),
       el("td", {}, el("span", { class: "state " + g.state }, g.state)),
       el("td", { class: "num" }, g.generation),
-      el("td", { class: "num" }, g.members));
+      el("td", { class: "num" }, g.members),
+      el("td", { class: "num", "data-lag": g.total_lag ?? "", title: g.lag_error || null },
+        g.total_lag ?? (g.lag_error ? "?" : "—")));
     tr.onclick = () => select(g.group);
     return tr;
   }));
@@ -295,14 +297,21 @@ function renderDetail(d) {
     el("td", { class: "mono" }, m.client_host || ""),
     el("td", { class: "mono" }, m.instance_id || ""),
     el("td", { class: "mono" }, m.assignment_error ? "undecodable: " + m.assignment_error : fmtAssignment(m.assignment)))));
-  offsets.replaceChildren(...d.offsets.map(o => el("tr", {},
+  // Rows are the partitions the group committed or is assigned; an
+  // assigned partition without a commit shows "—" as its committed offset
+  // and every record up to the end as its lag.
+  offsets.replaceChildren(...d.offsets.map(o => el("tr", { title: o.error || null },
     el("td", { class: "mono" }, o.topic),
     el("td", { class: "num" }, o.partition),
-    el("td", { class: "num" }, o.committed),
-    el("td", { class: "num" }, o.end),
+    el("td", { class: "num" }, o.committed < 0 ? "—" : o.committed),
+    el("td", { class: "num" }, o.end < 0 ? "?" : o.end),
     el("td", { class: "num" }, o.lag < 0 ? "?" : o.lag))));
   document.getElementById("total-lag").textContent = d.offsets.length ? "total lag " + d.total_lag : "";
-  note.textContent = d.offsets_error ? "offsets unavailable: " + d.offsets_error : (d.offsets.length ? "" : "no committed offsets");
+  const committed = d.offsets.some(o => o.committed >= 0);
+  if (d.offsets_error) note.textContent = "offsets unavailable: " + d.offsets_error;
+  else if (d.offsets.length === 0) note.textContent = "no committed offsets";
+  else if (!committed) note.textContent = "no committed offsets yet: lag counts every record up to the end offset";
+  else note.textContent = "";
 }
 
 // layout places the breakpoints of rebalances at scale k (px per ms):
