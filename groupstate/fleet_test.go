@@ -380,8 +380,14 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	notAnswered(t, a.harness, loading, "commit waiting for its load")
 	writes := fs.writesBy("A")
 
-	a.releaseAll()
+	unloaded := make(chan struct{})
+	go func() {
+		defer close(unloaded)
+		a.releaseAll()
+	}()
 
+	// Parked requests are answered at once; Unload itself waits for the
+	// store calls in flight (the held commit and load).
 	if r := joinResp(t, joining, errNotCoordinator); r.MemberID == "" {
 		t.Fatalf("parked join answered without its member id")
 	}
@@ -395,6 +401,12 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	if got := kinds(evs); !slices.Equal(got, []string{"group_unloaded(unloaded)"}) || evs[0].State != "PreparingRebalance" {
 		t.Fatalf("events at unload: %v %+v", got, evs)
 	}
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-unloaded:
+		t.Fatal("Unload returned while a store call of its groups was running")
+	default:
+	}
 	// The store call in flight answers with the store's result and
 	// touches no state.
 	a.w.setHold(false, nil)
@@ -402,13 +414,20 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	if code := commitCode(t, inFlight.wait()); code != errNone {
 		t.Fatalf("commit in flight at unload: %s", errName(code))
 	}
-	// l's partition is claimed back before the load started before the
-	// unload completes: what it read is not installed.
+	// l's partition is owned again before the load that was running at
+	// the unload completes (as when a claim follows Unload before the
+	// load's completion reached the loop): what it read is not
+	// installed.
 	a.w.claim(fs.partition("l"))
 	a.w.mu.Lock()
 	a.w.holdLoad = nil
 	a.w.mu.Unlock()
 	close(holdLoad)
+	select {
+	case <-unloaded:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Unload did not return after the store calls in flight did")
+	}
 	a.flush()
 	if got := kinds(a.takeEvents("s")); len(got) != 0 {
 		t.Fatalf("events of s after the unload: %v", got)
