@@ -182,7 +182,8 @@ func (e *Engine) gate(group string, req kmsg.Request, reply func(kmsg.Response))
 }
 
 // rejectsEmptyGroup reports whether req answers an empty group id with an
-// error of its own before anything else (spec A2, C2).
+// error of its own before anything else, as Kafka's group coordinator
+// service checks the group id before it looks for the group's owner.
 func rejectsEmptyGroup(req kmsg.Request) bool {
 	switch req.(type) {
 	case *kmsg.JoinGroupRequest, *kmsg.SyncGroupRequest, *kmsg.HeartbeatRequest, *kmsg.LeaveGroupRequest,
