@@ -38,6 +38,22 @@
 // one refuses the other protocol. Online migration between the two
 // (KIP-848's upgrade and downgrade of a non-empty group) is not implemented.
 //
+// Every answer that grants partitions or moves a generation or epoch
+// rides on a durable write: the leader's SyncGroup, a static member's
+// replacement, OffsetCommit and every KIP-848 heartbeat that changed the
+// group are answered only after the store call returned nil; when it
+// failed they get the store error's code (storeErrorCode) and the
+// group's state does not run ahead of the store.
+//
+// In a fleet of kproxies (docs/fleet.md) each group has one owner.
+// Config.Owns gates every request on the loop that dispatches it: a
+// group this engine does not own is answered NOT_COORDINATOR, and
+// nothing is created or loaded for it. Engine.Unload drops the groups of
+// a partition given up or lost without writing anything (unload.go); a
+// later owner loads them from the store at their stored generation,
+// without a rebalance. A store error saying that the writer was fenced
+// answers NOT_COORDINATOR.
+//
 // Reply callbacks and the Events sink are called on a loop goroutine:
 // they must not block, and must not call back into Engine.Group or
 // Engine.Groups (which wait for the loops).

@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"context"
+	"fmt"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -51,9 +53,39 @@ func TestErrorCodesMatchKerr(t *testing.T) {
 		{kerr.MessageTooLarge, errUnknownServer},
 		{kerr.NetworkException, errCoordinatorLoadInProgress},
 		{kerr.GroupIDNotFound, errGroupIDNotFound},
+		// A fenced writer is no longer the coordinator (docs/fleet.md).
+		{kerr.ProducerFenced, errNotCoordinator},
+		{kerr.InvalidProducerEpoch, errNotCoordinator},
+		{kerr.InvalidTxnState, errNotCoordinator},
+		{kerr.NotCoordinator, errNotCoordinator},
+		{fmt.Errorf("committing the transaction of partition 3: %w", kerr.ProducerFenced), errNotCoordinator},
+		// Transient trouble of the transaction coordinator.
+		{kerr.ConcurrentTransactions, errCoordinatorNotAvailable},
+		{kerr.CoordinatorLoadInProgress, errCoordinatorNotAvailable},
+		{fmt.Errorf("adding offsets: %w", kerr.ConcurrentTransactions), errCoordinatorNotAvailable},
+		// The engine's own causes.
+		{errUnloaded, errNotCoordinator},
+		{errEngineClosed, errCoordinatorNotAvailable},
+		{context.DeadlineExceeded, errCoordinatorNotAvailable},
 	} {
 		if got := storeErrorCode(tc.err); got != tc.want {
 			t.Errorf("storeErrorCode(%v) = %d, want %d", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestFencedErrors checks which store errors drop a group instead of
+// rebalancing it.
+func TestFencedErrors(t *testing.T) {
+	for _, err := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidTxnState, kerr.NotCoordinator,
+		errUnloaded, fmt.Errorf("wrapped: %w", kerr.ProducerFenced)} {
+		if !fenced(err) {
+			t.Errorf("fenced(%v) = false", err)
+		}
+	}
+	for _, err := range []error{kerr.NotLeaderForPartition, kerr.ConcurrentTransactions, context.DeadlineExceeded, errEngineClosed} {
+		if fenced(err) {
+			t.Errorf("fenced(%v) = true", err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,8 +28,10 @@ type FencedMemoryStore struct {
 	// epochs is the current writer epoch of each partition (0: never
 	// claimed).
 	epochs []int32
-	// writes counts the successful writes of each writer.
+	// writes counts the successful writes of each writer; fenced the
+	// writes refused for a stale epoch.
 	writes map[string]int
+	fenced int
 	// last is the last committed offset of each group/topic/partition;
 	// backwards records every commit that lowered one.
 	last      map[fencedKey]int64
@@ -63,6 +66,20 @@ func (fs *FencedMemoryStore) writesBy(writer string) int {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	return fs.writes[writer]
+}
+
+// fencedWrites returns the number of writes refused for a stale epoch.
+func (fs *FencedMemoryStore) fencedWrites() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.fenced
+}
+
+// committed returns the last committed offset of each partition.
+func (fs *FencedMemoryStore) committed() map[fencedKey]int64 {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return maps.Clone(fs.last)
 }
 
 // wentBackwards returns the commits that lowered a committed offset.
@@ -162,6 +179,7 @@ func (w *fencedWriter) write(ctx context.Context, group string, meta bool, apply
 	w.FencedMemoryStore.mu.Lock()
 	defer w.FencedMemoryStore.mu.Unlock()
 	if epoch == 0 || epoch != w.epochs[p] {
+		w.fenced++
 		return fmt.Errorf("writer %s with epoch %d of partition %d, now at %d: %w", w.name, epoch, p, w.epochs[p], kerr.ProducerFenced)
 	}
 	if fail != nil {

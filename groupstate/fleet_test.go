@@ -380,8 +380,14 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	notAnswered(t, a.harness, loading, "commit waiting for its load")
 	writes := fs.writesBy("A")
 
-	a.releaseAll()
+	unloaded := make(chan struct{})
+	go func() {
+		defer close(unloaded)
+		a.releaseAll()
+	}()
 
+	// Parked requests are answered at once; Unload itself waits for the
+	// store calls in flight (the held commit and load).
 	if r := joinResp(t, joining, errNotCoordinator); r.MemberID == "" {
 		t.Fatalf("parked join answered without its member id")
 	}
@@ -395,6 +401,12 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	if got := kinds(evs); !slices.Equal(got, []string{"group_unloaded(unloaded)"}) || evs[0].State != "PreparingRebalance" {
 		t.Fatalf("events at unload: %v %+v", got, evs)
 	}
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-unloaded:
+		t.Fatal("Unload returned while a store call of its groups was running")
+	default:
+	}
 	// The store call in flight answers with the store's result and
 	// touches no state.
 	a.w.setHold(false, nil)
@@ -402,13 +414,20 @@ func TestUnloadAnswersParkedRequestsAndWritesNothing(t *testing.T) {
 	if code := commitCode(t, inFlight.wait()); code != errNone {
 		t.Fatalf("commit in flight at unload: %s", errName(code))
 	}
-	// l's partition is claimed back before the load started before the
-	// unload completes: what it read is not installed.
+	// l's partition is owned again before the load that was running at
+	// the unload completes (as when a claim follows Unload before the
+	// load's completion reached the loop): what it read is not
+	// installed.
 	a.w.claim(fs.partition("l"))
 	a.w.mu.Lock()
 	a.w.holdLoad = nil
 	a.w.mu.Unlock()
 	close(holdLoad)
+	select {
+	case <-unloaded:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Unload did not return after the store calls in flight did")
+	}
 	a.flush()
 	if got := kinds(a.takeEvents("s")); len(got) != 0 {
 		t.Fatalf("events of s after the unload: %v", got)
@@ -584,5 +603,88 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 	}
 	if got, _ := store.MemoryStore.FetchOffsets(context.Background(), "x", nil, false); len(got) != 0 {
 		t.Errorf("offsets stored for x: %+v", got)
+	}
+}
+
+// TestFleetStaticReplacementAnsweredAfterDurableWrite: a static member's
+// replacement in Stable is answered only once the record naming the new
+// member id is written; if the write is fenced the JoinGroup gets
+// NOT_COORDINATOR, A drops the group and the new owner serves the old,
+// durable member id.
+func TestFleetStaticReplacementAnsweredAfterDurableWrite(t *testing.T) {
+	fs := newFencedMemoryStore(4)
+	a := newFleetMember(t, fs, "A")
+	b := newFleetMember(t, fs, "B")
+	a.w.claimAll()
+	ra := joinResp(t, a.send(jr{group: "s", instance: "a", version: 9}.req()), 0)
+	cb := a.send(jr{group: "s", instance: "b", version: 9}.req()) // parks: a must rejoin
+	cb.parked(a.harness)
+	joinResp(t, a.send(jr{group: "s", member: ra.MemberID, instance: "a", version: 9}.req()), 0)
+	joinResp(t, cb, 0)
+	snap, _ := a.e.Group("s")
+	ids := []string{snap.Leader}
+	var bOld string
+	for _, m := range snap.Members {
+		if m.MemberID != snap.Leader {
+			ids = append(ids, m.MemberID)
+		}
+		if m.InstanceID == "b" {
+			bOld = m.MemberID
+		}
+	}
+	gen := snap.Generation
+	a.syncAll("s", gen, ids, nil)
+	a.flush()
+
+	// Instance b restarts: its JoinGroup waits for the write.
+	hold := make(chan struct{})
+	a.w.setHold(true, hold)
+	c := a.send(jr{group: "s", instance: "b", version: 9}.req())
+	notAnswered(t, a.harness, c, "the static replacement")
+	a.w.setHold(true, nil)
+	close(hold)
+	r := joinResp(t, c, errNone)
+	if r.Generation != gen || r.MemberID == bOld {
+		t.Fatalf("replacement: %+v (old id %s)", r, bOld)
+	}
+	bNew := r.MemberID
+	a.flush()
+
+	// It restarts again, and B claims the partition while that write is
+	// held: the write is fenced.
+	hold = make(chan struct{})
+	a.w.setHold(true, hold)
+	c = a.send(jr{group: "s", instance: "b", version: 9}.req())
+	notAnswered(t, a.harness, c, "the second static replacement")
+	b.w.claimAll()
+	a.w.setHold(true, nil)
+	close(hold)
+	if r := joinResp(t, c, errNotCoordinator); r.MemberID != "" || r.LeaderID != "" {
+		t.Fatalf("fenced replacement: %+v", r)
+	}
+	a.flush()
+	if _, ok := a.e.Group("s"); ok {
+		t.Fatal("A still holds the group after its write was fenced")
+	}
+	v, ok := storedRecord(t, fs.MemoryStore, "s")
+	if !ok {
+		t.Fatal("no record of s")
+	}
+	var stored []string
+	for _, m := range v.Members {
+		stored = append(stored, m.MemberID)
+	}
+	if !slices.Contains(stored, bNew) || len(stored) != 2 {
+		t.Fatalf("stored members %v, want the first replacement's %s", stored, bNew)
+	}
+	// At B the durable member id goes on.
+	iid := "b"
+	for range 2 {
+		h := hb("s", bNew, gen)
+		h.InstanceID = &iid
+		if code := b.do(h).(*kmsg.HeartbeatResponse).ErrorCode; code != errNone {
+			t.Fatalf("heartbeat of %s at B: %s", bNew, errName(code))
+		}
+		b.flush()
 	}
 }

@@ -22,9 +22,10 @@ import (
 // or forgotten after staying Empty. Pending members, parked requests,
 // timers and the in-between rebalance states are never written.
 //
-// The first request for a group id after the engine started loads its
-// record before it is served: requests wait in the shard's loading list
-// (heartbeats are answered NONE at once). A loaded group with members is
+// The first request for a group id after the engine started (or after
+// Engine.Unload dropped it) loads its record before it is served:
+// requests wait in the shard's loading list (heartbeats are answered NONE
+// at once). A loaded group with members is
 // Stable at its stored generation with its stored assignments, and every
 // member gets a fresh full session timer: members that keep heartbeating
 // go on without a rebalance, those that do not come back expire.

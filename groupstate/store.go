@@ -64,7 +64,8 @@ type TopicResolver interface {
 // to the store: a versioned encoding owned by the engine. The engine
 // calls these methods off its loops, at most one at a time per group id,
 // in the order it issued them; the first call for a group id after the
-// engine's start is always a load. A store that does not implement it
+// engine's start, or after an Engine.Unload of the group returned, is
+// always a load. A store that does not implement it
 // (or is wrapped by WithoutGroupMetadata) keeps no group metadata: a
 // restart then forgets every member and the groups rebalance.
 type GroupMetadataStore interface {

@@ -13,12 +13,14 @@ import (
 // closed meanwhile, the completion answers the client directly.
 //
 // Engine.Unload answers the unstarted operations of an unloaded group
-// (abort with errUnloaded) and leaves the one in flight running: its
-// FIFO stays in place, marked by a new unload count, so that operations
-// queued after the group is claimed again still run after it. Its
-// completion still answers the client with the store's result (done) but
-// skips the follow-up, and an operation that installs state (a load) is
-// given stale instead of done.
+// (abort with errUnloaded) and waits for the one in flight: a store call
+// the engine issued before the unload must not reach the store after the
+// partition was claimed again (it would write under the new claim, after
+// the new owner's writes). Its FIFO stays in place, marked by a new
+// unload count, so that operations queued after the group is claimed
+// again still run after it. Its completion still answers the client with
+// the store's result (done) but skips the follow-up, and an operation
+// that installs state (a load) is given stale instead of done.
 
 // storeOp is one queued store operation.
 type storeOp struct {
@@ -48,6 +50,9 @@ type opQueue struct {
 	// unloads counts the Unloads of the group since the queue was
 	// created: an operation that started at another count is stale.
 	unloads uint64
+	// running is closed once the operation in flight returned from the
+	// store and its completion was posted (Unload waits for it).
+	running chan struct{}
 }
 
 // enqueue adds op to group's FIFO and starts it if the FIFO was idle.
@@ -78,7 +83,10 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 	q.q = q.q[1:]
 	q.busy = true
 	gen := q.unloads
+	running := make(chan struct{})
+	q.running = running
 	started := s.e.goStore(func(ctx context.Context) {
+		defer close(running)
 		result, after := op.run(ctx)
 		if !s.post(func() {
 			switch {
@@ -104,6 +112,7 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 		}
 	})
 	if !started {
+		close(running)
 		op.done(op.abort(errEngineClosed))
 		s.startNext(ops, group, q)
 	}
@@ -124,9 +133,11 @@ func (s *shard) abortOps() {
 
 // unloadOps answers the unstarted operations of every group id match
 // accepts with errUnloaded and marks their FIFOs, so that the completion
-// of the operation in flight touches no state. A busy FIFO stays in
-// place to keep later operations of the id behind the one in flight.
-func (s *shard) unloadOps(match func(string) bool) {
+// of the operation in flight touches no state; it returns what signals
+// the end of each operation in flight. A busy FIFO stays in place to keep
+// later operations of the id behind the one in flight.
+func (s *shard) unloadOps(match func(string) bool) []chan struct{} {
+	var running []chan struct{}
 	for _, ops := range []map[string]*opQueue{s.ops, s.metaOps} {
 		for group, q := range ops {
 			if !match(group) {
@@ -138,11 +149,14 @@ func (s *shard) unloadOps(match func(string) bool) {
 			for _, op := range pending {
 				op.done(op.abort(errUnloaded))
 			}
-			if !q.busy {
+			if q.busy {
+				running = append(running, q.running)
+			} else {
 				delete(ops, group)
 			}
 		}
 	}
+	return running
 }
 
 // goStore runs fn on a tracked goroutine with a bounded context; it

@@ -30,16 +30,19 @@ func fenced(err error) bool {
 var errUnloaded = errors.New("groupstate: group unloaded")
 
 // Unload drops every group for which match is true and returns once every
-// loop has done so. For each such group: its parked requests (JoinGroup
-// and SyncGroup waiting, requests waiting for the group's load,
-// KIP-848 heartbeats waiting for a write not yet started, store
-// operations queued but not started) are answered NOT_COORDINATOR; its
-// timers are stopped; its members are forgotten; nothing is written (no
-// record, no tombstone, no expiry, no rebalance). A store call already
-// running when Unload is called still answers its client with the
-// store's result when it completes, but touches no state. An
-// EventGroupUnloaded (Cause CauseUnloaded) is emitted for every group
-// that had state.
+// loop has done so and every store call of these groups that was running
+// has returned. For each such group: its parked requests (JoinGroup and
+// SyncGroup waiting, requests waiting for the group's load, KIP-848
+// heartbeats waiting for a write not yet started, store operations
+// queued but not started) are answered NOT_COORDINATOR at once; its
+// timers are stopped; its members are forgotten; nothing more is written
+// (no record, no tombstone, no expiry, no rebalance). A store call
+// already running (at most one per group id for offsets, one for group
+// metadata) still answers its client with the store's result, but
+// touches no state; Unload waits for it, bounded by Config.StoreTimeout,
+// so that no call issued before the unload reaches the store after a
+// later claim of the partition. An EventGroupUnloaded (Cause
+// CauseUnloaded) is emitted for every group that had state.
 //
 // The engine keeps no memory of the unload: set Config.Owns to refuse the
 // groups first, or requests arriving after Unload load them again. Once
@@ -49,23 +52,35 @@ var errUnloaded = errors.New("groupstate: group unloaded")
 //
 // match is called on the loops and must not block. Unload must not be
 // called from a reply callback or the Events sink (it waits for the
-// loops). After Close it does nothing.
+// loops), nor from a goroutine the store's calls wait for. After Close
+// it does nothing.
 func (e *Engine) Unload(match func(group string) bool) {
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		running []chan struct{}
+	)
 	for _, s := range e.shards {
 		wg.Add(1)
 		if !s.post(func() {
 			defer wg.Done()
-			s.unload(match)
+			r := s.unload(match)
+			mu.Lock()
+			running = append(running, r...)
+			mu.Unlock()
 		}) {
 			wg.Done()
 		}
 	}
 	wg.Wait()
+	for _, ch := range running {
+		<-ch
+	}
 }
 
-// unload drops the loop's groups that match accepts (Engine.Unload).
-func (s *shard) unload(match func(string) bool) {
+// unload drops the loop's groups that match accepts (Engine.Unload) and
+// returns what signals the end of their store calls in flight.
+func (s *shard) unload(match func(string) bool) []chan struct{} {
 	n := 0
 	for id, g := range s.groups {
 		if match(id) {
@@ -93,10 +108,11 @@ func (s *shard) unload(match func(string) bool) {
 			delete(s.known, id)
 		}
 	}
-	s.unloadOps(match)
+	running := s.unloadOps(match)
 	if n > 0 {
-		s.e.log.Info("groupstate: groups unloaded", "shard", s.id, "groups", n)
+		s.e.log.Info("groupstate: groups unloaded", "shard", s.id, "groups", n, "store_calls_in_flight", len(running))
 	}
+	return running
 }
 
 // unloadClassic drops classic group g from the loop without writing
@@ -166,7 +182,8 @@ func (e *Engine) gate(group string, req kmsg.Request, reply func(kmsg.Response))
 }
 
 // rejectsEmptyGroup reports whether req answers an empty group id with an
-// error of its own before anything else (spec A2, C2).
+// error of its own before anything else, as Kafka's group coordinator
+// service checks the group id before it looks for the group's owner.
 func rejectsEmptyGroup(req kmsg.Request) bool {
 	switch req.(type) {
 	case *kmsg.JoinGroupRequest, *kmsg.SyncGroupRequest, *kmsg.HeartbeatRequest, *kmsg.LeaveGroupRequest,
