@@ -35,6 +35,7 @@ type metrics struct {
 	duration metric.Float64Histogram
 	conns    metric.Int64UpDownCounter
 	upErrors metric.Int64Counter
+	down     metric.Int64UpDownCounter
 
 	// Bytes are counted in atomics and read by observable counters at
 	// collection time: one atomic add per request instead of an SDK call.
@@ -69,6 +70,7 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	}
 	x.conns, _ = m.Int64UpDownCounter("kproxy.connections.open", metric.WithDescription("Open client connections."))
 	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
+	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
 	x.addOpts = make([][numRoutes][]metric.AddOption, 100)
 	x.recordOpts = make([][numRoutes][]metric.RecordOption, 100)
 	for k := range x.addOpts {
@@ -102,3 +104,5 @@ func (x *metrics) upstreamError(ctx context.Context) {
 	}
 	x.upErrors.Add(ctx, 1)
 }
+
+func (x *metrics) brokerDown(n int64) { x.down.Add(context.Background(), n) }

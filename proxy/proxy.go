@@ -42,10 +42,18 @@ type Proxy struct {
 
 // listener is one TCP listener standing for an upstream broker (node >= 0)
 // or for the cluster as a whole (the bootstrap listener, node -1).
+//
+// While its broker is unreachable a broker listener is closed (down), so
+// that clients get a refused connection exactly as they would from the
+// dead broker itself; a probe reopens it at the same address once the
+// broker accepts connections again (see brokerUnreachable).
 type listener struct {
-	node int32
-	ln   net.Listener
-	port int32 // advertised port
+	node  int32
+	port  int32  // advertised port; immutable
+	bound string // host:port actually listened on; immutable, reused on reopen
+
+	ln   net.Listener // guarded by Proxy.mu; replaced when the listener reopens
+	down bool         // guarded by Proxy.mu: closed while the broker is unreachable
 }
 
 // New validates cfg and returns a Proxy that is not yet listening.
@@ -194,7 +202,7 @@ func (p *Proxy) listen(node int32, port int) (*listener, error) {
 	if node < 0 {
 		p.bootPort = actual
 	}
-	l := &listener{node: node, ln: ln, port: actual}
+	l := &listener{node: node, ln: ln, port: actual, bound: ln.Addr().String()}
 	if p.cfg.AdvertisePort > 0 {
 		l.port = int32(p.cfg.AdvertisePort) + actual - p.bootPort
 	}
@@ -215,15 +223,17 @@ func (p *Proxy) listen(node int32, port int) (*listener, error) {
 	} else {
 		p.log.Info("bootstrap listener open", "listen", ln.Addr().String())
 	}
-	go p.accept(l)
+	go p.accept(l, ln)
 	return l, nil
 }
 
-func (p *Proxy) accept(l *listener) {
+// accept runs one accept loop of l over ln until ln is closed (shutdown,
+// or the broker became unreachable).
+func (p *Proxy) accept(l *listener, ln net.Listener) {
 	defer p.wg.Done()
 	var delay time.Duration
 	for {
-		c, err := l.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -330,4 +340,91 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.disco.Close()
 	}
 	return err
+}
+
+// Backoff of the probe that waits for an unreachable broker.
+const (
+	probeMin = 50 * time.Millisecond
+	probeMax = time.Second
+)
+
+// brokerUnreachable is called when dialling node's broker failed. It
+// closes node's listener so that clients see what they see when the
+// broker itself is down, a refused connection, and starts a probe that
+// reopens the listener once the broker answers again.
+//
+// Why not keep accepting: a client whose connection is accepted and then
+// dropped during its first request (ApiVersions) reads that as a
+// misconfiguration, not as a dead broker. franz-go turns an EOF there
+// into ErrFirstReadEOF ("is TLS misconfigured?"), which is not retried
+// and fails buffered records when a metadata request hits it; librdkafka
+// logs "Disconnected while requesting ApiVersion: might be caused by
+// incorrect security.protocol"; the Java client only reconnects with
+// backoff. A refused connection is the one outcome all three handle as
+// the broker being down: franz-go refreshes metadata and moves produce
+// and fetch to the new leaders, re-resolves a coordinator, and the Java
+// client and librdkafka mark the node down and back off.
+func (p *Proxy) brokerUnreachable(node int32, cause error) {
+	if node < 0 {
+		return // the bootstrap listener stands for every seed
+	}
+	p.mu.Lock()
+	l := p.listeners[node]
+	if l == nil || l.down || p.closing {
+		p.mu.Unlock()
+		return
+	}
+	l.down = true
+	l.ln.Close()
+	p.wg.Add(1)
+	p.mu.Unlock()
+	p.metrics.brokerDown(1)
+	p.log.Warn("broker unreachable: its listener refuses connections until the broker answers again",
+		"node", node, "listen", l.bound, "err", cause)
+	go p.probe(l)
+}
+
+// probe dials l's broker with backoff until it answers, then reopens l
+// at the same address.
+func (p *Proxy) probe(l *listener) {
+	defer p.wg.Done()
+	t := time.NewTimer(probeMin)
+	defer t.Stop()
+	delay := probeMin
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		delay = min(2*delay, probeMax)
+		t.Reset(delay)
+		addrs := p.upstreamFor(l.node)
+		if len(addrs) == 0 {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", addrs[0], min(p.cfg.DialTimeout, probeMax))
+		if err != nil {
+			continue
+		}
+		c.Close()
+		ln, err := net.Listen("tcp", l.bound)
+		if err != nil {
+			p.log.Error("broker answers again but its listener cannot reopen", "node", l.node, "listen", l.bound, "err", err)
+			continue
+		}
+		p.mu.Lock()
+		if p.closing {
+			p.mu.Unlock()
+			ln.Close()
+			return
+		}
+		l.ln, l.down = ln, false
+		p.wg.Add(1)
+		p.mu.Unlock()
+		p.metrics.brokerDown(-1)
+		p.log.Info("broker reachable again: listener reopened", "node", l.node, "listen", l.bound, "upstream", addrs[0])
+		go p.accept(l, ln)
+		return
+	}
 }

@@ -105,6 +105,16 @@ func (s *session) run() {
 	go s.writeLoop()
 	err := s.readLoop()
 	close(s.slots)
+	var down *upstreamDownError
+	if errors.As(err, &down) {
+		// Reset rather than close: a clean close after the client's
+		// first request reads as a TLS or SASL problem (see
+		// brokerUnreachable); a reset reads as a network failure,
+		// which every client retries. The broker's listener then
+		// refuses the client's next connection, as the broker would.
+		s.conn.SetLinger(0)
+		s.p.brokerUnreachable(s.node, down.err)
+	}
 	switch {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), s.draining.Load():
 		s.log.Debug("client connection closed", "err", err)
@@ -350,8 +360,15 @@ func (s *session) ensureUpstream() error {
 		s.upR = bufio.NewReaderSize(s.up, bufSize)
 		return nil
 	}
-	return fmt.Errorf("upstream unreachable: %w", errors.Join(errs...))
+	return &upstreamDownError{errors.Join(errs...)}
 }
+
+// upstreamDownError says that the session's broker (or, for the
+// bootstrap listener, every seed) could not be dialled.
+type upstreamDownError struct{ err error }
+
+func (e *upstreamDownError) Error() string { return "upstream unreachable: " + e.err.Error() }
+func (e *upstreamDownError) Unwrap() error { return e.err }
 
 // forward streams one request frame upstream as it arrived.
 func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total int) error {
