@@ -49,6 +49,22 @@ type Config struct {
 	// MaxFrame is the largest request or response frame accepted; default
 	// codec.DefaultMaxFrame (100 MiB).
 	MaxFrame int32
+	// MaxGroupRequest is the largest request kproxy reads whole to serve
+	// itself (group APIs, FindCoordinator); a larger one closes the
+	// connection when its size prefix arrives. Default 8 MiB: a
+	// SyncGroup from the leader of a large group carries every
+	// member's assignment.
+	MaxGroupRequest int32
+	// MaxRewriteResponse is the largest upstream response kproxy reads
+	// whole to rewrite broker addresses in (Metadata, ApiVersions,
+	// FindCoordinator, DescribeCluster, Produce v10+). Default MaxFrame:
+	// a large cluster's Metadata is tens of MiB.
+	MaxRewriteResponse int32
+	// FrameMemory bounds, process-wide, the bytes of the frames above
+	// held at once. A frame reserves its announced size before its body
+	// is read; one that does not fit is refused and its connection
+	// closed. Default 256 MiB.
+	FrameMemory int64
 	// MaxInFlight bounds the requests in flight on one client connection;
 	// a full queue stops reading from the client. Default 128.
 	MaxInFlight int
@@ -96,6 +112,15 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = codec.DefaultMaxFrame
+	}
+	if c.MaxGroupRequest <= 0 {
+		c.MaxGroupRequest = min(8<<20, c.MaxFrame)
+	}
+	if c.MaxRewriteResponse <= 0 {
+		c.MaxRewriteResponse = c.MaxFrame
+	}
+	if c.FrameMemory <= 0 {
+		c.FrameMemory = 256 << 20
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 128

@@ -22,6 +22,21 @@ const (
 
 var routeNames = [numRoutes]string{"forwarded", "rewritten", "local"}
 
+// refusal is why a connection or a frame was refused.
+type refusal uint8
+
+const (
+	refusedTooLarge    refusal = iota // a held frame over its API's limit
+	refusedBudget                     // the process-wide frame budget is spent
+	refusedConnLimit                  // over the total connection limit
+	refusedHostLimit                  // over the per-host connection limit
+	refusedReadTimeout                // a request not complete within the read timeout
+	refusedIdle                       // a connection idle past the idle timeout
+	numRefusals
+)
+
+var refusalNames = [numRefusals]string{"frame_too_large", "frame_memory", "connection_limit", "host_connection_limit", "read_timeout", "idle_timeout"}
+
 // processStart anchors nanotime so that slots carry a plain int64.
 var processStart = time.Now()
 
@@ -36,6 +51,8 @@ type metrics struct {
 	conns    metric.Int64UpDownCounter
 	upErrors metric.Int64Counter
 	down     metric.Int64UpDownCounter
+	refusals metric.Int64Counter
+	refOpts  [numRefusals][]metric.AddOption
 
 	// Bytes are counted in atomics and read by observable counters at
 	// collection time: one atomic add per request instead of an SDK call.
@@ -71,6 +88,10 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	x.conns, _ = m.Int64UpDownCounter("kproxy.connections.open", metric.WithDescription("Open client connections."))
 	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
 	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
+	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts."))
+	for r := range numRefusals {
+		x.refOpts[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", refusalNames[r])))}
+	}
 	x.addOpts = make([][numRoutes][]metric.AddOption, 100)
 	x.recordOpts = make([][numRoutes][]metric.RecordOption, 100)
 	for k := range x.addOpts {
@@ -106,3 +127,5 @@ func (x *metrics) upstreamError(ctx context.Context) {
 }
 
 func (x *metrics) brokerDown(n int64) { x.down.Add(context.Background(), n) }
+
+func (x *metrics) refused(r refusal) { x.refusals.Add(context.Background(), 1, x.refOpts[r]...) }

@@ -24,6 +24,7 @@ type Proxy struct {
 	cfg        Config // immutable after New
 	log        *slog.Logger
 	metrics    *metrics
+	budget     budget // bytes of held frames, process-wide (see memory.go)
 	listenHost string // immutable after New
 	listenPort int    // immutable after New; 0 means ephemeral ports
 	bootPort   int32  // the bootstrap listener's actual port; set by Start before any other listener
@@ -67,6 +68,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:        cfg.Logger,
 		metrics:    newMetrics(cfg.MeterProvider),
 		listenHost: host,
+		budget:     budget{limit: cfg.FrameMemory},
 		brokers:    make(map[int32]string),
 		listeners:  make(map[int32]*listener),
 		sessions:   make(map[*session]struct{}),

@@ -76,7 +76,6 @@ type session struct {
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
-	reqBuf  []byte           // owned by the reader: whole frames of local requests
 	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite
 	outBuf  []byte           // owned by the writer: rewritten responses
 }
@@ -232,13 +231,20 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		if h.Version > codec.MaxVersion(h.Key) {
 			return fmt.Errorf("%w: %s v%d", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
 		}
-		frame, err := s.readFrame(total)
+		if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+			s.p.metrics.refused(refusedTooLarge)
+			return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
+				codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
+		}
+		frame, done, err := s.readFrame(total)
 		if err != nil {
 			return err
 		}
 		req := kmsg.RequestForKey(h.Key)
 		req.SetVersion(h.Version)
-		if err := req.ReadFrom(frame[4+h.Len:]); err != nil {
+		err = req.ReadFrom(frame[4+h.Len:])
+		done()
+		if err != nil {
 			return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
 		}
 		if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
@@ -261,16 +267,23 @@ func truncated(err error) error {
 	return err
 }
 
-// readFrame reads a whole frame into the session's request buffer.
-func (s *session) readFrame(total int) ([]byte, error) {
-	if cap(s.reqBuf) < total {
-		s.reqBuf = make([]byte, total)
+// readFrame reads a whole request frame that kproxy serves itself into
+// a buffer of its own: the decoded request aliases it (kmsg's byte
+// fields are sub-slices of the frame) and the coordinator may hold it
+// after the reader has moved on. The frame's size is reserved from the
+// process budget while it is read and decoded; the caller calls done
+// once the request is decoded.
+func (s *session) readFrame(total int) (frame []byte, done func(), err error) {
+	if err := s.p.reserveFrame(total); err != nil {
+		return nil, nil, err
 	}
-	b := s.reqBuf[:total]
-	if _, err := io.ReadFull(s.br, b); err != nil {
-		return nil, truncated(err)
+	done = func() { s.p.budget.release(int64(total)) }
+	b, err := readGrowing(s.br, nil, total)
+	if err != nil {
+		done()
+		return nil, nil, truncated(err)
 	}
-	return b, nil
+	return b, done, nil
 }
 
 // push queues a slot, or fails when the writer is gone.
@@ -514,10 +527,13 @@ func (s *session) writeLocal(sl slot) error {
 		resp = <-sl.reply
 	}
 	s.respBuf = codec.AppendResponse(s.respBuf[:0], sl.corr, resp)
-	if _, err := s.bw.Write(s.respBuf); err != nil {
+	_, err := s.bw.Write(s.respBuf)
+	n := len(s.respBuf)
+	s.respBuf = keep(s.respBuf)
+	if err != nil {
 		return fmt.Errorf("writing to client: %w", err)
 	}
-	s.p.metrics.bytesOut(int64(len(s.respBuf)))
+	s.p.metrics.bytesOut(int64(n))
 	s.p.metrics.request(sl.key, routeLocal, sl.start)
 	return nil
 }
@@ -551,13 +567,20 @@ func (s *session) writeForwarded(sl slot) error {
 		s.p.metrics.request(sl.key, routeForwarded, sl.start)
 		return nil
 	}
-	if cap(s.respBuf) < total {
-		s.respBuf = make([]byte, total)
+	if limit := s.p.cfg.MaxRewriteResponse; size > limit {
+		s.p.metrics.refused(refusedTooLarge)
+		return fmt.Errorf("%w: upstream %s response of %d bytes, over the %d byte limit for responses kproxy rewrites (max_rewrite_response_bytes)",
+			codec.ErrFrameTooLarge, kmsg.NameForKey(sl.key), size, limit)
 	}
-	frame := s.respBuf[:total]
-	if _, err := io.ReadFull(s.upR, frame); err != nil {
+	if err := s.p.reserveFrame(total); err != nil {
+		return err
+	}
+	defer s.p.budget.release(int64(total))
+	frame, err := readGrowing(s.upR, s.respBuf, total)
+	if err != nil {
 		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
 	}
+	defer func() { s.respBuf = keep(frame[:0]) }()
 	body, err := codec.ResponseBody(frame[4:], sl.key, sl.version)
 	if err != nil {
 		return err
@@ -570,6 +593,7 @@ func (s *session) writeForwarded(sl slot) error {
 	if resp != nil {
 		s.outBuf = codec.AppendResponse(s.outBuf[:0], sl.corr, resp)
 		out = s.outBuf
+		defer func() { s.outBuf = keep(s.outBuf) }()
 	}
 	if _, err := s.bw.Write(out); err != nil {
 		return fmt.Errorf("writing to client: %w", err)

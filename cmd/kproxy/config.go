@@ -24,6 +24,9 @@ type fileConfig struct {
 	AdvertisePort   int             `yaml:"advertise_port"`
 	BrokerPorts     map[int32]int   `yaml:"broker_ports"`
 	MaxFrameBytes   int32           `yaml:"max_frame_bytes"`
+	MaxGroupRequest int32           `yaml:"max_group_request_bytes"`
+	MaxRewriteResp  int32           `yaml:"max_rewrite_response_bytes"`
+	FrameMemory     int64           `yaml:"frame_memory_bytes"`
 	MaxInFlight     int             `yaml:"max_in_flight"`
 	DialTimeout     time.Duration   `yaml:"dial_timeout"`
 	MetadataRefresh time.Duration   `yaml:"metadata_interval"`
@@ -66,6 +69,9 @@ func defaultConfig() fileConfig {
 	return fileConfig{
 		Listen:          "127.0.0.1:9092",
 		MaxFrameBytes:   100 << 20,
+		MaxGroupRequest: 8 << 20,
+		MaxRewriteResp:  100 << 20,
+		FrameMemory:     256 << 20,
 		MaxInFlight:     128,
 		DialTimeout:     10 * time.Second,
 		MetadataRefresh: 30 * time.Second,
@@ -117,6 +123,9 @@ func (c *fileConfig) validate() error {
 	}
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		errs = append(errs, fmt.Errorf("advertise_port %d out of range", c.AdvertisePort))
+	}
+	if c.MaxGroupRequest < 0 || c.MaxRewriteResp < 0 || c.FrameMemory < 0 {
+		errs = append(errs, errors.New("max_group_request_bytes, max_rewrite_response_bytes and frame_memory_bytes must be >= 0"))
 	}
 	if c.Groups.MaxSize < 0 {
 		errs = append(errs, errors.New("groups.max_size must be >= 0"))
@@ -175,6 +184,9 @@ type flagSet struct {
 	maxSize     int
 	checkOwner  bool
 	maxFrame    int32
+	maxGroupReq int32
+	maxRewrite  int32
+	frameMemory int64
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -195,6 +207,9 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
+	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
+	fs.Int32Var(&f.maxRewrite, "max-rewrite-response-bytes", 100<<20, "largest upstream response kproxy reads whole to rewrite broker addresses (Metadata...)")
+	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
 	return f
 }
 
@@ -225,5 +240,8 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
 	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
+	set("max-group-request-bytes", func() { c.MaxGroupRequest = f.maxGroupReq })
+	set("max-rewrite-response-bytes", func() { c.MaxRewriteResp = f.maxRewrite })
+	set("frame-memory-bytes", func() { c.FrameMemory = f.frameMemory })
 	return c, nil
 }

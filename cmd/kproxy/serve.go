@@ -51,18 +51,21 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		return err
 	}
 	p, err := proxy.New(proxy.Config{
-		Upstreams:        cfg.Upstream,
-		Listen:           cfg.Listen,
-		AdvertiseHost:    cfg.AdvertiseHost,
-		AdvertisePort:    cfg.AdvertisePort,
-		BrokerPorts:      cfg.BrokerPorts,
-		MaxFrame:         cfg.MaxFrameBytes,
-		MaxInFlight:      cfg.MaxInFlight,
-		DialTimeout:      cfg.DialTimeout,
-		MetadataInterval: cfg.MetadataRefresh,
-		Coordinator:      w.coordinator,
-		Logger:           log,
-		MeterProvider:    w.meterProvider,
+		Upstreams:          cfg.Upstream,
+		Listen:             cfg.Listen,
+		AdvertiseHost:      cfg.AdvertiseHost,
+		AdvertisePort:      cfg.AdvertisePort,
+		BrokerPorts:        cfg.BrokerPorts,
+		MaxFrame:           cfg.MaxFrameBytes,
+		MaxGroupRequest:    cfg.MaxGroupRequest,
+		MaxRewriteResponse: cfg.MaxRewriteResp,
+		FrameMemory:        cfg.FrameMemory,
+		MaxInFlight:        cfg.MaxInFlight,
+		DialTimeout:        cfg.DialTimeout,
+		MetadataInterval:   cfg.MetadataRefresh,
+		Coordinator:        w.coordinator,
+		Logger:             log,
+		MeterProvider:      w.meterProvider,
 	})
 	if err != nil {
 		w.close(context.Background())
