@@ -68,6 +68,20 @@ type Config struct {
 	// MaxInFlight bounds the requests in flight on one client connection;
 	// a full queue stops reading from the client. Default 128.
 	MaxInFlight int
+	// RequestTimeout bounds the time from a request's first byte to its
+	// last; a client slower than that is disconnected. Default 30s.
+	RequestTimeout time.Duration
+	// IdleTimeout closes a connection that sent no request and awaits
+	// no response for that long (Kafka's connections.max.idle.ms).
+	// Default 10m.
+	IdleTimeout time.Duration
+	// MaxConnections bounds the client connections open at once, over
+	// every listener; a connection beyond it is closed at accept.
+	// Default 50,000 (each takes two file descriptors).
+	MaxConnections int
+	// MaxConnectionsPerHost bounds the client connections from one IP
+	// address (Kafka's max.connections.per.ip). Default 10,000.
+	MaxConnectionsPerHost int
 	// DialTimeout bounds connecting to a broker; default 10s.
 	DialTimeout time.Duration
 	// MetadataInterval is how often the proxy refreshes the broker list
@@ -124,6 +138,18 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 128
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = 50000
+	}
+	if c.MaxConnectionsPerHost <= 0 {
+		c.MaxConnectionsPerHost = 10000
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second

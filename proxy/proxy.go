@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -35,6 +36,9 @@ type Proxy struct {
 	brokers   map[int32]string      // node id -> upstream host:port; guarded by mu
 	listeners map[int32]*listener   // node id -> listener (-1 is bootstrap); guarded by mu
 	sessions  map[*session]struct{} // guarded by mu
+	perHost   map[string]int        // open client connections by peer IP; guarded by mu
+	lastLimit atomic.Int64          // nanotime of the last connection-limit log line
+	limited   atomic.Int64          // connections refused by a limit since that line
 	closing   bool                  // guarded by mu
 
 	wg   sync.WaitGroup // accept loops, sessions, discovery
@@ -72,6 +76,7 @@ func New(cfg Config) (*Proxy, error) {
 		brokers:    make(map[int32]string),
 		listeners:  make(map[int32]*listener),
 		sessions:   make(map[*session]struct{}),
+		perHost:    make(map[string]int),
 		stop:       make(chan struct{}),
 	}
 	p.listenPort, _ = strconv.Atoi(port)
@@ -241,19 +246,30 @@ func (p *Proxy) accept(l *listener, ln net.Listener) {
 				return
 			}
 			// Out of file descriptors and similar: back off, keep going.
+			p.metrics.acceptError()
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			p.log.Warn("accept failed", "node", l.node, "err", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
 		delay = 0
-		s := newSession(p, c.(*net.TCPConn), l.node)
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
 		p.mu.Lock()
 		if p.closing {
 			p.mu.Unlock()
 			c.Close()
 			continue
 		}
+		if why, limit := p.overLimit(host); why != 0 {
+			p.mu.Unlock()
+			c.Close()
+			p.refuseConn(why, limit, c.RemoteAddr().String())
+			continue
+		}
+		p.perHost[host]++
+		p.mu.Unlock()
+		s := newSession(p, c.(*net.TCPConn), l.node)
+		p.mu.Lock()
 		p.sessions[s] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()
@@ -262,9 +278,38 @@ func (p *Proxy) accept(l *listener, ln net.Listener) {
 			s.run()
 			p.mu.Lock()
 			delete(p.sessions, s)
+			if p.perHost[host]--; p.perHost[host] <= 0 {
+				delete(p.perHost, host)
+			}
 			p.mu.Unlock()
 		}()
 	}
+}
+
+// overLimit says whether one more connection from host would exceed a
+// connection limit, and which. Called with mu held.
+func (p *Proxy) overLimit(host string) (refusal, int) {
+	if n := p.cfg.MaxConnections; len(p.sessions) >= n {
+		return refusedConnLimit, n
+	}
+	if n := p.cfg.MaxConnectionsPerHost; p.perHost[host] >= n {
+		return refusedHostLimit, n
+	}
+	return 0, 0
+}
+
+// refuseConn counts a connection closed at accept by a limit and logs
+// it, at most one line a second (a flood would otherwise flood the log).
+func (p *Proxy) refuseConn(why refusal, limit int, remote string) {
+	p.metrics.refused(why)
+	n := p.limited.Add(1)
+	now := nanotime()
+	last := p.lastLimit.Load()
+	if (last != 0 && now-last < int64(time.Second)) || !p.lastLimit.CompareAndSwap(last, now) {
+		return
+	}
+	p.limited.Add(-n)
+	p.log.Warn("connection refused: limit reached", "limit", refusalNames[why], "max", limit, "remote", remote, "refused_since_last_line", n)
 }
 
 // upstreamFor returns the addresses to dial for a session of node: the

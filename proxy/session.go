@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,40 @@ const (
 )
 
 var sessionIDs atomic.Uint64
+
+// Socket buffers are pooled so that the memory of a burst of connections
+// goes back to the runtime (sync.Pool drops what stays unused across
+// collections) and a new connection does not allocate 256 KiB.
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
+	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+)
+
+func getReader(c net.Conn) *bufio.Reader {
+	r := readerPool.Get().(*bufio.Reader)
+	r.Reset(c)
+	return r
+}
+
+func getWriter(c net.Conn) *bufio.Writer {
+	w := writerPool.Get().(*bufio.Writer)
+	w.Reset(c)
+	return w
+}
+
+func putReader(r *bufio.Reader) {
+	if r != nil {
+		r.Reset(nil)
+		readerPool.Put(r)
+	}
+}
+
+func putWriter(w *bufio.Writer) {
+	if w != nil {
+		w.Reset(nil)
+		writerPool.Put(w)
+	}
+}
 
 // slotKind says how the writer completes one slot.
 type slotKind uint8
@@ -72,6 +107,7 @@ type session struct {
 	writerDone chan struct{} // closed when the writer exits
 	draining   atomic.Bool   // set by Shutdown: read no new request
 	idle       atomic.Bool   // the reader is between requests (set by the reader)
+	inflight   atomic.Int32  // requests queued and not yet answered: +1 by the reader, -1 by the writer
 	closeOnce  sync.Once
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
@@ -90,8 +126,8 @@ func newSession(p *Proxy, c *net.TCPConn, node int32) *session {
 		log:        p.log.With("conn", id, "remote", c.RemoteAddr().String(), "node", node),
 		rc:         Client{Host: host},
 		conn:       c,
-		br:         bufio.NewReaderSize(c, bufSize),
-		bw:         bufio.NewWriterSize(c, bufSize),
+		br:         getReader(c),
+		bw:         getWriter(c),
 		slots:      make(chan slot, p.cfg.MaxInFlight),
 		writerDone: make(chan struct{}),
 	}
@@ -117,11 +153,22 @@ func (s *session) run() {
 	switch {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), s.draining.Load():
 		s.log.Debug("client connection closed", "err", err)
+	case errors.Is(err, errIdle):
+		s.log.Debug("closing idle client connection", "idle_timeout", s.p.cfg.IdleTimeout)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.p.metrics.refused(refusedReadTimeout)
+		s.log.Warn("closing client connection", "reason", fmt.Sprintf("request not complete within the read timeout of %v (request_timeout): %v", s.p.cfg.RequestTimeout, err))
 	default:
 		s.log.Warn("closing client connection", "reason", err.Error())
 	}
 	<-s.writerDone
 	s.closeConns()
+	// Both goroutines are done with the buffers.
+	putReader(s.br)
+	putWriter(s.bw)
+	putReader(s.upR)
+	putWriter(s.upW)
+	s.br, s.bw, s.upR, s.upW = nil, nil, nil, nil
 }
 
 // drain makes the reader stop at the next request boundary; the writer
@@ -150,19 +197,58 @@ func (s *session) closeConns() {
 	})
 }
 
+// errIdle ends a connection that sent no request and awaited no answer
+// for Config.IdleTimeout.
+var errIdle = errors.New("idle connection")
+
 // readLoop reads requests until an error, returning it.
+//
+// Deadlines: between requests the client has IdleTimeout to start the
+// next one (a request in flight, such as a JoinGroup waiting for a
+// rebalance, counts as activity, as in Kafka's connections.max.idle.ms);
+// once its first byte has arrived a request has RequestTimeout to arrive
+// whole. A request already buffered sets no deadline, so pipelined
+// requests cost none.
 func (s *session) readLoop() error {
 	maxFrame := s.p.cfg.MaxFrame
+	idle, reqTimeout := s.p.cfg.IdleTimeout, s.p.cfg.RequestTimeout
 	for {
 		s.idle.Store(true)
-		if s.draining.Load() {
-			return nil
-		}
 		if s.br.Buffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
 			// About to block on the client: push what is pending.
 			if err := s.upW.Flush(); err != nil {
 				return fmt.Errorf("writing upstream: %w", err)
 			}
+		}
+		if s.br.Buffered() == 0 {
+			// Set before checking draining: drain sets an immediate
+			// deadline after setting draining, so one of the two
+			// sees the other.
+			s.conn.SetReadDeadline(time.Now().Add(idle))
+			if s.draining.Load() {
+				return nil
+			}
+			if _, err := s.br.Peek(1); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && !s.draining.Load() {
+					if s.inflight.Load() > 0 {
+						continue
+					}
+					s.p.metrics.refused(refusedIdle)
+					return errIdle
+				}
+				return err
+			}
+		}
+		s.idle.Store(false)
+		if s.draining.Load() {
+			// drain may have set the read deadline after the request
+			// began: stop before any of it is forwarded.
+			return nil
+		}
+		deadline := false // set for this request
+		if s.br.Buffered() < 4 {
+			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
+			deadline = true
 		}
 		prefix, err := s.br.Peek(4)
 		if err != nil {
@@ -171,17 +257,14 @@ func (s *session) readLoop() error {
 			}
 			return err
 		}
-		s.idle.Store(false)
-		if s.draining.Load() {
-			// drain may have set the read deadline after we read the
-			// prefix: stop before any of this request is forwarded.
-			return nil
-		}
 		size, err := codec.CheckSize([4]byte(prefix), maxFrame)
 		if err != nil {
 			return err
 		}
 		total := 4 + int(size)
+		if !deadline && s.br.Buffered() < total {
+			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
+		}
 		head, err := s.br.Peek(min(total, bufSize))
 		if err != nil {
 			return truncated(err)
@@ -288,10 +371,20 @@ func (s *session) readFrame(total int) (frame []byte, done func(), err error) {
 
 // push queues a slot, or fails when the writer is gone.
 func (s *session) push(sl slot) error {
+	s.inflight.Add(1)
 	select {
 	case s.slots <- sl:
 		return nil
+	default:
+	}
+	select {
+	case s.slots <- sl:
+		// The client waited on our queue, not the other way round:
+		// the rest of its request gets a full read timeout.
+		s.conn.SetReadDeadline(time.Now().Add(s.p.cfg.RequestTimeout))
+		return nil
 	case <-s.writerDone:
+		s.inflight.Add(-1)
 		return errWriterGone
 	}
 }
@@ -369,8 +462,8 @@ func (s *session) ensureUpstream() error {
 		}
 		s.up = c.(*net.TCPConn)
 		s.upMu.Unlock()
-		s.upW = bufio.NewWriterSize(s.up, bufSize)
-		s.upR = bufio.NewReaderSize(s.up, bufSize)
+		s.upW = getWriter(s.up)
+		s.upR = getReader(s.up)
 		return nil
 	}
 	return &upstreamDownError{errors.Join(errs...)}
@@ -499,6 +592,7 @@ func (s *session) writeLoop() {
 		} else {
 			err = s.writeLocal(sl)
 		}
+		s.inflight.Add(-1)
 		if err != nil {
 			s.fail(err)
 			return
