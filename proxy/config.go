@@ -49,9 +49,39 @@ type Config struct {
 	// MaxFrame is the largest request or response frame accepted; default
 	// codec.DefaultMaxFrame (100 MiB).
 	MaxFrame int32
+	// MaxGroupRequest is the largest request kproxy reads whole to serve
+	// itself (group APIs, FindCoordinator); a larger one closes the
+	// connection when its size prefix arrives. Default 8 MiB: a
+	// SyncGroup from the leader of a large group carries every
+	// member's assignment.
+	MaxGroupRequest int32
+	// MaxRewriteResponse is the largest upstream response kproxy reads
+	// whole to rewrite broker addresses in (Metadata, ApiVersions,
+	// FindCoordinator, DescribeCluster, Produce v10+). Default MaxFrame:
+	// a large cluster's Metadata is tens of MiB.
+	MaxRewriteResponse int32
+	// FrameMemory bounds, process-wide, the bytes of the frames above
+	// held at once. A frame reserves its announced size before its body
+	// is read; one that does not fit is refused and its connection
+	// closed. Default 256 MiB.
+	FrameMemory int64
 	// MaxInFlight bounds the requests in flight on one client connection;
 	// a full queue stops reading from the client. Default 128.
 	MaxInFlight int
+	// RequestTimeout bounds the time from a request's first byte to its
+	// last; a client slower than that is disconnected. Default 30s.
+	RequestTimeout time.Duration
+	// IdleTimeout closes a connection that sent no request and awaits
+	// no response for that long (Kafka's connections.max.idle.ms).
+	// Default 10m.
+	IdleTimeout time.Duration
+	// MaxConnections bounds the client connections open at once, over
+	// every listener; a connection beyond it is closed at accept.
+	// Default 50,000 (each takes two file descriptors).
+	MaxConnections int
+	// MaxConnectionsPerHost bounds the client connections from one IP
+	// address (Kafka's max.connections.per.ip). Default 10,000.
+	MaxConnectionsPerHost int
 	// DialTimeout bounds connecting to a broker; default 10s.
 	DialTimeout time.Duration
 	// MetadataInterval is how often the proxy refreshes the broker list
@@ -97,8 +127,29 @@ func (c *Config) setDefaults() error {
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = codec.DefaultMaxFrame
 	}
+	if c.MaxGroupRequest <= 0 {
+		c.MaxGroupRequest = min(8<<20, c.MaxFrame)
+	}
+	if c.MaxRewriteResponse <= 0 {
+		c.MaxRewriteResponse = c.MaxFrame
+	}
+	if c.FrameMemory <= 0 {
+		c.FrameMemory = 256 << 20
+	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 128
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 10 * time.Minute
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = 50000
+	}
+	if c.MaxConnectionsPerHost <= 0 {
+		c.MaxConnectionsPerHost = 10000
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second

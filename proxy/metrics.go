@@ -22,6 +22,22 @@ const (
 
 var routeNames = [numRoutes]string{"forwarded", "rewritten", "local"}
 
+// refusal is why a connection or a frame was refused.
+type refusal uint8
+
+const (
+	refusedNone        refusal = iota
+	refusedTooLarge            // a held frame over its API's limit
+	refusedBudget              // the process-wide frame budget is spent
+	refusedConnLimit           // over the total connection limit
+	refusedHostLimit           // over the per-host connection limit
+	refusedReadTimeout         // a request not complete within the read timeout
+	refusedIdle                // a connection idle past the idle timeout
+	numRefusals
+)
+
+var refusalNames = [numRefusals]string{"none", "frame_too_large", "frame_memory", "connection_limit", "host_connection_limit", "read_timeout", "idle_timeout"}
+
 // processStart anchors nanotime so that slots carry a plain int64.
 var processStart = time.Now()
 
@@ -35,6 +51,10 @@ type metrics struct {
 	duration metric.Float64Histogram
 	conns    metric.Int64UpDownCounter
 	upErrors metric.Int64Counter
+	down     metric.Int64UpDownCounter
+	refusals metric.Int64Counter
+	acceptEr metric.Int64Counter
+	refOpts  [numRefusals][]metric.AddOption
 
 	// Bytes are counted in atomics and read by observable counters at
 	// collection time: one atomic add per request instead of an SDK call.
@@ -69,6 +89,12 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	}
 	x.conns, _ = m.Int64UpDownCounter("kproxy.connections.open", metric.WithDescription("Open client connections."))
 	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
+	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
+	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts."))
+	x.acceptEr, _ = m.Int64Counter("kproxy.accept.errors", metric.WithDescription("Failed accepts (such as EMFILE, out of file descriptors); the listener backs off from 5ms to 1s and keeps accepting."))
+	for r := range numRefusals {
+		x.refOpts[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", refusalNames[r])))}
+	}
 	x.addOpts = make([][numRoutes][]metric.AddOption, 100)
 	x.recordOpts = make([][numRoutes][]metric.RecordOption, 100)
 	for k := range x.addOpts {
@@ -102,3 +128,9 @@ func (x *metrics) upstreamError(ctx context.Context) {
 	}
 	x.upErrors.Add(ctx, 1)
 }
+
+func (x *metrics) brokerDown(n int64) { x.down.Add(context.Background(), n) }
+
+func (x *metrics) refused(r refusal) { x.refusals.Add(context.Background(), 1, x.refOpts[r]...) }
+
+func (x *metrics) acceptError() { x.acceptEr.Add(context.Background(), 1) }

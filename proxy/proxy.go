@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -24,6 +25,7 @@ type Proxy struct {
 	cfg        Config // immutable after New
 	log        *slog.Logger
 	metrics    *metrics
+	budget     budget // bytes of held frames, process-wide (see memory.go)
 	listenHost string // immutable after New
 	listenPort int    // immutable after New; 0 means ephemeral ports
 	bootPort   int32  // the bootstrap listener's actual port; set by Start before any other listener
@@ -34,6 +36,9 @@ type Proxy struct {
 	brokers   map[int32]string      // node id -> upstream host:port; guarded by mu
 	listeners map[int32]*listener   // node id -> listener (-1 is bootstrap); guarded by mu
 	sessions  map[*session]struct{} // guarded by mu
+	perHost   map[string]int        // open client connections by peer IP; guarded by mu
+	lastLimit atomic.Int64          // nanotime of the last connection-limit log line
+	limited   atomic.Int64          // connections refused by a limit since that line
 	closing   bool                  // guarded by mu
 
 	wg   sync.WaitGroup // accept loops, sessions, discovery
@@ -42,10 +47,18 @@ type Proxy struct {
 
 // listener is one TCP listener standing for an upstream broker (node >= 0)
 // or for the cluster as a whole (the bootstrap listener, node -1).
+//
+// While its broker is unreachable a broker listener is closed (down), so
+// that clients get a refused connection exactly as they would from the
+// dead broker itself; a probe reopens it at the same address once the
+// broker accepts connections again (see brokerUnreachable).
 type listener struct {
-	node int32
-	ln   net.Listener
-	port int32 // advertised port
+	node  int32
+	port  int32  // advertised port; immutable
+	bound string // host:port actually listened on; immutable, reused on reopen
+
+	ln   net.Listener // guarded by Proxy.mu; replaced when the listener reopens
+	down bool         // guarded by Proxy.mu: closed while the broker is unreachable
 }
 
 // New validates cfg and returns a Proxy that is not yet listening.
@@ -59,9 +72,11 @@ func New(cfg Config) (*Proxy, error) {
 		log:        cfg.Logger,
 		metrics:    newMetrics(cfg.MeterProvider),
 		listenHost: host,
+		budget:     budget{limit: cfg.FrameMemory},
 		brokers:    make(map[int32]string),
 		listeners:  make(map[int32]*listener),
 		sessions:   make(map[*session]struct{}),
+		perHost:    make(map[string]int),
 		stop:       make(chan struct{}),
 	}
 	p.listenPort, _ = strconv.Atoi(port)
@@ -194,7 +209,7 @@ func (p *Proxy) listen(node int32, port int) (*listener, error) {
 	if node < 0 {
 		p.bootPort = actual
 	}
-	l := &listener{node: node, ln: ln, port: actual}
+	l := &listener{node: node, ln: ln, port: actual, bound: ln.Addr().String()}
 	if p.cfg.AdvertisePort > 0 {
 		l.port = int32(p.cfg.AdvertisePort) + actual - p.bootPort
 	}
@@ -215,33 +230,46 @@ func (p *Proxy) listen(node int32, port int) (*listener, error) {
 	} else {
 		p.log.Info("bootstrap listener open", "listen", ln.Addr().String())
 	}
-	go p.accept(l)
+	go p.accept(l, ln)
 	return l, nil
 }
 
-func (p *Proxy) accept(l *listener) {
+// accept runs one accept loop of l over ln until ln is closed (shutdown,
+// or the broker became unreachable).
+func (p *Proxy) accept(l *listener, ln net.Listener) {
 	defer p.wg.Done()
 	var delay time.Duration
 	for {
-		c, err := l.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
 			// Out of file descriptors and similar: back off, keep going.
+			p.metrics.acceptError()
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			p.log.Warn("accept failed", "node", l.node, "err", err, "retry_in", delay)
 			time.Sleep(delay)
 			continue
 		}
 		delay = 0
-		s := newSession(p, c.(*net.TCPConn), l.node)
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
 		p.mu.Lock()
 		if p.closing {
 			p.mu.Unlock()
 			c.Close()
 			continue
 		}
+		if why, limit := p.overLimit(host); why != 0 {
+			p.mu.Unlock()
+			c.Close()
+			p.refuseConn(why, limit, c.RemoteAddr().String())
+			continue
+		}
+		p.perHost[host]++
+		p.mu.Unlock()
+		s := newSession(p, c.(*net.TCPConn), l.node)
+		p.mu.Lock()
 		p.sessions[s] = struct{}{}
 		p.wg.Add(1)
 		p.mu.Unlock()
@@ -250,9 +278,38 @@ func (p *Proxy) accept(l *listener) {
 			s.run()
 			p.mu.Lock()
 			delete(p.sessions, s)
+			if p.perHost[host]--; p.perHost[host] <= 0 {
+				delete(p.perHost, host)
+			}
 			p.mu.Unlock()
 		}()
 	}
+}
+
+// overLimit says whether one more connection from host would exceed a
+// connection limit, and which. Called with mu held.
+func (p *Proxy) overLimit(host string) (refusal, int) {
+	if n := p.cfg.MaxConnections; len(p.sessions) >= n {
+		return refusedConnLimit, n
+	}
+	if n := p.cfg.MaxConnectionsPerHost; p.perHost[host] >= n {
+		return refusedHostLimit, n
+	}
+	return 0, 0
+}
+
+// refuseConn counts a connection closed at accept by a limit and logs
+// it, at most one line a second (a flood would otherwise flood the log).
+func (p *Proxy) refuseConn(why refusal, limit int, remote string) {
+	p.metrics.refused(why)
+	n := p.limited.Add(1)
+	now := nanotime()
+	last := p.lastLimit.Load()
+	if (last != 0 && now-last < int64(time.Second)) || !p.lastLimit.CompareAndSwap(last, now) {
+		return
+	}
+	p.limited.Add(-n)
+	p.log.Warn("connection refused: limit reached", "limit", refusalNames[why], "max", limit, "remote", remote, "refused_since_last_line", n)
 }
 
 // upstreamFor returns the addresses to dial for a session of node: the
@@ -330,4 +387,91 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.disco.Close()
 	}
 	return err
+}
+
+// Backoff of the probe that waits for an unreachable broker.
+const (
+	probeMin = 50 * time.Millisecond
+	probeMax = time.Second
+)
+
+// brokerUnreachable is called when dialling node's broker failed. It
+// closes node's listener so that clients see what they see when the
+// broker itself is down, a refused connection, and starts a probe that
+// reopens the listener once the broker answers again.
+//
+// Why not keep accepting: a client whose connection is accepted and then
+// dropped during its first request (ApiVersions) reads that as a
+// misconfiguration, not as a dead broker. franz-go turns an EOF there
+// into ErrFirstReadEOF ("is TLS misconfigured?"), which is not retried
+// and fails buffered records when a metadata request hits it; librdkafka
+// logs "Disconnected while requesting ApiVersion: might be caused by
+// incorrect security.protocol"; the Java client only reconnects with
+// backoff. A refused connection is the one outcome all three handle as
+// the broker being down: franz-go refreshes metadata and moves produce
+// and fetch to the new leaders, re-resolves a coordinator, and the Java
+// client and librdkafka mark the node down and back off.
+func (p *Proxy) brokerUnreachable(node int32, cause error) {
+	if node < 0 {
+		return // the bootstrap listener stands for every seed
+	}
+	p.mu.Lock()
+	l := p.listeners[node]
+	if l == nil || l.down || p.closing {
+		p.mu.Unlock()
+		return
+	}
+	l.down = true
+	l.ln.Close()
+	p.wg.Add(1)
+	p.mu.Unlock()
+	p.metrics.brokerDown(1)
+	p.log.Warn("broker unreachable: its listener refuses connections until the broker answers again",
+		"node", node, "listen", l.bound, "err", cause)
+	go p.probe(l)
+}
+
+// probe dials l's broker with backoff until it answers, then reopens l
+// at the same address.
+func (p *Proxy) probe(l *listener) {
+	defer p.wg.Done()
+	t := time.NewTimer(probeMin)
+	defer t.Stop()
+	delay := probeMin
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+		delay = min(2*delay, probeMax)
+		t.Reset(delay)
+		addrs := p.upstreamFor(l.node)
+		if len(addrs) == 0 {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", addrs[0], min(p.cfg.DialTimeout, probeMax))
+		if err != nil {
+			continue
+		}
+		c.Close()
+		ln, err := net.Listen("tcp", l.bound)
+		if err != nil {
+			p.log.Error("broker answers again but its listener cannot reopen", "node", l.node, "listen", l.bound, "err", err)
+			continue
+		}
+		p.mu.Lock()
+		if p.closing {
+			p.mu.Unlock()
+			ln.Close()
+			return
+		}
+		l.ln, l.down = ln, false
+		p.wg.Add(1)
+		p.mu.Unlock()
+		p.metrics.brokerDown(-1)
+		p.log.Info("broker reachable again: listener reopened", "node", l.node, "listen", l.bound, "upstream", addrs[0])
+		go p.accept(l, ln)
+		return
+	}
 }

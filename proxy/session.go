@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,40 @@ const (
 )
 
 var sessionIDs atomic.Uint64
+
+// Socket buffers are pooled so that the memory of a burst of connections
+// goes back to the runtime (sync.Pool drops what stays unused across
+// collections) and a new connection does not allocate 256 KiB.
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
+	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+)
+
+func getReader(c net.Conn) *bufio.Reader {
+	r := readerPool.Get().(*bufio.Reader)
+	r.Reset(c)
+	return r
+}
+
+func getWriter(c net.Conn) *bufio.Writer {
+	w := writerPool.Get().(*bufio.Writer)
+	w.Reset(c)
+	return w
+}
+
+func putReader(r *bufio.Reader) {
+	if r != nil {
+		r.Reset(nil)
+		readerPool.Put(r)
+	}
+}
+
+func putWriter(w *bufio.Writer) {
+	if w != nil {
+		w.Reset(nil)
+		writerPool.Put(w)
+	}
+}
 
 // slotKind says how the writer completes one slot.
 type slotKind uint8
@@ -72,11 +107,11 @@ type session struct {
 	writerDone chan struct{} // closed when the writer exits
 	draining   atomic.Bool   // set by Shutdown: read no new request
 	idle       atomic.Bool   // the reader is between requests (set by the reader)
+	inflight   atomic.Int32  // requests queued and not yet answered: +1 by the reader, -1 by the writer
 	closeOnce  sync.Once
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
-	reqBuf  []byte           // owned by the reader: whole frames of local requests
 	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite
 	outBuf  []byte           // owned by the writer: rewritten responses
 }
@@ -91,8 +126,8 @@ func newSession(p *Proxy, c *net.TCPConn, node int32) *session {
 		log:        p.log.With("conn", id, "remote", c.RemoteAddr().String(), "node", node),
 		rc:         Client{Host: host},
 		conn:       c,
-		br:         bufio.NewReaderSize(c, bufSize),
-		bw:         bufio.NewWriterSize(c, bufSize),
+		br:         getReader(c),
+		bw:         getWriter(c),
 		slots:      make(chan slot, p.cfg.MaxInFlight),
 		writerDone: make(chan struct{}),
 	}
@@ -105,14 +140,35 @@ func (s *session) run() {
 	go s.writeLoop()
 	err := s.readLoop()
 	close(s.slots)
+	var down *upstreamDownError
+	if errors.As(err, &down) {
+		// Reset rather than close: a clean close after the client's
+		// first request reads as a TLS or SASL problem (see
+		// brokerUnreachable); a reset reads as a network failure,
+		// which every client retries. The broker's listener then
+		// refuses the client's next connection, as the broker would.
+		s.conn.SetLinger(0)
+		s.p.brokerUnreachable(s.node, down.err)
+	}
 	switch {
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), s.draining.Load():
 		s.log.Debug("client connection closed", "err", err)
+	case errors.Is(err, errIdle):
+		s.log.Debug("closing idle client connection", "idle_timeout", s.p.cfg.IdleTimeout)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		s.p.metrics.refused(refusedReadTimeout)
+		s.log.Warn("closing client connection", "reason", fmt.Sprintf("request not complete within the read timeout of %v (request_timeout): %v", s.p.cfg.RequestTimeout, err))
 	default:
 		s.log.Warn("closing client connection", "reason", err.Error())
 	}
 	<-s.writerDone
 	s.closeConns()
+	// Both goroutines are done with the buffers.
+	putReader(s.br)
+	putWriter(s.bw)
+	putReader(s.upR)
+	putWriter(s.upW)
+	s.br, s.bw, s.upR, s.upW = nil, nil, nil, nil
 }
 
 // drain makes the reader stop at the next request boundary; the writer
@@ -141,19 +197,58 @@ func (s *session) closeConns() {
 	})
 }
 
+// errIdle ends a connection that sent no request and awaited no answer
+// for Config.IdleTimeout.
+var errIdle = errors.New("idle connection")
+
 // readLoop reads requests until an error, returning it.
+//
+// Deadlines: between requests the client has IdleTimeout to start the
+// next one (a request in flight, such as a JoinGroup waiting for a
+// rebalance, counts as activity, as in Kafka's connections.max.idle.ms);
+// once its first byte has arrived a request has RequestTimeout to arrive
+// whole. A request already buffered sets no deadline, so pipelined
+// requests cost none.
 func (s *session) readLoop() error {
 	maxFrame := s.p.cfg.MaxFrame
+	idle, reqTimeout := s.p.cfg.IdleTimeout, s.p.cfg.RequestTimeout
 	for {
 		s.idle.Store(true)
-		if s.draining.Load() {
-			return nil
-		}
 		if s.br.Buffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
 			// About to block on the client: push what is pending.
 			if err := s.upW.Flush(); err != nil {
 				return fmt.Errorf("writing upstream: %w", err)
 			}
+		}
+		if s.br.Buffered() == 0 {
+			// Set before checking draining: drain sets an immediate
+			// deadline after setting draining, so one of the two
+			// sees the other.
+			s.conn.SetReadDeadline(time.Now().Add(idle))
+			if s.draining.Load() {
+				return nil
+			}
+			if _, err := s.br.Peek(1); err != nil {
+				if errors.Is(err, os.ErrDeadlineExceeded) && !s.draining.Load() {
+					if s.inflight.Load() > 0 {
+						continue
+					}
+					s.p.metrics.refused(refusedIdle)
+					return errIdle
+				}
+				return err
+			}
+		}
+		s.idle.Store(false)
+		if s.draining.Load() {
+			// drain may have set the read deadline after the request
+			// began: stop before any of it is forwarded.
+			return nil
+		}
+		deadline := false // set for this request
+		if s.br.Buffered() < 4 {
+			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
+			deadline = true
 		}
 		prefix, err := s.br.Peek(4)
 		if err != nil {
@@ -162,17 +257,14 @@ func (s *session) readLoop() error {
 			}
 			return err
 		}
-		s.idle.Store(false)
-		if s.draining.Load() {
-			// drain may have set the read deadline after we read the
-			// prefix: stop before any of this request is forwarded.
-			return nil
-		}
 		size, err := codec.CheckSize([4]byte(prefix), maxFrame)
 		if err != nil {
 			return err
 		}
 		total := 4 + int(size)
+		if !deadline && s.br.Buffered() < total {
+			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
+		}
 		head, err := s.br.Peek(min(total, bufSize))
 		if err != nil {
 			return truncated(err)
@@ -222,13 +314,20 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		if h.Version > codec.MaxVersion(h.Key) {
 			return fmt.Errorf("%w: %s v%d", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
 		}
-		frame, err := s.readFrame(total)
+		if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+			s.p.metrics.refused(refusedTooLarge)
+			return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
+				codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
+		}
+		frame, done, err := s.readFrame(total)
 		if err != nil {
 			return err
 		}
 		req := kmsg.RequestForKey(h.Key)
 		req.SetVersion(h.Version)
-		if err := req.ReadFrom(frame[4+h.Len:]); err != nil {
+		err = req.ReadFrom(frame[4+h.Len:])
+		done()
+		if err != nil {
 			return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
 		}
 		if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
@@ -251,24 +350,41 @@ func truncated(err error) error {
 	return err
 }
 
-// readFrame reads a whole frame into the session's request buffer.
-func (s *session) readFrame(total int) ([]byte, error) {
-	if cap(s.reqBuf) < total {
-		s.reqBuf = make([]byte, total)
+// readFrame reads a whole request frame that kproxy serves itself into
+// a buffer of its own: the decoded request aliases it (kmsg's byte
+// fields are sub-slices of the frame) and the coordinator may hold it
+// after the reader has moved on. The frame's size is reserved from the
+// process budget while it is read and decoded; the caller calls done
+// once the request is decoded.
+func (s *session) readFrame(total int) (frame []byte, done func(), err error) {
+	if err := s.p.reserveFrame(total); err != nil {
+		return nil, nil, err
 	}
-	b := s.reqBuf[:total]
-	if _, err := io.ReadFull(s.br, b); err != nil {
-		return nil, truncated(err)
+	done = func() { s.p.budget.release(int64(total)) }
+	b, err := readGrowing(s.br, nil, total)
+	if err != nil {
+		done()
+		return nil, nil, truncated(err)
 	}
-	return b, nil
+	return b, done, nil
 }
 
 // push queues a slot, or fails when the writer is gone.
 func (s *session) push(sl slot) error {
+	s.inflight.Add(1)
 	select {
 	case s.slots <- sl:
 		return nil
+	default:
+	}
+	select {
+	case s.slots <- sl:
+		// The client waited on our queue, not the other way round:
+		// the rest of its request gets a full read timeout.
+		s.conn.SetReadDeadline(time.Now().Add(s.p.cfg.RequestTimeout))
+		return nil
 	case <-s.writerDone:
+		s.inflight.Add(-1)
 		return errWriterGone
 	}
 }
@@ -346,12 +462,19 @@ func (s *session) ensureUpstream() error {
 		}
 		s.up = c.(*net.TCPConn)
 		s.upMu.Unlock()
-		s.upW = bufio.NewWriterSize(s.up, bufSize)
-		s.upR = bufio.NewReaderSize(s.up, bufSize)
+		s.upW = getWriter(s.up)
+		s.upR = getReader(s.up)
 		return nil
 	}
-	return fmt.Errorf("upstream unreachable: %w", errors.Join(errs...))
+	return &upstreamDownError{errors.Join(errs...)}
 }
+
+// upstreamDownError says that the session's broker (or, for the
+// bootstrap listener, every seed) could not be dialled.
+type upstreamDownError struct{ err error }
+
+func (e *upstreamDownError) Error() string { return "upstream unreachable: " + e.err.Error() }
+func (e *upstreamDownError) Unwrap() error { return e.err }
 
 // forward streams one request frame upstream as it arrived.
 func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total int) error {
@@ -469,6 +592,7 @@ func (s *session) writeLoop() {
 		} else {
 			err = s.writeLocal(sl)
 		}
+		s.inflight.Add(-1)
 		if err != nil {
 			s.fail(err)
 			return
@@ -497,10 +621,13 @@ func (s *session) writeLocal(sl slot) error {
 		resp = <-sl.reply
 	}
 	s.respBuf = codec.AppendResponse(s.respBuf[:0], sl.corr, resp)
-	if _, err := s.bw.Write(s.respBuf); err != nil {
+	_, err := s.bw.Write(s.respBuf)
+	n := len(s.respBuf)
+	s.respBuf = keep(s.respBuf)
+	if err != nil {
 		return fmt.Errorf("writing to client: %w", err)
 	}
-	s.p.metrics.bytesOut(int64(len(s.respBuf)))
+	s.p.metrics.bytesOut(int64(n))
 	s.p.metrics.request(sl.key, routeLocal, sl.start)
 	return nil
 }
@@ -534,13 +661,20 @@ func (s *session) writeForwarded(sl slot) error {
 		s.p.metrics.request(sl.key, routeForwarded, sl.start)
 		return nil
 	}
-	if cap(s.respBuf) < total {
-		s.respBuf = make([]byte, total)
+	if limit := s.p.cfg.MaxRewriteResponse; size > limit {
+		s.p.metrics.refused(refusedTooLarge)
+		return fmt.Errorf("%w: upstream %s response of %d bytes, over the %d byte limit for responses kproxy rewrites (max_rewrite_response_bytes)",
+			codec.ErrFrameTooLarge, kmsg.NameForKey(sl.key), size, limit)
 	}
-	frame := s.respBuf[:total]
-	if _, err := io.ReadFull(s.upR, frame); err != nil {
+	if err := s.p.reserveFrame(total); err != nil {
+		return err
+	}
+	defer s.p.budget.release(int64(total))
+	frame, err := readGrowing(s.upR, s.respBuf, total)
+	if err != nil {
 		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
 	}
+	defer func() { s.respBuf = keep(frame[:0]) }()
 	body, err := codec.ResponseBody(frame[4:], sl.key, sl.version)
 	if err != nil {
 		return err
@@ -553,6 +687,7 @@ func (s *session) writeForwarded(sl slot) error {
 	if resp != nil {
 		s.outBuf = codec.AppendResponse(s.outBuf[:0], sl.corr, resp)
 		out = s.outBuf
+		defer func() { s.outBuf = keep(s.outBuf) }()
 	}
 	if _, err := s.bw.Write(out); err != nil {
 		return fmt.Errorf("writing to client: %w", err)

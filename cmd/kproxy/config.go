@@ -26,7 +26,14 @@ type fileConfig struct {
 	AdvertisePort   int             `yaml:"advertise_port"`
 	BrokerPorts     map[int32]int   `yaml:"broker_ports"`
 	MaxFrameBytes   int32           `yaml:"max_frame_bytes"`
+	MaxGroupRequest int32           `yaml:"max_group_request_bytes"`
+	MaxRewriteResp  int32           `yaml:"max_rewrite_response_bytes"`
+	FrameMemory     int64           `yaml:"frame_memory_bytes"`
 	MaxInFlight     int             `yaml:"max_in_flight"`
+	RequestTimeout  time.Duration   `yaml:"request_timeout"`
+	IdleTimeout     time.Duration   `yaml:"idle_timeout"`
+	MaxConns        int             `yaml:"max_connections"`
+	MaxConnsPerHost int             `yaml:"max_connections_per_host"`
 	DialTimeout     time.Duration   `yaml:"dial_timeout"`
 	MetadataRefresh time.Duration   `yaml:"metadata_interval"`
 	ShutdownTimeout time.Duration   `yaml:"shutdown_timeout"`
@@ -91,7 +98,14 @@ func defaultConfig() fileConfig {
 	return fileConfig{
 		Listen:          "127.0.0.1:9092",
 		MaxFrameBytes:   100 << 20,
+		MaxGroupRequest: 8 << 20,
+		MaxRewriteResp:  100 << 20,
+		FrameMemory:     256 << 20,
 		MaxInFlight:     128,
+		RequestTimeout:  30 * time.Second,
+		IdleTimeout:     10 * time.Minute,
+		MaxConns:        50000,
+		MaxConnsPerHost: 10000,
 		DialTimeout:     10 * time.Second,
 		MetadataRefresh: 30 * time.Second,
 		ShutdownTimeout: 15 * time.Second,
@@ -167,6 +181,9 @@ func (c *fileConfig) validate() error {
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		errs = append(errs, fmt.Errorf("advertise_port %d out of range", c.AdvertisePort))
 	}
+	if c.MaxGroupRequest < 0 || c.MaxRewriteResp < 0 || c.FrameMemory < 0 {
+		errs = append(errs, errors.New("max_group_request_bytes, max_rewrite_response_bytes and frame_memory_bytes must be >= 0"))
+	}
 	if c.Groups.MaxSize < 0 {
 		errs = append(errs, errors.New("groups.max_size must be >= 0"))
 	}
@@ -225,6 +242,13 @@ type flagSet struct {
 	checkOwner  bool
 	maxFrame    int32
 	fleet       fleetConfig
+	maxGroupReq int32
+	maxRewrite  int32
+	frameMemory int64
+	reqTimeout  time.Duration
+	idleTimeout time.Duration
+	maxConns    int
+	maxPerHost  int
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -251,6 +275,13 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
+	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
+	fs.Int32Var(&f.maxRewrite, "max-rewrite-response-bytes", 100<<20, "largest upstream response kproxy reads whole to rewrite broker addresses (Metadata...)")
+	fs.DurationVar(&f.reqTimeout, "request-timeout", 30*time.Second, "time a request may take to arrive whole once its first byte has")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", 10*time.Minute, "close client connections idle this long (Kafka's connections.max.idle.ms)")
+	fs.IntVar(&f.maxConns, "max-connections", 50000, "client connections open at once; more are closed at accept")
+	fs.IntVar(&f.maxPerHost, "max-connections-per-host", 10000, "client connections from one IP address; more are closed at accept")
+	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
 	return f
 }
 
@@ -287,5 +318,12 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("fleet-role", func() { c.Groups.Fleet.Role = f.fleet.Role })
 	set("fleet-session-timeout", func() { c.Groups.Fleet.SessionTimeout = f.fleet.SessionTimeout })
 	set("fleet-heartbeat-interval", func() { c.Groups.Fleet.HeartbeatInterval = f.fleet.HeartbeatInterval })
+	set("max-group-request-bytes", func() { c.MaxGroupRequest = f.maxGroupReq })
+	set("max-rewrite-response-bytes", func() { c.MaxRewriteResp = f.maxRewrite })
+	set("frame-memory-bytes", func() { c.FrameMemory = f.frameMemory })
+	set("request-timeout", func() { c.RequestTimeout = f.reqTimeout })
+	set("idle-timeout", func() { c.IdleTimeout = f.idleTimeout })
+	set("max-connections", func() { c.MaxConns = f.maxConns })
+	set("max-connections-per-host", func() { c.MaxConnsPerHost = f.maxPerHost })
 	return c, nil
 }

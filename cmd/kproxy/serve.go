@@ -46,23 +46,31 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 // run serves until ctx ends, then shuts down gracefully. ready is called
 // with the bootstrap address once clients can connect.
 func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr string)) error {
+	raiseFileLimit(log)
 	w, err := wire(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	p, err := proxy.New(proxy.Config{
-		Upstreams:        cfg.Upstream,
-		Listen:           cfg.Listen,
-		AdvertiseHost:    cfg.AdvertiseHost,
-		AdvertisePort:    cfg.AdvertisePort,
-		BrokerPorts:      cfg.BrokerPorts,
-		MaxFrame:         cfg.MaxFrameBytes,
-		MaxInFlight:      cfg.MaxInFlight,
-		DialTimeout:      cfg.DialTimeout,
-		MetadataInterval: cfg.MetadataRefresh,
-		Coordinator:      w.coordinator,
-		Logger:           log,
-		MeterProvider:    w.meterProvider,
+		Upstreams:             cfg.Upstream,
+		Listen:                cfg.Listen,
+		AdvertiseHost:         cfg.AdvertiseHost,
+		AdvertisePort:         cfg.AdvertisePort,
+		BrokerPorts:           cfg.BrokerPorts,
+		MaxFrame:              cfg.MaxFrameBytes,
+		MaxGroupRequest:       cfg.MaxGroupRequest,
+		MaxRewriteResponse:    cfg.MaxRewriteResp,
+		FrameMemory:           cfg.FrameMemory,
+		MaxInFlight:           cfg.MaxInFlight,
+		RequestTimeout:        cfg.RequestTimeout,
+		IdleTimeout:           cfg.IdleTimeout,
+		MaxConnections:        cfg.MaxConns,
+		MaxConnectionsPerHost: cfg.MaxConnsPerHost,
+		DialTimeout:           cfg.DialTimeout,
+		MetadataInterval:      cfg.MetadataRefresh,
+		Coordinator:           w.coordinator,
+		Logger:                log,
+		MeterProvider:         w.meterProvider,
 	})
 	if err != nil {
 		w.close(context.Background())
