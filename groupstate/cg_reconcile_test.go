@@ -113,10 +113,6 @@ func TestReconcileNeverTwoOwners(t *testing.T) {
 		epoch := int32(0)
 		for round := 0; round < 4; round++ {
 			epoch++
-			var ms []assignMember
-			for _, id := range ids {
-				ms = append(ms, assignMember{ID: id, Topics: []topicID{a}})
-			}
 			// A random but valid target: each partition to one member.
 			target := make(map[string]partSet)
 			for _, id := range ids {

@@ -123,9 +123,6 @@ func (x *metrics) connOpened()      { x.conns.Add(context.Background(), 1) }
 func (x *metrics) connClosed()      { x.conns.Add(context.Background(), -1) }
 
 func (x *metrics) upstreamError(ctx context.Context) {
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	x.upErrors.Add(ctx, 1)
 }
 

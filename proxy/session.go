@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -450,7 +451,7 @@ func (s *session) ensureUpstream() error {
 	for _, a := range addrs {
 		c, err := net.DialTimeout("tcp", a, s.p.cfg.DialTimeout)
 		if err != nil {
-			s.p.metrics.upstreamError(nil)
+			s.p.metrics.upstreamError(context.Background())
 			errs = append(errs, err)
 			continue
 		}

@@ -48,6 +48,7 @@ const (
 	outcomeDeleted    = "group_deleted"
 	outcomeSuperseded = "superseded"
 	outcomeShutdown   = "shutdown"
+	outcomeUnloaded   = "unloaded"
 )
 
 // Member events that arrive outside a rebalance are kept this long (and at
@@ -194,6 +195,14 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 	case groupstate.EventGroupDeleted:
 		if rb != nil {
 			rt.finish(ev.Group, rb, ev.Time, outcomeDeleted, "group deleted during the rebalance")
+		}
+		delete(rt.pending, ev.Group)
+	case groupstate.EventGroupUnloaded:
+		// The group moved to another kproxy of the fleet (or its state
+		// was dropped after a failed write): this one's trace ends, the
+		// new owner's engine carries on from the stored state.
+		if rb != nil {
+			rt.finish(ev.Group, rb, ev.Time, outcomeUnloaded, "group unloaded during the rebalance: "+causeOrUnknown(ev.Cause))
 		}
 		delete(rt.pending, ev.Group)
 	}

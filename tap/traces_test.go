@@ -208,6 +208,7 @@ func TestTraceOfAbortedAndEmptiedRebalances(t *testing.T) {
 	}{
 		{groupstate.EventRebalanceAborted, "aborted"},
 		{groupstate.EventGroupEmpty, "group_empty"},
+		{groupstate.EventGroupUnloaded, "unloaded"},
 	} {
 		t.Run(tc.outcome, func(t *testing.T) {
 			tp, exp := newTestTap(t, Config{})
