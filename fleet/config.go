@@ -139,10 +139,10 @@ func (cfg Config) withDefaults() (Config, error) {
 
 	var errs []error
 	if cfg.Client == nil {
-		errs = append(errs, errors.New("Client is required"))
+		errs = append(errs, errors.New("fleet: a client of the upstream cluster is required"))
 	}
 	if cfg.ID == "" {
-		errs = append(errs, errors.New("ID is required"))
+		errs = append(errs, errors.New("fleet: the member id is required"))
 	}
 	if cfg.Partitions <= 0 || cfg.Partitions > maxDocPartitions {
 		errs = append(errs, fmt.Errorf("Partitions %d: want 1..%d", cfg.Partitions, maxDocPartitions))
