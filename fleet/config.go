@@ -139,13 +139,13 @@ func (cfg Config) withDefaults() (Config, error) {
 
 	var errs []error
 	if cfg.Client == nil {
-		errs = append(errs, errors.New("fleet: a client of the upstream cluster is required"))
+		errs = append(errs, errors.New("config.Client is required"))
 	}
 	if cfg.ID == "" {
-		errs = append(errs, errors.New("fleet: the member id is required"))
+		errs = append(errs, errors.New("config.ID is required"))
 	}
 	if cfg.Partitions <= 0 || cfg.Partitions > maxDocPartitions {
-		errs = append(errs, fmt.Errorf("Partitions %d: want 1..%d", cfg.Partitions, maxDocPartitions))
+		errs = append(errs, fmt.Errorf("config.Partitions %d: want 1..%d", cfg.Partitions, maxDocPartitions))
 	}
 	ms := func(d time.Duration) bool { return d >= time.Millisecond && d.Milliseconds() <= math.MaxInt32 }
 	if !ms(cfg.SessionTimeout) {

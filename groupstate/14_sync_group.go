@@ -160,17 +160,19 @@ func (g *group) completeSync(given map[string][]byte) {
 	if !g.transitionTo(stateStable) {
 		return
 	}
+	// The event goes out before the answers, so that whoever sees an
+	// answer also finds the sync in the event stream (tap's traces).
+	if g.s.e.cfg.Events != nil {
+		ev := g.event(EventSyncCompleted)
+		ev.Members = g.membersList(true)
+		g.s.emit(ev)
+	}
 	for _, id := range g.order {
 		o := g.members[id]
 		if o.syncReply != nil {
 			o.answerSync(g.syncResponse(o))
 			g.rearmSession(o)
 		}
-	}
-	if g.s.e.cfg.Events != nil {
-		ev := g.event(EventSyncCompleted)
-		ev.Members = g.membersList(true)
-		g.s.emit(ev)
 	}
 	g.s.e.log.Debug("groupstate: sync completed", "group", g.id, "generation", g.generation)
 }
