@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -134,7 +135,7 @@ func generations(mems []*member) []int32 {
 
 // TestFleetOneOwnerPerGroup runs three `kproxy serve` processes in front
 // of one in-memory cluster with the members of three groups (franz-go
-// cooperative, eager and KIP-848) spread over them, and then: SIGKILLs
+// cooperative, eager and KIP-848; sarama range) spread over them, and then: SIGKILLs
 // the owner of the cooperative group, SIGSTOPs the next owner past its
 // lease and resumes it, adds a fourth kproxy and SIGTERMs it. Throughout:
 // no partition of the data topic is owned by two members of a group at
@@ -190,7 +191,7 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 		}
 	}()
 
-	coop, eager, k848 := "fleet-coop", "fleet-eager", "fleet-848"
+	coop, eager, k848, saramaGroup := "fleet-coop", "fleet-eager", "fleet-848", "fleet-sarama"
 	pCoop := kafkastore.GroupPartition(coop, fleetPartitions)
 	byName := map[string]*kproxyProc{"A": a, "B": b, "C": c}
 	first := byName[owners[pCoop]]
@@ -203,11 +204,12 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 	t.Logf("%s (groups partition %d) is owned by %s; its members use %s and %s", coop, pCoop, first.name, others[0].name, others[1].name)
 
 	type groupRun struct {
-		name string
-		own  *ownership
-		recs *records
-		opts []kgo.Opt
-		mems []*member
+		name   string
+		own    *ownership
+		recs   *records
+		opts   []kgo.Opt
+		mems   []*member
+		sarama []*saramaMember
 	}
 	// The members' session outlasts a failover (the fleet session, 3s,
 	// plus a claim): franz-go retries a heartbeat for the session timeout
@@ -217,12 +219,18 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 		{name: coop, opts: []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}},
 		{name: eager, opts: []kgo.Opt{kgo.Balancers(kgo.RangeBalancer())}},
 		{name: k848, opts: []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer()), kgo.ServerSideBalancer()}},
+		{name: saramaGroup},
 	}
 	for _, g := range groups {
 		g.own, g.recs = newOwnership(t), newRecords()
 		for i, k := range others {
-			g.mems = append(g.mems, startMemberAt(t, k.addr, g.name+"-"+itoa(i)+"@"+k.name,
-				memberCfg{group: g.name, topic: topic, own: g.own, recs: g.recs, opts: append(slices.Clone(memberOpts), g.opts...)}))
+			name := g.name + "-" + itoa(i) + "@" + k.name
+			mc := memberCfg{group: g.name, topic: topic, own: g.own, recs: g.recs, opts: append(slices.Clone(memberOpts), g.opts...), session: 10 * time.Second}
+			if g.name == saramaGroup {
+				g.sarama = append(g.sarama, startSaramaAt(t, k.addr, name, sarama.NewBalanceStrategyRange(), mc))
+				continue
+			}
+			g.mems = append(g.mems, startMemberAt(t, k.addr, name, mc))
 		}
 	}
 	defer func() {
@@ -230,9 +238,12 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 			for _, m := range g.mems {
 				m.leave()
 			}
+			for _, m := range g.sarama {
+				m.leave()
+			}
 		}
 	}()
-	watch := watchOffsets(ctx, t, brokers, topic, coop, eager, k848)
+	watch := watchOffsets(ctx, t, brokers, topic, coop, eager, k848, saramaGroup)
 
 	// Records flow for the whole test, directly to the cluster.
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
@@ -256,7 +267,7 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 		prod.Flush(ctx)
 	}()
 	for _, g := range groups {
-		waitOwners(t, g.own, partitions, g.mems[0].name, g.mems[1].name)
+		waitOwners(t, g.own, partitions, memberNames(g.mems, g.sarama)...)
 	}
 	genBefore := generations(groups[0].mems)
 
@@ -291,9 +302,9 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 	// group expires them, exactly as with a partitioned client of a
 	// broker. They own again only what a later assignment gives them.
 	for _, g := range groups {
-		for _, m := range g.mems {
-			if strings.HasSuffix(m.name, "@"+second.name) {
-				g.own.releaseAll(m.name)
+		for _, name := range memberNames(g.mems, g.sarama) {
+			if strings.HasSuffix(name, "@"+second.name) {
+				g.own.releaseAll(name)
 			}
 		}
 	}
@@ -362,6 +373,18 @@ func TestFleetOneOwnerPerGroup(t *testing.T) {
 	}
 }
 
+// memberNames lists the names of franz-go and sarama members.
+func memberNames(mems []*member, sm []*saramaMember) []string {
+	var out []string
+	for _, m := range mems {
+		out = append(out, m.name)
+	}
+	for _, m := range sm {
+		out = append(out, m.name)
+	}
+	return out
+}
+
 // waitConsumedMore waits until recs has grown.
 func waitConsumedMore(t testing.TB, recs *records, within time.Duration) {
 	t.Helper()
@@ -372,5 +395,59 @@ func waitConsumedMore(t testing.TB, recs *records, within time.Duration) {
 			t.Fatalf("consumption stalled at %d records", from)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestFleetRelayOnly runs a kproxy that owns nothing (--fleet-role relay)
+// beside one owner: the members behind the relay form their group at the
+// owner, consume every record and commit to the end, and the relay never
+// serves a partition.
+func TestFleetRelayOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process fleet test; run without -short")
+	}
+	const topic, partitions, total = "relay-t", 4, 400
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	owner := startKproxy(t, "owner", brokers, fleetArgs...)
+	relay := startKproxy(t, "relay", brokers, append(slices.Clone(fleetArgs), "--fleet-role", "relay")...)
+	waitFleetSettled(t, []*kproxyProc{owner}, 30*time.Second)
+	own, recs := newOwnership(t), newRecords()
+	var mems []*member
+	for i := range 2 {
+		mems = append(mems, startMemberAt(t, relay.addr, "relayed-"+itoa(i), memberCfg{group: "relayed", topic: topic, own: own, recs: recs}))
+	}
+	defer func() {
+		for _, m := range mems {
+			m.leave()
+		}
+	}()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(relay.addr), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	for i := range total {
+		prod.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
+	}
+	if err := prod.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitOwners(t, own, partitions, mems[0].name, mems[1].name)
+	waitConsumed(t, recs, total)
+	assertCommittedAtEnd(ctx, t, brokers, "relayed", topic)
+	own.check()
+	if v, ok := relay.fleet(); !ok || len(v.Serving) != 0 {
+		t.Errorf("the relay serves %v (answered %v), want nothing", v.Serving, ok)
+	}
+	if !strings.Contains(relay.log(), "role=relay") {
+		t.Errorf("the relay did not log its role")
 	}
 }

@@ -57,6 +57,9 @@ type memberCfg struct {
 	own          *ownership
 	recs         *records
 	opts         []kgo.Opt
+	// session, when set, is the session timeout of a sarama member
+	// (franz-go members take theirs from opts).
+	session time.Duration
 }
 
 func (s *stack) startMember(name string, mc memberCfg) *member {

@@ -46,6 +46,12 @@ func (h *saramaHandler) ConsumeClaim(s sarama.ConsumerGroupSession, c sarama.Con
 
 func (s *stack) startSarama(name string, strategy sarama.BalanceStrategy, mc memberCfg) *saramaMember {
 	s.t.Helper()
+	return startSaramaAt(s.t, s.addr(), name, strategy, mc)
+}
+
+// startSaramaAt starts a sarama member bootstrapped at addr.
+func startSaramaAt(t testing.TB, addr, name string, strategy sarama.BalanceStrategy, mc memberCfg) *saramaMember {
+	t.Helper()
 	m := &saramaMember{name: name, dialer: &cuttableDialer{}, done: make(chan struct{})}
 	cfg := sarama.NewConfig()
 	cfg.ClientID = name
@@ -56,12 +62,16 @@ func (s *stack) startSarama(name string, strategy sarama.BalanceStrategy, mc mem
 	cfg.Consumer.Offsets.AutoCommit.Interval = 100 * time.Millisecond
 	cfg.Consumer.Group.Session.Timeout = 3 * time.Second
 	cfg.Consumer.Group.Heartbeat.Interval = 300 * time.Millisecond
+	if mc.session > 0 {
+		cfg.Consumer.Group.Session.Timeout = mc.session
+		cfg.Consumer.Group.Heartbeat.Interval = mc.session / 10
+	}
 	cfg.Consumer.Group.Rebalance.Timeout = 10 * time.Second
 	cfg.Consumer.Group.Rebalance.GroupStrategies = []sarama.BalanceStrategy{strategy}
 	cfg.Consumer.MaxWaitTime = 200 * time.Millisecond
-	cg, err := sarama.NewConsumerGroup([]string{s.addr()}, mc.group, cfg)
+	cg, err := sarama.NewConsumerGroup([]string{addr}, mc.group, cfg)
 	if err != nil {
-		s.t.Fatalf("sarama group: %v", err)
+		t.Fatalf("sarama group: %v", err)
 	}
 	m.cg = cg
 	ctx, cancel := context.WithCancel(context.Background())

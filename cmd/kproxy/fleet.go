@@ -41,9 +41,10 @@ type fleetRuntime struct {
 	// unloaded; written by the member loop's callbacks and by onFenced,
 	// read on every group request.
 	serving []atomic.Bool
-	// unloadMu serializes unloads and claims of one partition between
-	// the member loop and onFenced.
-	unloadMu sync.Mutex
+	// locks[p] serializes the claim, release and drop of partition p
+	// between the member loop's callbacks (claims of different
+	// partitions run in parallel).
+	locks []sync.Mutex
 	// moves counts ownership changes seen here (claims, releases,
 	// losses); fenced counts partitions dropped because a newer owner
 	// fenced this one. Both also feed the metrics below.
@@ -52,6 +53,9 @@ type fleetRuntime struct {
 	// movesMetric counts ownership changes by kind (claimed, released,
 	// lost, fenced, claim_failed); immutable after startFleet.
 	movesMetric metric.Int64Counter
+	// txnMetric records each groups-partition transaction's duration by
+	// outcome; immutable after startFleet.
+	txnMetric metric.Float64Histogram
 
 	peer *proxy.PeerServer
 }
@@ -111,7 +115,7 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 	group, topic := fleetNames(fc.Name)
 	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet")}
 	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
-	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced})
+	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced, OnTransaction: f.onTransaction})
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	n, err := f.store.Partitions(pctx)
 	cancel()
@@ -120,6 +124,7 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 	}
 	f.partitions = n
 	f.serving = make([]atomic.Bool, n)
+	f.locks = make([]sync.Mutex, n)
 	if err := f.registerMetrics(w.meterProvider); err != nil {
 		return err
 	}
@@ -269,8 +274,8 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.unloadMu.Lock()
-			defer f.unloadMu.Unlock()
+			f.locks[p].Lock()
+			defer f.locks[p].Unlock()
 			start := time.Now()
 			if err := f.store.Claim(ctx, p, f.ownerRecord(gen)); err != nil {
 				f.log.Warn("fleet: claiming a partition failed", "partition", p, "generation", gen, "err", err)
@@ -291,11 +296,11 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 // finish, then give them up.
 func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
 	for _, p := range lost {
-		f.unloadMu.Lock()
+		f.locks[p].Lock()
 		f.serving[p].Store(false)
 		f.engine.Unload(f.matcher(p))
 		f.store.Release(ctx, p)
-		f.unloadMu.Unlock()
+		f.locks[p].Unlock()
 		f.moved(ctx, "released")
 		f.log.Info("fleet: partition handed over", "partition", p)
 	}
@@ -376,6 +381,13 @@ func (f *fleetRuntime) registerMetrics(mp metric.MeterProvider) error {
 	if err != nil {
 		return fmt.Errorf("fleet metrics: %w", err)
 	}
+	f.txnMetric, err = m.Float64Histogram("kproxy.fleet.transaction.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("one groups-partition transaction, first request to EndTxn's answer: what an OffsetCommit or a leader's SyncGroup waits for"),
+		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+	if err != nil {
+		return fmt.Errorf("fleet metrics: %w", err)
+	}
 	_, err = m.Int64ObservableGauge("kproxy.fleet.partitions_served",
 		metric.WithDescription("groups-topic partitions this kproxy serves now"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
@@ -392,6 +404,15 @@ func (f *fleetRuntime) registerMetrics(mp metric.MeterProvider) error {
 		return fmt.Errorf("fleet metrics: %w", err)
 	}
 	return nil
+}
+
+// onTransaction records one groups-partition transaction.
+func (f *fleetRuntime) onTransaction(_ int32, took time.Duration, _ int, err error) {
+	outcome := "committed"
+	if err != nil {
+		outcome = "failed"
+	}
+	f.txnMetric.Record(context.Background(), took.Seconds(), metric.WithAttributes(attribute.String("outcome", outcome)))
 }
 
 // moved counts one ownership change of kind.

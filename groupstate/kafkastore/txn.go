@@ -58,6 +58,12 @@ type TxnOptions struct {
 	// Claimed(p) is already false. It runs on the store's goroutine and
 	// must not block; it may start a new Claim on another goroutine.
 	OnFenced func(p int32)
+	// OnTransaction, when set, is told of every transaction of the
+	// partitions' writes once it ended: how long it took from its first
+	// request to EndTxn's answer, how many writes it carried, and its
+	// error (nil when committed). It runs on the store's goroutine and
+	// must not block (metrics).
+	OnTransaction func(p int32, took time.Duration, writes int, err error)
 }
 
 // ownerKey is the key of the owner record each claim commits to its
@@ -491,8 +497,12 @@ func (s *Store) flushLoop(tp *txnPart, done chan struct{}) {
 		tp.mu.Unlock()
 
 		ctx, cancel := context.WithTimeout(tp.ctx, s.txn.opts.TransactionTimeout)
+		began := time.Now()
 		err := s.runTxn(ctx, tp, batch)
 		cancel()
+		if f := s.txn.opts.OnTransaction; f != nil {
+			f(tp.p, time.Since(began), len(batch), err)
+		}
 		if err != nil {
 			s.failTxn(tp, batch, err)
 			tp.mu.Lock()
