@@ -111,7 +111,7 @@ func TestFranzStaticMemberRestart(t *testing.T) {
 // offsets, stored in the cluster, and nothing is lost.
 func TestOffsetsSurviveProxyRestart(t *testing.T) {
 	s := newStack(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	const topic, group, parts = "restart", "restart-group", 3
 	s.produce(ctx, topic, parts, 200)
