@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -453,5 +455,132 @@ func TestStreamTellsSlowSubscriberHowManyItLost(t *testing.T) {
 	typ, _, data, err = r.next()
 	if err != nil || typ != "" || !strings.Contains(data, "group_created") {
 		t.Errorf("after the notice got %q %q %v", typ, data, err)
+	}
+}
+
+func TestAdminFleetNotDistributed(t *testing.T) {
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{}))
+	defer srv.Close()
+	code, body := get(t, srv, "/api/fleet")
+	if code != http.StatusNotFound || !strings.Contains(body, "groups are not distributed") {
+		t.Fatalf("/api/fleet without a fleet: %d %q, want 404 saying groups are not distributed", code, body)
+	}
+}
+
+// fleetOf builds a fleet view: self owns 0 and 2 and serves 2, "b" owns
+// 1 and 4, partition 3 has no owner, and the leader "l" owns nothing.
+func fleetOf() FleetView {
+	a := FleetOwner{ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Generation: 4}
+	b := FleetOwner{ID: "b", MemberID: "b-m", Peer: "10.0.0.2:9093", Generation: 3}
+	return FleetView{
+		ID: "a", Peer: "10.0.0.1:9093", PeerListen: "0.0.0.0:9093", Partitions: 6,
+		Serving: []int32{2}, Moves: 5, Fenced: 1, LeaseValid: true,
+		Member: FleetMembership{
+			ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Owner: true, Group: "__kproxy_fleet",
+			Generation: 9, LeaderID: "l-m", Table: []FleetOwner{a, b, a, {}, b},
+			Owned: []int32{2, 0}, LeaseValid: true, LeaseRemaining: 7500 * time.Millisecond,
+			Generations: 9, Gained: 3, Lost: 1,
+		},
+		Members: []FleetMember{{ID: "bogus"}}, // replaced by the server
+	}
+}
+
+func TestAdminFleet(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Fleet: func() FleetView { calls.Add(1); return fleetOf() }}))
+	defer srv.Close()
+	code, body := get(t, srv, "/api/fleet")
+	if code != http.StatusOK {
+		t.Fatalf("/api/fleet: %d %s", code, body)
+	}
+	var v FleetView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("decoding %s: %v", body, err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("fleet source called %d times for one request", n)
+	}
+	if v.ID != "a" || v.Partitions != 6 || v.Moves != 5 || v.Fenced != 1 || !v.LeaseValid ||
+		v.Member.Generation != 9 || v.Member.LeaseRemaining != 7500*time.Millisecond || len(v.Member.Table) != 5 {
+		t.Errorf("fleet view lost fields: %+v", v)
+	}
+	if !slices.Equal(v.Member.Owned, []int32{0, 2}) {
+		t.Errorf("owned = %v, want sorted [0 2]", v.Member.Owned)
+	}
+	want := []FleetMember{
+		{ID: "", MemberID: "l-m", Owned: []int32{}, Leader: true},
+		{ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Owned: []int32{0, 2}, Self: true},
+		{ID: "b", MemberID: "b-m", Peer: "10.0.0.2:9093", Owned: []int32{1, 4}},
+	}
+	if len(v.Members) != len(want) {
+		t.Fatalf("members = %+v, want %+v", v.Members, want)
+	}
+	for i := range want {
+		g, w := v.Members[i], want[i]
+		if g.ID != w.ID || g.MemberID != w.MemberID || g.Peer != w.Peer || !slices.Equal(g.Owned, w.Owned) || g.Leader != w.Leader || g.Self != w.Self {
+			t.Errorf("member %d = %+v, want %+v", i, g, w)
+		}
+	}
+}
+
+// TestAdminFleetJSONKeys pins /api/fleet's JSON keys (the web view, the
+// fleet e2e tests and scripts read them) and checks that no list is null,
+// even for a kproxy that has not joined its fleet yet.
+func TestAdminFleetJSONKeys(t *testing.T) {
+	for name, v := range map[string]FleetView{"joined": fleetOf(), "not joined yet": {ID: "a", Partitions: 16}} {
+		srv := httptest.NewServer(NewAdminHandler(AdminConfig{Fleet: func() FleetView { return v }}))
+		code, body := get(t, srv, "/api/fleet")
+		srv.Close()
+		if code != http.StatusOK {
+			t.Fatalf("%s: /api/fleet: %d %s", name, code, body)
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &top); err != nil {
+			t.Fatalf("%s: decoding %s: %v", name, body, err)
+		}
+		var member map[string]json.RawMessage
+		if err := json.Unmarshal(top["member"], &member); err != nil {
+			t.Fatalf("%s: decoding member: %v", name, err)
+		}
+		var members []map[string]json.RawMessage
+		if err := json.Unmarshal(top["members"], &members); err != nil || len(members) == 0 {
+			t.Fatalf("%s: members = %s (%v), want at least this kproxy", name, top["members"], err)
+		}
+		for _, c := range []struct {
+			what string
+			obj  map[string]json.RawMessage
+			keys []string
+			list []string
+		}{
+			{"top level", top,
+				[]string{"id", "peer", "peer_listen", "partitions", "serving", "ownership_moves", "fenced", "lease_valid", "member", "members"},
+				[]string{"serving", "members"}},
+			{"member", member,
+				[]string{"id", "member_id", "peer", "owner", "group", "generation", "leader_member_id", "leader", "joining", "table", "owned",
+					"lease_valid", "lease_remaining_ns", "generations", "gained", "revoked", "lost", "fenced", "lease_expired"},
+				[]string{"table", "owned"}},
+			{"members[0]", members[0], []string{"id", "member_id", "peer", "owned", "leader", "self"}, []string{"owned"}},
+		} {
+			got := slices.Sorted(maps.Keys(c.obj))
+			if want := slices.Sorted(slices.Values(c.keys)); !slices.Equal(got, want) {
+				t.Errorf("%s: %s keys = %v, want %v", name, c.what, got, want)
+			}
+			for _, k := range c.list {
+				if s := string(c.obj[k]); !strings.HasPrefix(s, "[") {
+					t.Errorf("%s: %s.%s = %s, want a list", name, c.what, k, s)
+				}
+			}
+		}
+		if name == "joined" {
+			var entry map[string]json.RawMessage
+			var table []map[string]json.RawMessage
+			if err := json.Unmarshal(member["table"], &table); err != nil || len(table) == 0 {
+				t.Fatalf("table = %s (%v)", member["table"], err)
+			}
+			entry = table[0]
+			if got, want := slices.Sorted(maps.Keys(entry)), []string{"generation", "id", "member_id", "peer"}; !slices.Equal(got, want) {
+				t.Errorf("table entry keys = %v, want %v", got, want)
+			}
+		}
 	}
 }

@@ -42,6 +42,9 @@ type Options struct {
 	// AdminWrap, when set, wraps the admin handler (the browser-test
 	// server adds its control endpoint this way).
 	AdminWrap func(http.Handler) http.Handler
+	// Fleet, when set, serves /api/fleet (the browser test serves a
+	// fixed fleet); nil answers 404 like kproxy with local groups.
+	Fleet func() tap.FleetView
 }
 
 // Stack is a running in-process kproxy. Every field is immutable after
@@ -147,6 +150,7 @@ func Start(ctx context.Context, opt Options) (s *Stack, err error) {
 			return err
 		},
 		Logger: log,
+		Fleet:  opt.Fleet,
 	})
 	if opt.AdminWrap != nil {
 		h = opt.AdminWrap(h)

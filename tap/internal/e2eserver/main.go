@@ -5,6 +5,11 @@
 // then serves until stdin closes or it is signalled. POST /test/drive
 // plays a scenario of real rebalances: a consumer joins, leaves, and a
 // static consumer vanishes and expires.
+//
+// /api/fleet serves a fixed fleet of three kproxies (fakeFleet), so the
+// web view's fleet section has something to show; the same admin server
+// without a fleet (a kproxy with local groups, /api/fleet answers 404) is
+// mounted under /local/.
 package main
 
 import (
@@ -25,6 +30,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kproxy/kproxy/tap"
 	"github.com/kproxy/kproxy/tap/internal/devstack"
 )
 
@@ -64,20 +70,25 @@ func run(listen string, verbose bool) error {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
 	sc := &scenario{}
+	mux := http.NewServeMux()
 	st, err := devstack.Start(ctx, devstack.Options{
 		Logger:      log,
 		AdminListen: listen,
 		AdminWrap: func(h http.Handler) http.Handler {
-			mux := http.NewServeMux()
 			mux.Handle("/", h)
 			mux.HandleFunc("POST /test/drive", sc.drive)
 			return mux
 		},
+		Fleet: fakeFleet,
 	})
 	if err != nil {
 		return err
 	}
 	sc.st = st
+	local := tap.NewAdminHandler(tap.AdminConfig{
+		Tap: st.Tap, Groups: st.Engine, Offsets: tap.NewKadmOffsetSource(st.Admin), Logger: log,
+	})
+	mux.Handle("/local/", http.StripPrefix("/local", local))
 	defer func() {
 		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -199,4 +210,42 @@ func (sc *scenario) play(ctx context.Context) (int32, error) {
 		return 0, errors.New("orders not Stable after the scenario")
 	}
 	return g.Generation, nil
+}
+
+// Fake fleet: 16 partitions owned by three kproxies. This one (web-1)
+// leads the fleet, owns six partitions and serves five of them (15 is
+// still being claimed); partition 14 is in transition and has no owner.
+const (
+	selfID     = "web-1-40213-q8x1"
+	selfMember = "kproxy-web-1-40213-q8x1-7c9e4a12-5d3b-4f0e-9a61-2b1f0c7e8d44"
+)
+
+// fakeFleet is the fixed /api/fleet of the browser test.
+func fakeFleet() tap.FleetView {
+	owners := []tap.FleetOwner{
+		{ID: selfID, MemberID: selfMember, Peer: "10.0.0.11:9093"},
+		{ID: "web-2-40877-r2m0", MemberID: "kproxy-web-2-40877-r2m0-1e0b7c33-9f7d-4b52-8f1a-6c4d2e9b0a17", Peer: "10.0.0.12:9093"},
+		{ID: "web-3-41002-t5k7", MemberID: "kproxy-web-3-41002-t5k7-a4f8d210-3c6e-47b9-b0d5-91e2f7c8a3b6", Peer: "10.0.0.13:9093"},
+	}
+	table := make([]tap.FleetOwner, 16)
+	for p := range table {
+		if p == 14 {
+			continue // in transition: no owner this generation
+		}
+		o := owners[p%3]
+		o.Generation = int32(9 + p%4)
+		table[p] = o
+	}
+	return tap.FleetView{
+		ID: selfID, Peer: "10.0.0.11:9093", PeerListen: "0.0.0.0:9093", Partitions: 16,
+		Serving: []int32{0, 3, 6, 9, 12},
+		Moves:   9, Fenced: 1, LeaseValid: true,
+		Member: tap.FleetMembership{
+			ID: selfID, MemberID: selfMember, Peer: "10.0.0.11:9093", Owner: true,
+			Group: "__kproxy_fleet", Generation: 12, LeaderID: selfMember, Leader: true,
+			Table: table, Owned: []int32{0, 3, 6, 9, 12, 15},
+			LeaseValid: true, LeaseRemaining: 7250 * time.Millisecond,
+			Generations: 12, Gained: 7, Revoked: 1, Lost: 1, Fenced: 1,
+		},
+	}
 }

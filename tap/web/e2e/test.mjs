@@ -1,7 +1,9 @@
 // Browser test of kproxy's web view. It starts the e2e server (an
 // in-process kproxy with real franz-go consumers), opens the page in
 // headless Debian chromium, drives real rebalances and checks that they
-// appear in the timeline, then saves a screenshot under artifacts/.
+// appear in the timeline, then checks the fleet view against the server's
+// fixed fleet and, under /local/, the view of a kproxy without a fleet.
+// Screenshots are saved under artifacts/.
 //
 // Environment: E2E_SERVER is the built e2e server binary (run.sh builds
 // it); CHROMIUM overrides /usr/bin/chromium.
@@ -67,6 +69,101 @@ async function waitFor(what, fn, timeoutMs = 30000) {
   throw new Error("timed out waiting for " + what + " (last: " + JSON.stringify(last) + ")");
 }
 
+// The e2e server's fixed fleet (tap/internal/e2eserver, fakeFleet): 16
+// partitions; this kproxy (web-1) leads, owns p%3==0 and serves all of
+// them but 15; web-2 owns p%3==1, web-3 p%3==2 except 14, which has no
+// owner.
+const FLEET = {
+  self: "web-1-40213-q8x1",
+  serving: [0, 3, 6, 9, 12],
+  claiming: [15],
+  owners: { "web-1-40213-q8x1": 6, "web-2-40877-r2m0": 5, "web-3-41002-t5k7": 4 },
+  peers: { "web-1-40213-q8x1": "10.0.0.11:9093", "web-2-40877-r2m0": "10.0.0.12:9093", "web-3-41002-t5k7": "10.0.0.13:9093" },
+};
+
+// checkFleet opens the Fleet tab and checks it shows the fixed fleet,
+// then checks the view of a kproxy whose /api/fleet answers 404.
+async function checkFleet(page, adminURL) {
+  await page.click('#tabs a[data-view="fleet"]');
+  await page.waitForSelector("#fleet-partitions tbody tr", { timeout: 10000 });
+  check("fleet tab is selected and the groups view hidden",
+    await page.locator('#tabs a[data-view="fleet"]').getAttribute("aria-selected") === "true" &&
+    await page.locator("#groups-view").isHidden() && new URL(page.url()).searchParams.get("view") === "fleet");
+  const fact = async k => (await page.locator(`#fleet-facts [data-fact="${k}"] dd`).textContent()).trim();
+  const facts = await page.locator("#fleet-facts").textContent();
+  check("fleet facts name this kproxy", facts.includes(FLEET.self), facts);
+  check("fleet facts: it leads the fleet", await fact("leader") === "yes", await fact("leader"));
+  check("fleet facts: generation, lease, moves, fences",
+    await fact("generation") === "12" && await fact("lease") === "7.25s left" &&
+    await fact("moves") === "9" && await fact("fenced") === "1",
+    [await fact("generation"), await fact("lease"), await fact("moves"), await fact("fenced")].join(" | "));
+  check("fleet facts: serving 5 of 16", await fact("serving") === "5 of 16 partitions", await fact("serving"));
+
+  const parts = await page.$$eval("#fleet-partitions tbody tr", rs => rs.map(r => ({
+    p: Number(r.dataset.partition), owner: r.dataset.owner, serving: r.dataset.serving === "true",
+    cls: r.className, peer: r.cells[2].textContent, text: r.textContent,
+  })));
+  check("a row per groups-topic partition", parts.length === 16 && parts.every((r, i) => r.p === i), JSON.stringify(parts.map(r => r.p)));
+  const highlighted = parts.filter(r => r.cls.split(" ").includes("here")).map(r => r.p);
+  check("the partitions served here are highlighted, and only those",
+    JSON.stringify(highlighted) === JSON.stringify(FLEET.serving) &&
+    JSON.stringify(parts.filter(r => r.serving).map(r => r.p)) === JSON.stringify(FLEET.serving), JSON.stringify(highlighted));
+  check("owners and their peers per partition",
+    parts.every(r => r.p === 14 ? r.owner === "" : r.owner === Object.keys(FLEET.owners)[r.p % 3] && r.peer === FLEET.peers[r.owner]),
+    JSON.stringify(parts.map(r => r.owner + "@" + r.peer)));
+  check("a partition without owner says so", parts[14].text.includes("no owner"), parts[14].text);
+  check("an assigned partition not served yet is marked, not highlighted",
+    FLEET.claiming.every(p => parts[p].cls.includes("claiming") && parts[p].text.includes("not served yet")), parts[15].text);
+  const cells = await page.$$eval("#fleet-map .pcell", cs => cs.map(c => c.className));
+  check("the partition map has a cell per partition, served ones marked",
+    cells.length === 16 && cells.map((c, p) => c.includes("here") ? p : -1).filter(p => p >= 0).join() === FLEET.serving.join(), cells.join(","));
+
+  const members = await page.$$eval("#fleet-members tbody tr", rs => rs.map(r => ({
+    id: r.cells[0].textContent, peer: r.cells[2].textContent, count: Number(r.cells[3].textContent),
+  })));
+  check("a row per fleet member with its peer and partition count",
+    members.length === 3 && Object.entries(FLEET.owners).every(([id, count]) =>
+      members.some(m => m.id.startsWith(id) && m.count === count && m.peer === FLEET.peers[id])), JSON.stringify(members));
+  const self = members.find(m => m.id.startsWith(FLEET.self));
+  check("this kproxy's row is marked as itself and the leader",
+    self && self.id.includes("this kproxy") && self.id.includes("leader") &&
+    members.filter(m => m.id.includes("leader")).length === 1, JSON.stringify(members));
+
+  await page.mouse.move(5, 5);
+  await page.screenshot({ path: join(artifacts, "fleet.png"), fullPage: true });
+  await page.hover('#fleet-map .pcell[data-partition="15"]');
+  const tip = await waitFor("partition tooltip", async () => {
+    const t = page.locator("#tip");
+    return (await t.isVisible()) ? await t.textContent() : null;
+  }, 5000);
+  check("hovering a partition names its owner", tip.includes("partition 15") && tip.includes(FLEET.self) && tip.includes("not served yet"), tip);
+  await page.screenshot({ path: join(artifacts, "fleet-hover.png"), fullPage: false });
+
+  // Back to the groups, then a reload keeps the tab.
+  await page.click('#tabs a[data-view="groups"]');
+  check("groups tab comes back", await page.locator("#groups-view").isVisible() && await page.locator("#fleet-view").isHidden() &&
+    new URL(page.url()).searchParams.get("view") === null);
+  await page.goto(adminURL + "/?view=fleet");
+  await page.waitForSelector("#fleet-partitions tbody tr", { timeout: 10000 });
+  check("?view=fleet opens the fleet tab", await page.locator("#groups-view").isHidden());
+
+  // A kproxy without a fleet: /api/fleet answers 404.
+  const r = await fetch(adminURL + "/local/api/fleet");
+  check("/api/fleet answers 404 without a fleet", r.status === 404, String(r.status));
+  await page.goto(adminURL + "/local/?view=fleet");
+  const note = await waitFor("not-distributed notice", async () => {
+    const n = page.locator('#fleet-note[data-state="not-distributed"]');
+    return (await n.count()) === 1 ? await n.textContent() : null;
+  }, 10000);
+  check("without a fleet the section says groups are not distributed", note.includes("Groups are not distributed"), note);
+  check("and shows no fleet table", await page.locator("#fleet-body").isHidden() &&
+    (await page.locator("#fleet-facts").textContent()) === "");
+  await page.screenshot({ path: join(artifacts, "fleet-not-distributed.png"), fullPage: false });
+  await page.click('#tabs a[data-view="groups"]');
+  await page.waitForSelector('#groups tbody tr[data-group="orders"]', { timeout: 15000 });
+  check("the groups view still works under /local/", true);
+}
+
 const { proc, url: urlPromise } = startServer();
 const profile = mkdtempSync(join(tmpdir(), "kproxy-e2e-profile-"));
 let context;
@@ -84,7 +181,13 @@ try {
   });
   const page = context.pages()[0] || await context.newPage();
   const consoleErrors = [];
-  page.on("console", m => { if (m.type() === "error") consoleErrors.push(m.text()); });
+  page.on("console", m => {
+    if (m.type() !== "error") return;
+    // The view of a kproxy without a fleet asks for /api/fleet, which
+    // answers 404 by design; chromium logs that as a failed resource.
+    if (m.location().url.endsWith("/local/api/fleet") && m.text().includes("404")) return;
+    consoleErrors.push(m.text() + " (" + m.location().url + ")");
+  });
   page.on("pageerror", e => consoleErrors.push(String(e)));
 
   await page.goto(adminURL + "/#orders");
@@ -166,7 +269,6 @@ try {
     return n === 6 ? n : null;
   });
   check("offsets table lists the 6 partitions", offsetRows === 6);
-  check("no console errors", consoleErrors.length === 0, consoleErrors.join("; "));
 
   mkdirSync(artifacts, { recursive: true });
   const shot = join(artifacts, "timeline.png");
@@ -176,6 +278,9 @@ try {
   await bar.hover();
   await page.screenshot({ path: join(artifacts, "timeline-hover.png"), fullPage: false });
   console.log("screenshot saved to " + shot);
+
+  await checkFleet(page, adminURL);
+  check("no console errors", consoleErrors.length === 0, consoleErrors.join("; "));
 } catch (e) {
   failed++;
   console.log("FAIL " + (e && e.stack || e));

@@ -1,5 +1,6 @@
 // kproxy web view: the group list, one group's members, assignment and
-// offsets, and a rebalance timeline built from the live event stream.
+// offsets, and a rebalance timeline built from the live event stream; and
+// the fleet (?view=fleet): who owns which groups-topic partition.
 // Plain JavaScript, no build step. Every string that came from a client
 // (group, member and client ids, hosts) is inserted as text, never HTML.
 "use strict";
@@ -15,6 +16,7 @@ const state = {
   recent: [],            // last events of every group, newest first
   lastSeq: 0,
   boot: "",              // event-stream boot id (changes when kproxy restarts)
+  view: "groups",        // "groups" or "fleet" (?view=fleet)
 };
 
 // el creates an element with attributes and children (strings become text).
@@ -459,6 +461,139 @@ function renderEvents() {
     e.cause ? " · " + e.cause : "")));
 }
 
+// ---- fleet -----------------------------------------------------------------
+
+// Owner colours, by the member's place in the fleet's member list.
+const OWNER_COLORS = ["#2563eb", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d", "#dc2626", "#4f46e5", "#0d9488"];
+
+let fleetReq = 0;
+
+// refreshFleet reads /api/fleet; 404 means this kproxy is not in a fleet.
+async function refreshFleet() {
+  const mine = ++fleetReq;
+  let status = 0, f = null, err = "";
+  try {
+    const r = await fetch("api/fleet", { cache: "no-store" });
+    status = r.status;
+    if (r.ok) f = await r.json();
+    else err = (await r.text()).trim();
+  } catch (e) {
+    err = String(e.message || e);
+  }
+  if (mine !== fleetReq) return;
+  renderFleet(status, f, err);
+}
+
+function renderFleet(status, f, err) {
+  const title = document.getElementById("fleet-title");
+  const facts = document.getElementById("fleet-facts");
+  const note = document.getElementById("fleet-note");
+  const body = document.getElementById("fleet-body");
+  if (!f) {
+    title.textContent = "Fleet";
+    facts.replaceChildren();
+    body.hidden = true;
+    note.className = "notice";
+    note.dataset.state = status === 404 ? "not-distributed" : "error";
+    note.textContent = status === 404
+      ? "Groups are not distributed: this kproxy is not in a fleet (it runs with --groups local or --groups forward), so no other kproxy shares its groups. kproxy serve --groups distributed makes kproxies in front of one cluster share the groups topic's partitions."
+      : "Fleet status unavailable" + (status ? " (" + status + ")" : "") + (err ? ": " + err : "");
+    return;
+  }
+  const m = f.member || {};
+  const table = m.table || [];
+  const members = f.members || [];
+  const serving = new Set(f.serving || []);
+  const owned = new Set(m.owned || []);
+  const color = new Map(members.map((x, i) => [x.member_id || x.id, OWNER_COLORS[i % OWNER_COLORS.length]]));
+  const colorOf = o => color.get(o.member_id) || "#9ca3af";
+  const n = Math.max(f.partitions || 0, table.length);
+
+  title.replaceChildren(el("span", {}, "Fleet ", el("span", { class: "mono" }, m.group || ""), " ",
+    m.joining ? el("span", { class: "state PreparingRebalance" }, "rejoining") : null));
+  const fact = (k, v, attrs) => el("div", attrs || {}, el("dt", {}, k), el("dd", {}, v === "" || v == null ? "—" : v));
+  const leaseMs = (m.lease_remaining_ns || 0) / 1e6;
+  const leader = members.find(x => x.leader);
+  facts.replaceChildren(
+    fact("kproxy", el("span", { class: "mono" }, f.id)),
+    fact("role", m.owner === false ? "relay (owns nothing)" : "owner"),
+    fact("leads the fleet", m.leader ? "yes" : "no" + (leader ? " (" + (leader.id || leader.member_id) + ")" : ""), { "data-fact": "leader" }),
+    fact("fleet generation", m.generation, { "data-fact": "generation" }),
+    fact("lease", f.lease_valid ? fmtDur(leaseMs) + " left" : el("span", { class: "badge bad" }, "expired"), { "data-fact": "lease" }),
+    fact("serving", serving.size + " of " + n + " partitions", { "data-fact": "serving" }),
+    fact("ownership moves", f.ownership_moves, { "data-fact": "moves" }),
+    fact("fenced", f.fenced, { "data-fact": "fenced" }),
+    fact("gained / revoked / lost", [m.gained, m.revoked, m.lost].map(x => x ?? 0).join(" / ")),
+    fact("peer", el("span", { class: "mono" }, f.peer)));
+  note.className = "muted";
+  note.dataset.state = "ok";
+  note.textContent = "";
+  body.hidden = false;
+
+  // One row per partition: who owns it, and whether it is served here.
+  const rows = [];
+  const cells = [];
+  for (let p = 0; p < n; p++) {
+    const o = table[p] || {};
+    const here = serving.has(p);
+    const claiming = !here && owned.has(p);
+    const cls = here ? "here" : claiming ? "claiming" : o.member_id ? "" : "none";
+    const badge = here ? el("span", { class: "badge here" }, "served here")
+      : claiming ? el("span", { class: "badge claiming", title: "assigned to this kproxy, which is still claiming it (fencing the previous owner, loading its groups)" }, "not served yet")
+      : o.member_id ? null : el("span", { class: "badge" }, "no owner");
+    rows.push(el("tr", { class: cls, "data-partition": p, "data-owner": o.id || "", "data-serving": here ? "true" : "false" },
+      el("td", { class: "num" }, p),
+      el("td", { class: "mono" }, o.member_id ? el("span", { class: "swatch", style: { background: colorOf(o) } }) : null, o.id || "—"),
+      el("td", { class: "mono" }, o.peer || ""),
+      el("td", { class: "num" }, o.member_id ? o.generation : ""),
+      el("td", {}, badge)));
+    const cell = el("div", { class: "pcell " + cls, "data-partition": p, style: o.member_id ? { background: colorOf(o) } : {} }, p);
+    cell.dataset.tip = "partition " + p + (o.member_id ? "\nowner " + o.id + "\npeer " + (o.peer || "?") + "\nsince generation " + o.generation : "\nno owner (in transition)") +
+      (here ? "\nserved here" : claiming ? "\nassigned here, not served yet (claiming)" : "");
+    cells.push(cell);
+  }
+  document.querySelector("#fleet-partitions tbody").replaceChildren(...rows);
+  document.getElementById("fleet-map").replaceChildren(...cells);
+
+  document.querySelector("#fleet-members tbody").replaceChildren(...members.map(x => el("tr", { "data-member": x.member_id, class: x.self ? "self" : "" },
+    el("td", { class: "mono" }, el("span", { class: "swatch", style: { background: color.get(x.member_id || x.id) } }), x.id || "?",
+      x.self ? el("span", { class: "badge self" }, "this kproxy") : null,
+      x.leader ? el("span", { class: "badge leader" }, "leader") : null),
+    el("td", { class: "mono ellip", title: x.member_id }, x.member_id || ""),
+    el("td", { class: "mono" }, x.peer || ""),
+    el("td", { class: "num" }, (x.owned || []).length),
+    el("td", { class: "mono" }, (x.owned || []).join(",")))));
+}
+
+// ---- views -------------------------------------------------------------------
+
+function viewFromURL() {
+  return new URLSearchParams(location.search).get("view") === "fleet" ? "fleet" : "groups";
+}
+
+function showView(view, push) {
+  state.view = view;
+  document.getElementById("groups-view").hidden = view !== "groups";
+  document.getElementById("fleet-view").hidden = view !== "fleet";
+  for (const a of document.querySelectorAll("#tabs a")) a.setAttribute("aria-selected", String(a.dataset.view === view));
+  if (push) {
+    const q = view === "fleet" ? "?view=fleet" : location.pathname;
+    history.replaceState(null, "", q + location.hash);
+  }
+  if (view === "fleet") refreshFleet();
+  else scheduleRender();
+}
+
+function setupTabs() {
+  for (const a of document.querySelectorAll("#tabs a")) {
+    a.onclick = e => {
+      e.preventDefault();
+      showView(a.dataset.view, true);
+    };
+  }
+  showView(viewFromURL(), false);
+}
+
 // Hover tooltips for bars and marks.
 function setupTips() {
   const tip = document.getElementById("tip");
@@ -473,10 +608,12 @@ function setupTips() {
 }
 
 setupTips();
+setupTabs();
 refreshGroups();
 connect();
 setInterval(refreshGroups, 5000);
 setInterval(() => { if (state.selected) refreshDetail(); }, 5000);
+setInterval(() => { if (state.view === "fleet") refreshFleet(); }, 2000);
 // Keep open rebalances growing.
 setInterval(() => {
   const evs = state.events.get(state.selected) || [];
