@@ -22,6 +22,7 @@ import (
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
 // fleetRuntime ties together, in distributed mode, the fleet member (who
@@ -339,33 +340,30 @@ func (f *fleetRuntime) matcher(p int32) func(string) bool {
 	return func(group string) bool { return f.partitionOf(group) == p }
 }
 
-// fleetStatus is /api/fleet: this kproxy's view of the fleet.
-type fleetStatus struct {
-	ID          string       `json:"id"`
-	Peer        string       `json:"peer"`
-	Partitions  int          `json:"partitions"`
-	Serving     []int32      `json:"serving"`
-	Moves       int64        `json:"ownership_moves"`
-	FencedSeen  int64        `json:"fenced"`
-	Member      fleet.Status `json:"member"`
-	LeaseValid  bool         `json:"lease_valid"`
-	PeerAddress string       `json:"peer_listen"`
-}
-
 // status implements the admin server's /api/fleet.
-func (f *fleetRuntime) status() any {
-	st := fleetStatus{
-		ID: f.id, Peer: f.peer.Addr(), Partitions: f.partitions,
-		Moves: f.moves.Load(), FencedSeen: f.fenced.Load(),
-		Member: f.member.Snapshot(), LeaseValid: f.member.LeaseValid(), PeerAddress: f.peer.Addr(),
-		Serving: []int32{},
+func (f *fleetRuntime) status() tap.FleetView {
+	s := f.member.Snapshot()
+	v := tap.FleetView{
+		ID: f.id, Peer: s.Peer, PeerListen: f.peer.Addr(), Partitions: f.partitions,
+		Serving: []int32{}, Moves: f.moves.Load(), Fenced: f.fenced.Load(), LeaseValid: s.LeaseValid,
+		Member: tap.FleetMembership{
+			ID: s.ID, MemberID: s.MemberID, Peer: s.Peer, Owner: s.Owner, Group: s.Group,
+			Generation: s.Generation, LeaderID: s.LeaderID, Leader: s.Leader, Joining: s.Joining,
+			Table: make([]tap.FleetOwner, 0, len(s.Table)), Owned: s.Owned,
+			LeaseValid: s.LeaseValid, LeaseRemaining: s.LeaseRemaining,
+			Generations: s.Generations, Gained: s.Gained, Revoked: s.Revoked, Lost: s.Lost,
+			Fenced: s.Fenced, LeaseExpired: s.LeaseExpired,
+		},
+	}
+	for _, o := range s.Table {
+		v.Member.Table = append(v.Member.Table, tap.FleetOwner{ID: o.ID, MemberID: o.MemberID, Peer: o.Peer, Generation: o.Generation})
 	}
 	for p := range f.serving {
 		if f.serving[p].Load() && f.member.Owns(int32(p)) {
-			st.Serving = append(st.Serving, int32(p))
+			v.Serving = append(v.Serving, int32(p))
 		}
 	}
-	return st
+	return v
 }
 
 // registerMetrics registers the fleet's instruments: ownership moves by
