@@ -61,7 +61,7 @@ func BenchmarkFleet(b *testing.B) {
 	reqs := countRequests(cluster)
 	b.Run("latency", func(b *testing.B) { benchFleetLatency(b, cluster, reqs) })
 	b.Run("failover", func(b *testing.B) { benchFleetFailover(b, cluster) })
-	b.Run("groups200", func(b *testing.B) { benchFleetGroups(b, cluster) })
+	b.Run("groups200", func(b *testing.B) { benchFleetGroups(b, cluster, reqs) })
 }
 
 const (
@@ -655,27 +655,80 @@ func selfCPUTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// benchFleetGroups runs 200 groups of three members, one member of each
-// on each kproxy of a fleet of three: the time until all settled, then
-// every member commits as fast as its answers come for a while.
-func benchFleetGroups(b *testing.B, cluster *kfake.Cluster) {
-	const groups, commitFor = 200, 5 * time.Second
-	procs, _ := startBenchFleet(b, cluster, "g200", 3, "", "")
+// benchFleetGroups runs 200 groups of three members against the broker
+// directly, against one `--groups local` kproxy, and against a fleet of
+// three with one member of each group on each kproxy: the time until
+// every group settled, then every member commits, one request at a time,
+// for a while.
+func benchFleetGroups(b *testing.B, cluster *kfake.Cluster, reqs *requestCounts) {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%d groups of 3 members, %d clients (one connection each); then every member commits, one request at a time, for %v\n",
+		loadGroups, 3*loadGroups, loadCommitFor)
+	brokers := cluster.ListenAddrs()
+	var base float64
+	for _, target := range []string{"broker", "local", "fleet3"} {
+		b.Run(target, func(b *testing.B) {
+			var procs []*kproxyProc
+			var addrs [3]string
+			switch target {
+			case "broker":
+				addrs = [3]string{brokers[0], brokers[0], brokers[0]}
+			case "local":
+				procs = []*kproxyProc{startKproxy(b, "g200-local", brokers, "--groups", "local",
+					"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s")}
+				addrs = [3]string{procs[0].addr, procs[0].addr, procs[0].addr}
+			case "fleet3":
+				procs, _ = startBenchFleet(b, cluster, "g200", 3, "", "")
+				addrs = [3]string{procs[0].addr, procs[1].addr, procs[2].addr}
+			}
+			r := groupsLoad(b, cluster, reqs, target, addrs, procs)
+			if target == "broker" {
+				base = r.rate
+			}
+			fmt.Fprintf(&sb, "%s:\n%s", target, r.text)
+			if base > 0 {
+				fmt.Fprintf(&sb, "  commits/s x broker: %.2f\n", r.rate/base)
+			}
+		})
+	}
+	report(b, sb.String())
+}
+
+const loadGroups = 200
+
+// loadCommitFor is how long the members commit: 5s, or
+// $KPROXY_BENCH_COMMIT_FOR (a Go duration, at most 5m).
+var loadCommitFor = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("KPROXY_BENCH_COMMIT_FOR")); err == nil && d > 0 && d <= 5*time.Minute {
+		return d
+	}
+	return 5 * time.Second
+}()
+
+type loadResult struct {
+	rate float64
+	text string
+}
+
+// groupsLoad settles loadGroups groups whose member k connects to
+// addrs[k], then commits for loadCommitFor; procs are the kproxies
+// serving them (none for the broker).
+func groupsLoad(b *testing.B, cluster *kfake.Cluster, reqs *requestCounts, target string, addrs [3]string, procs []*kproxyProc) loadResult {
 	topicID := benchTopicID(b, cluster)
 	idle := usages(b, procs)
-	clients := make([][]*kgo.Client, len(procs)) // [kproxy][group]
-	for i, k := range procs {
-		clients[i] = benchClients(b, k.addr, groups)
+	var clients [3][]*kgo.Client // [member][group]
+	for k, addr := range addrs {
+		clients[k] = benchClients(b, addr, loadGroups)
 	}
-	names := make([]string, groups)
-	ids := make([][]string, groups)
-	gens := make([]int32, groups)
-	took := make([]time.Duration, groups)
+	names := make([]string, loadGroups)
+	ids := make([][]string, loadGroups)
+	gens := make([]int32, loadGroups)
+	took := make([]time.Duration, loadGroups)
 	before, selfBefore := usages(b, procs), selfCPUTime()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for g := range groups {
-		names[g] = "g200-" + strconv.Itoa(g)
+	for g := range loadGroups {
+		names[g] = "load-" + target + "-" + strconv.Itoa(g)
 		members := []*kgo.Client{clients[0][g], clients[1][g], clients[2][g]}
 		wg.Add(1)
 		go func() {
@@ -695,16 +748,37 @@ func benchFleetGroups(b *testing.B, cluster *kfake.Cluster) {
 	settleAll := time.Since(start)
 	afterSettle, selfSettle := usages(b, procs), selfCPUTime()
 
-	// Commit phase: every member commits its group's offsets, one
-	// request at a time, for commitFor.
 	var ok, failed atomic.Int64
 	var latMu sync.Mutex
 	var lats []time.Duration // guarded by latMu
-	ctx, cancel := context.WithTimeout(context.Background(), commitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), loadCommitFor)
 	defer cancel()
+	// RSS once a second while committing.
+	var rssSeries []string // written by the sampler, read after sampled is closed
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			var mibs []string
+			for _, k := range procs {
+				if u, err := readProcUsage(k.cmd.Process.Pid); err == nil {
+					mibs = append(mibs, fmt.Sprintf("%.0f", mib(u.rss)))
+				}
+			}
+			rssSeries = append(rssSeries, strings.Join(mibs, "/"))
+		}
+	}()
+	reqsBefore := reqs.snapshot()
 	cstart := time.Now()
-	for g := range groups {
-		for k := range procs {
+	for g := range loadGroups {
+		for k := range addrs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -730,34 +804,55 @@ func benchFleetGroups(b *testing.B, cluster *kfake.Cluster) {
 	}
 	wg.Wait()
 	elapsed := time.Since(cstart)
+	reqsAfter := reqs.snapshot()
+	<-sampled
 	afterCommits, selfCommits := usages(b, procs), selfCPUTime()
 
 	s50, s99 := p50p99(took)
 	c50, c99 := p50p99(lats)
-	rate := float64(ok.Load()) / elapsed.Seconds()
-	commitCPU := cpuDelta(afterSettle, afterCommits)
+	n := ok.Load()
+	rate := float64(n) / elapsed.Seconds()
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\nfleet of 3, %d groups of 3 members (one on each kproxy, %d clients)\n", groups, groups*len(procs))
-	fmt.Fprintf(&sb, "settle: all groups in %v (per group p50 %v, p99 %v, max %v); kproxy CPU %v in all, this process (kfake, clients) %v\n",
-		settleAll.Round(time.Millisecond), s50.Round(time.Millisecond), s99.Round(time.Millisecond), slices.Max(took).Round(time.Millisecond),
-		cpuDelta(before, afterSettle), selfSettle-selfBefore)
-	fmt.Fprintf(&sb, "commits: %.0f/s across all groups for %v (%d ok, %d failed), latency p50 %.3f ms p99 %.3f ms\n",
-		rate, elapsed.Round(time.Millisecond), ok.Load(), failed.Load(), ms(c50), ms(c99))
-	fmt.Fprintf(&sb, "         kproxy CPU %.2f cores in all (%.0f µs per commit), this process %.2f cores\n",
-		commitCPU.Seconds()/elapsed.Seconds(), float64(commitCPU.Microseconds())/max(1, float64(ok.Load())),
-		(selfCommits-selfSettle).Seconds()/elapsed.Seconds())
+	fmt.Fprintf(&sb, "  settle: all groups in %v (per group p50 %v, p99 %v); kproxy CPU %v, this process (kfake, clients) %v\n",
+		settleAll.Round(time.Millisecond), s50.Round(time.Millisecond), s99.Round(time.Millisecond),
+		cpuDelta(before, afterSettle), (selfSettle - selfBefore).Round(time.Millisecond))
+	fmt.Fprintf(&sb, "  commits: %.0f/s across all groups (%d ok, %d failed in %v), latency p50 %.3f ms p99 %.3f ms (%d in flight)\n",
+		rate, n, failed.Load(), elapsed.Round(time.Millisecond), ms(c50), ms(c99), 3*loadGroups)
+	commitCPU := cpuDelta(afterSettle, afterCommits)
+	fmt.Fprintf(&sb, "    CPU: kproxy %.2f cores (%.0f µs per commit), this process (kfake, clients) %.2f cores (%.0f µs per commit)\n",
+		commitCPU.Seconds()/elapsed.Seconds(), float64(commitCPU.Microseconds())/max(1, float64(n)),
+		(selfCommits-selfSettle).Seconds()/elapsed.Seconds(), float64((selfCommits-selfSettle).Microseconds())/max(1, float64(n)))
+	fmt.Fprintf(&sb, "    broker requests per commit: %s\n", perOp(reqsBefore, reqsAfter, int(n)))
 	for i, k := range procs {
-		fmt.Fprintf(&sb, "  %s: RSS idle %.1f MiB, after settle %.1f MiB, after commits %.1f MiB; CPU settle %v, commits %v\n", k.name,
+		fmt.Fprintf(&sb, "    %s: RSS idle %.1f MiB, settled %.1f MiB, after commits %.1f MiB; CPU settle %v, commits %v\n", k.name,
 			mib(idle[i].rss), mib(afterSettle[i].rss), mib(afterCommits[i].rss),
 			afterSettle[i].cpu-before[i].cpu, afterCommits[i].cpu-afterSettle[i].cpu)
 	}
-	report(b, sb.String())
+	if len(procs) > 0 {
+		fmt.Fprintf(&sb, "    RSS MiB each second while committing: %s\n", strings.Join(rssSeries, "  "))
+	}
+	if strings.Contains(os.Getenv("GODEBUG"), "gctrace=1") {
+		// The kproxies inherit GODEBUG: their last GC lines say how
+		// much of the RSS is live heap.
+		for _, k := range procs {
+			var gcs []string
+			for line := range strings.SplitSeq(k.log(), "\n") {
+				if strings.HasPrefix(line, "gc ") {
+					gcs = append(gcs, line)
+				}
+			}
+			fmt.Fprintf(&sb, "    %s: %d GCs, last: %s\n", k.name, len(gcs), strings.Join(gcs[max(0, len(gcs)-2):], " | "))
+		}
+	}
 	if failed.Load() > 0 {
-		b.Errorf("%d commits failed in a settled fleet", failed.Load())
+		b.Errorf("%s: %d commits failed in settled groups", target, failed.Load())
 	}
 	b.ReportMetric(settleAll.Seconds(), "s-to-settle-all")
 	b.ReportMetric(rate, "commits/s")
-	b.ReportMetric(commitCPU.Seconds()/elapsed.Seconds(), "kproxy-cores")
+	if len(procs) > 0 {
+		b.ReportMetric(commitCPU.Seconds()/elapsed.Seconds(), "kproxy-cores")
+	}
+	return loadResult{rate: rate, text: sb.String()}
 }
 
 // report prints a table to stdout: b.Log keeps only the first lines of
