@@ -40,14 +40,21 @@ import (
 //     member talks to another kproxy; the time until an OffsetCommit
 //     through that kproxy succeeds again, for a fleet session timeout of
 //     3s and of the default 10s.
-//   - groups200: a fleet of three and 200 groups of three members, one
-//     on each kproxy: the time until every group settled, commits per
-//     second across all groups, kproxy CPU and RSS.
+//   - groups200: 200 groups of three members against the broker, a
+//     `--groups local` kproxy, and a fleet of three with one member of
+//     each group on each kproxy: the time until every group settled,
+//     commits per second across all groups (every member committing one
+//     request at a time), CPU per commit, broker requests per commit and
+//     kproxy RSS.
 //
-// The figures go to the log as tables, the headline ones to
-// b.ReportMetric too. It runs its work once whatever b.N is:
+// The tables go to stdout (b.Log keeps only a benchmark's first lines),
+// the headline figures to b.ReportMetric too. It runs its work once
+// whatever b.N is, in about 70s:
 //
 //	go test -run '^$' -bench BenchmarkFleet -benchtime 1x -timeout 10m ./e2e/
+//
+// $KPROXY_BENCH_COMMIT_FOR sets groups200's commit phase (default 5s);
+// with GODEBUG=gctrace=1 the kproxies' last GC lines are printed too.
 func BenchmarkFleet(b *testing.B) {
 	if testing.Short() {
 		b.Skip("multi-process fleet benchmark; run without -short")
