@@ -36,10 +36,10 @@ import (
 //     owner. Paths take turns in rounds so that noise of the shared
 //     machine falls on all of them. It also counts the broker requests
 //     each path's commits cost.
-//   - failover: a fleet of three, SIGKILL of the owner of a group whose
-//     member talks to another kproxy; the time until an OffsetCommit
-//     through that kproxy succeeds again, for a fleet session timeout of
-//     3s and of the default 10s.
+//   - failover: a fleet of three, SIGKILL of the owner of a group; the
+//     time until an OffsetCommit through each surviving kproxy (the new
+//     owner, and the one that relays to it) succeeds again, for a fleet
+//     session timeout of 3s and of the default 10s.
 //   - groups200: 200 groups of three members against the broker, a
 //     `--groups local` kproxy, and a fleet of three with one member of
 //     each group on each kproxy: the time until every group settled,
