@@ -59,6 +59,13 @@ type fleetRuntime struct {
 	txnMetric metric.Float64Histogram
 
 	peer *proxy.PeerServer
+
+	// changedMu guards changed, closed and replaced whenever what Locate
+	// answers may have changed: the fleet's table, or a partition
+	// starting or stopping to be served here (a claim finishing). A
+	// request waiting for an owner wakes on it.
+	changedMu sync.Mutex
+	changed   chan struct{}
 }
 
 // upstreamSupportsTransactions asks a broker for its API versions and
@@ -114,7 +121,7 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 		return err
 	}
 	group, topic := fleetNames(fc.Name)
-	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet")}
+	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet"), changed: make(chan struct{})}
 	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
 	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced, OnTransaction: f.onTransaction})
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -181,6 +188,7 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 	f.member = m
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
+	go f.forwardTableChanges(runCtx)
 	go func() {
 		defer close(done)
 		if err := m.Run(runCtx); err != nil && runCtx.Err() == nil {
@@ -239,7 +247,32 @@ func (f *fleetRuntime) Locate(group string) (local bool, addr string, ok bool) {
 }
 
 // Changed implements proxy.Locator.
-func (f *fleetRuntime) Changed() <-chan struct{} { return f.member.Changed() }
+func (f *fleetRuntime) Changed() <-chan struct{} {
+	f.changedMu.Lock()
+	defer f.changedMu.Unlock()
+	return f.changed
+}
+
+// notify wakes whoever waits on Changed.
+func (f *fleetRuntime) notify() {
+	f.changedMu.Lock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.changedMu.Unlock()
+}
+
+// forwardTableChanges turns the member's table changes into notify calls
+// until ctx ends.
+func (f *fleetRuntime) forwardTableChanges(ctx context.Context) {
+	for {
+		select {
+		case <-f.member.Changed():
+			f.notify()
+		case <-ctx.Done():
+			return
+		}
+	}
+}
 
 // Peers implements proxy.Locator: every other owner's peer address.
 func (f *fleetRuntime) Peers() []string {
@@ -285,6 +318,7 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 				return
 			}
 			f.serving[p].Store(true)
+			f.notify()
 			f.moved(ctx, "claimed")
 			f.log.Info("fleet: partition claimed", "partition", p, "generation", gen, "took", time.Since(start))
 		}()

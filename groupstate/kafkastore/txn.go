@@ -46,7 +46,9 @@ type TxnOptions struct {
 	// "kproxy/<groups topic>/".
 	TransactionalIDPrefix string
 	// Linger is how long a partition's next transaction waits for more
-	// writes before it starts; 0 means 2ms, negative means no wait.
+	// writes before it starts when writes kept arriving during the
+	// previous one (the first write on an idle partition goes at once);
+	// 0 means 2ms, negative means no wait.
 	Linger time.Duration
 	// TransactionTimeout is the transaction timeout given to
 	// InitProducerId: the broker aborts a transaction left open longer
@@ -482,9 +484,18 @@ func (s *Store) txnSubmit(ctx context.Context, w *txnWrite) txnResult {
 // left or the claim ends.
 func (s *Store) flushLoop(tp *txnPart, done chan struct{}) {
 	defer close(done)
-	for {
-		if l := s.txn.opts.Linger; l > 0 {
-			_ = sleepCtx(tp.ctx, l)
+	for first := true; ; first = false {
+		// The first transaction of an idle partition goes out at once
+		// (a lone commit waits for nobody); under load, when writes kept
+		// arriving while the previous transaction ran, the next one
+		// lingers to gather more of them into one transaction.
+		if l := s.txn.opts.Linger; l > 0 && !first {
+			tp.mu.Lock()
+			idle := len(tp.pending) == 0
+			tp.mu.Unlock()
+			if !idle {
+				_ = sleepCtx(tp.ctx, l)
+			}
 		}
 		tp.mu.Lock()
 		if tp.state == partGone || len(tp.pending) == 0 {
