@@ -144,16 +144,6 @@ type Engine struct {
 	topicStored      uint64
 }
 
-// keys lists the API keys Handle serves.
-var keys = []int16{8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69}
-
-// Keys lists the API keys Handle serves: OffsetCommit (8), OffsetFetch (9),
-// JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
-// DescribeGroups (15), ListGroups (16), TxnOffsetCommit (28), DeleteGroups
-// (42), OffsetDelete (47), ConsumerGroupHeartbeat (68) and
-// ConsumerGroupDescribe (69). FindCoordinator is the proxy's business.
-func Keys() []int16 { return append([]int16(nil), keys...) }
-
 // New validates cfg and starts the engine's loops.
 func New(cfg Config) (*Engine, error) {
 	var problems []error
@@ -544,14 +534,3 @@ func (realClock) Now() time.Time { return time.Now() }
 
 // AfterFunc wraps time.AfterFunc.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
-
-// MaxVersions returns, for each key in Keys, the highest version Handle
-// serves (every version kmsg knows, from 0); the proxy advertises these in
-// ApiVersions whatever the brokers support.
-func MaxVersions() map[int16]int16 {
-	out := make(map[int16]int16, len(keys))
-	for _, k := range keys {
-		out[k] = kmsg.RequestForKey(k).MaxVersion()
-	}
-	return out
-}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // These tests run two engines over one FencedMemoryStore, as two
@@ -572,7 +574,7 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 		42: {errGroupIDNotFound, errNotCoordinator},
 		69: {errGroupIDNotFound, errNotCoordinator},
 	}
-	for _, key := range Keys() {
+	for _, key := range codec.GroupKeys() {
 		run, ok := cases[key]
 		if !ok {
 			t.Errorf("API key %d has no ownership case", key)
