@@ -1,26 +1,29 @@
 package codec
 
 import (
+	"fmt"
 	"slices"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Route says what the proxy does with one API key.
+// Route says what the proxy does with one request.
 type Route uint8
 
 const (
 	// Forward sends the request upstream as the bytes that arrived and
 	// streams the response back untouched.
 	Forward Route = iota
-	// Rewrite forwards the request and decodes the response to replace
-	// upstream broker addresses with proxy addresses.
+	// Rewrite forwards the request and decodes the response to edit it
+	// (Decision.Edit says when): broker addresses become proxy
+	// addresses, ApiVersions is merged with what kproxy serves.
 	Rewrite
 	// Local is served by kproxy itself (the coordinator engine, or the
-	// proxy for FindCoordinator of groups); it never reaches a broker.
+	// proxy for FindCoordinator of groups and for ApiVersions at a
+	// version it does not know); it never reaches a broker.
 	Local
-	// Refuse closes the connection: the key is one kproxy cannot proxy
-	// safely and does not advertise.
+	// Refuse closes the connection: the key, or this version of it, is
+	// one kproxy cannot proxy safely (Decision.Refusal says why).
 	Refuse
 )
 
@@ -35,6 +38,42 @@ func (r Route) String() string {
 		return "local"
 	case Refuse:
 		return "refused"
+	}
+	return "unknown"
+}
+
+// Edit says which upstream responses kproxy decodes and edits before
+// they reach the client.
+type Edit uint8
+
+const (
+	// EditNone streams every response as the broker sent it.
+	EditNone Edit = iota
+	// EditAlways decodes every response and replaces the broker
+	// addresses in it (Metadata, DescribeCluster, FindCoordinator).
+	EditAlways
+	// EditIfNoError merges a response whose error code is 0 with what
+	// kproxy serves (ApiVersions); an error answer, such as the v0
+	// UNSUPPORTED_VERSION a broker sends for a version it does not
+	// speak, passes as the broker gave it.
+	EditIfNoError
+	// EditIfEndpoints edits a response only when it carries leader
+	// endpoints (Produce v10+, KIP-951); one without them, the usual
+	// case, passes as the broker sent it.
+	EditIfEndpoints
+)
+
+// String names the edit for logs and tests.
+func (e Edit) String() string {
+	switch e {
+	case EditNone:
+		return "none"
+	case EditAlways:
+		return "always"
+	case EditIfNoError:
+		return "if_no_error"
+	case EditIfEndpoints:
+		return "if_endpoints"
 	}
 	return "unknown"
 }
@@ -64,81 +103,182 @@ const (
 	KeyConsumerGroupDescribe  = 69
 )
 
-// APIInfo is one row of the routing table.
-type APIInfo struct {
-	// Route when the coordinator engine serves groups.
+// Decision is what happens to one request: where it goes, the highest
+// version kproxy advertises for its key, and which of its responses are
+// edited. RouteFor makes it.
+type Decision struct {
 	Route Route
 	// MaxVersion caps the version advertised in ApiVersions; -1 keeps
 	// the broker's.
 	MaxVersion int16
-	// Why says why the key is special, for readers of this table.
+	// Edit says which responses from upstream are decoded and edited.
+	// It is EditNone unless Route is Rewrite, except for FindCoordinator
+	// served locally: the transactional lookups the session forwards
+	// after decoding are edited as with groups forwarded.
+	Edit Edit
+	// Why says why the key is special, for readers and for errors.
 	Why string
+	// badVersion marks a refusal of this version, not of the key.
+	badVersion bool
 }
 
-// APIs is the one table of every API key kproxy intercepts, rewrites,
-// caps or refuses. Group keys are Local only while the engine serves
-// groups; with groups forwarded (Config.ForwardGroups in proxy) they
-// revert to Forward and FindCoordinator to Rewrite.
-var APIs = map[int16]APIInfo{
-	KeyProduce: {Rewrite, MaxVersion(KeyProduce),
-		"v10+ responses may carry leader endpoints (KIP-951); capped to what kmsg parses"},
-	KeyFetch: {Forward, 15,
+// apiRow is one row of the routing table.
+type apiRow struct {
+	// route when kproxy serves groups; with groups forwarded Local
+	// becomes Forward, or Rewrite when edit is set.
+	route Route
+	// maxVersion caps the advertised version; -1 keeps the broker's.
+	maxVersion int16
+	// edit applies to responses from editFrom on; earlier versions are
+	// forwarded untouched.
+	edit     Edit
+	editFrom int16
+	why      string
+}
+
+// apis is the one table of every API key kproxy intercepts, rewrites,
+// caps or refuses, and of which responses it edits. Group keys are Local
+// only while the engine serves groups; with groups forwarded
+// (Config.ForwardGroups in proxy) they revert to Forward and
+// FindCoordinator to Rewrite. RouteFor reads it; so does
+// MergeApiVersions.
+var apis = map[int16]apiRow{
+	KeyProduce: {Rewrite, MaxVersion(KeyProduce), EditIfEndpoints, 10,
+		"v10+ responses may carry leader endpoints (KIP-951), edited only when they do; capped to what kmsg parses"},
+	KeyFetch: {Forward, 15, EditNone, 0,
 		"v16+ responses may carry leader endpoints (KIP-951); capping at v15 keeps fetch responses streamable without decoding them"},
-	KeyMetadata: {Rewrite, MaxVersion(KeyMetadata), "carries every broker's address"},
-	KeyFindCoordinator: {Local, MaxVersion(KeyFindCoordinator),
+	KeyMetadata: {Rewrite, MaxVersion(KeyMetadata), EditAlways, 0, "carries every broker's address"},
+	KeyFindCoordinator: {Local, MaxVersion(KeyFindCoordinator), EditAlways, 0,
 		"groups: answered with a kproxy address; transactions: forwarded and rewritten"},
-	KeyApiVersions:     {Rewrite, MaxVersion(KeyApiVersions), "merged, only when the answer carries no error: group APIs added, address-bearing APIs capped; error answers (UNSUPPORTED_VERSION in v0) pass untouched"},
-	KeyDescribeCluster: {Rewrite, MaxVersion(KeyDescribeCluster), "carries every broker's address"},
-	KeyDescribeQuorum:  {Forward, 1, "v2 responses carry controller endpoints"},
+	KeyApiVersions: {Rewrite, MaxVersion(KeyApiVersions), EditIfNoError, 0,
+		"merged, only when the answer carries no error: group APIs added, address-bearing APIs capped; error answers (UNSUPPORTED_VERSION in v0) pass untouched"},
+	KeyDescribeCluster: {Rewrite, MaxVersion(KeyDescribeCluster), EditAlways, 0, "carries every broker's address"},
+	KeyDescribeQuorum:  {Forward, 1, EditNone, 0, "v2 responses carry controller endpoints"},
 
-	KeyOffsetCommit:    {Local, MaxVersion(KeyOffsetCommit), "coordinator engine"},
-	KeyOffsetFetch:     {Local, MaxVersion(KeyOffsetFetch), "coordinator engine"},
-	KeyJoinGroup:       {Local, MaxVersion(KeyJoinGroup), "coordinator engine"},
-	KeyHeartbeat:       {Local, MaxVersion(KeyHeartbeat), "coordinator engine"},
-	KeyLeaveGroup:      {Local, MaxVersion(KeyLeaveGroup), "coordinator engine"},
-	KeySyncGroup:       {Local, MaxVersion(KeySyncGroup), "coordinator engine"},
-	KeyDescribeGroups:  {Local, MaxVersion(KeyDescribeGroups), "coordinator engine"},
-	KeyListGroups:      {Local, MaxVersion(KeyListGroups), "coordinator engine"},
-	KeyTxnOffsetCommit: {Local, MaxVersion(KeyTxnOffsetCommit), "coordinator engine validates, then the store forwards"},
-	KeyDeleteGroups:    {Local, MaxVersion(KeyDeleteGroups), "coordinator engine"},
-	KeyOffsetDelete:    {Local, MaxVersion(KeyOffsetDelete), "coordinator engine"},
+	KeyOffsetCommit:    {Local, MaxVersion(KeyOffsetCommit), EditNone, 0, "coordinator engine"},
+	KeyOffsetFetch:     {Local, MaxVersion(KeyOffsetFetch), EditNone, 0, "coordinator engine"},
+	KeyJoinGroup:       {Local, MaxVersion(KeyJoinGroup), EditNone, 0, "coordinator engine"},
+	KeyHeartbeat:       {Local, MaxVersion(KeyHeartbeat), EditNone, 0, "coordinator engine"},
+	KeyLeaveGroup:      {Local, MaxVersion(KeyLeaveGroup), EditNone, 0, "coordinator engine"},
+	KeySyncGroup:       {Local, MaxVersion(KeySyncGroup), EditNone, 0, "coordinator engine"},
+	KeyDescribeGroups:  {Local, MaxVersion(KeyDescribeGroups), EditNone, 0, "coordinator engine"},
+	KeyListGroups:      {Local, MaxVersion(KeyListGroups), EditNone, 0, "coordinator engine"},
+	KeyTxnOffsetCommit: {Local, MaxVersion(KeyTxnOffsetCommit), EditNone, 0, "coordinator engine validates, then the store forwards"},
+	KeyDeleteGroups:    {Local, MaxVersion(KeyDeleteGroups), EditNone, 0, "coordinator engine"},
+	KeyOffsetDelete:    {Local, MaxVersion(KeyOffsetDelete), EditNone, 0, "coordinator engine"},
 
-	KeyConsumerGroupHeartbeat: {Local, MaxVersion(KeyConsumerGroupHeartbeat), "coordinator engine (KIP-848)"},
-	KeyConsumerGroupDescribe:  {Local, MaxVersion(KeyConsumerGroupDescribe), "coordinator engine (KIP-848)"},
-	76:                        {Refuse, -1, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	77:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
-	78:                        {Refuse, -1, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	79:                        {Refuse, -1, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	90:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
-	91:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
-	92:                        {Refuse, -1, "share groups (KIP-932) are not proxied"},
+	KeyConsumerGroupHeartbeat: {Local, MaxVersion(KeyConsumerGroupHeartbeat), EditNone, 0, "coordinator engine (KIP-848)"},
+	KeyConsumerGroupDescribe:  {Local, MaxVersion(KeyConsumerGroupDescribe), EditNone, 0, "coordinator engine (KIP-848)"},
+
+	76: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
+	77: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
+	78: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
+	79: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
+	90: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
+	91: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
+	92: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
 }
 
-// Lookup returns key's row of APIs, without a map lookup: it is on the
-// path of every request.
-func Lookup(key int16) (APIInfo, bool) {
+// RouteFor says what kproxy does with a request of key at version:
+// forward it, forward it and edit the response, serve it itself, or
+// refuse it. groupsLocal is whether kproxy serves the group APIs (a
+// coordinator is configured). It is on the path of every request and
+// does not allocate.
+//
+// Beyond the table's rows, the version decides three things: a Produce
+// below v10 is forwarded untouched (its response carries no endpoints);
+// a version above what kmsg parses is refused for every key kproxy
+// decodes, since it could not read it; and ApiVersions at such a version
+// is answered by kproxy, UNSUPPORTED_VERSION in v0, as a broker does, so
+// that the client retries with a version it can use.
+func RouteFor(key, version int16, groupsLocal bool) Decision {
+	a, ok := row(key)
+	if !ok {
+		return Decision{Route: Forward, MaxVersion: -1}
+	}
+	d := Decision{Route: a.route, MaxVersion: a.maxVersion, Edit: a.edit, Why: a.why}
+	if d.Route == Local && !groupsLocal {
+		d.Route = Forward
+		if a.edit != EditNone {
+			d.Route = Rewrite
+		}
+	}
+	switch d.Route {
+	case Rewrite:
+		if version < a.editFrom {
+			d.Route, d.Edit = Forward, EditNone
+			return d
+		}
+		if version <= MaxVersion(key) {
+			return d
+		}
+		if key == KeyApiVersions {
+			d.Route, d.Edit = Local, EditNone
+			d.Why = "a version kproxy does not speak: answered UNSUPPORTED_VERSION in v0 with the versions it does"
+			return d
+		}
+		d.Route, d.Edit, d.badVersion = Refuse, EditNone, true
+		d.Why = "responses cannot be rewritten"
+	case Local:
+		if version > MaxVersion(key) {
+			d.Route, d.Edit, d.badVersion = Refuse, EditNone, true
+			d.Why = "kproxy serves it and cannot decode this version"
+		}
+	}
+	return d
+}
+
+// Refusal is the error that closes a connection refused by d, for a
+// request of key at version; nil unless d.Route is Refuse. A refused
+// version wraps ErrBadVersion.
+func (d Decision) Refusal(key, version int16) error {
+	switch {
+	case d.Route != Refuse:
+		return nil
+	case d.badVersion:
+		return fmt.Errorf("%w: %s v%d: %s", ErrBadVersion, kmsg.NameForKey(key), version, d.Why)
+	}
+	return fmt.Errorf("refusing %s: %s", kmsg.NameForKey(key), d.Why)
+}
+
+// row returns key's row of apis, without a map lookup: it is on the path
+// of every request.
+func row(key int16) (apiRow, bool) {
 	if key < 0 || int(key) >= len(apiTable) {
-		return APIInfo{}, false
+		return apiRow{}, false
 	}
 	e := apiTable[key]
-	return e.info, e.ok
+	return e.row, e.ok
 }
 
-var apiTable = func() (t [100]struct {
-	info APIInfo
-	ok   bool
+var apiTable = func() (t [apiKeys]struct {
+	row apiRow
+	ok  bool
 }) {
-	for k, info := range APIs {
-		t[k].info, t[k].ok = info, true
+	for k, r := range apis {
+		t[k].row, t[k].ok = r, true
 	}
 	return t
 }()
 
-// IsGroupKey reports whether key is a consumer-group API that the engine
-// serves when groups are local.
+// IsGroupKey reports whether key is a group API that the coordinator
+// engine serves when groups are local (FindCoordinator is answered by the
+// proxy and is not one).
 func IsGroupKey(key int16) bool {
-	a, ok := Lookup(key)
-	return ok && a.Route == Local && key != KeyFindCoordinator
+	a, ok := row(key)
+	return ok && a.route == Local && key != KeyFindCoordinator
+}
+
+// GroupKeys lists, in order, the keys for which IsGroupKey holds: the
+// requests a coordinator must answer.
+func GroupKeys() []int16 {
+	var keys []int16
+	for k := range int16(apiKeys) {
+		if IsGroupKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // MergeApiVersions edits an upstream ApiVersions response in place into
@@ -153,16 +293,16 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 		if MaxVersion(k.ApiKey) < 0 {
 			continue
 		}
-		info, special := APIs[k.ApiKey]
+		info, special := row(k.ApiKey)
 		if special {
-			if info.Route == Refuse {
+			if info.route == Refuse {
 				continue
 			}
-			if info.MaxVersion >= 0 && k.MaxVersion > info.MaxVersion {
-				k.MaxVersion = info.MaxVersion
+			if info.maxVersion >= 0 && k.MaxVersion > info.maxVersion {
+				k.MaxVersion = info.maxVersion
 			}
 			if localGroups && IsGroupKey(k.ApiKey) {
-				k.MinVersion, k.MaxVersion = 0, info.MaxVersion
+				k.MinVersion, k.MaxVersion = 0, info.maxVersion
 			}
 			if k.MinVersion > k.MaxVersion {
 				continue
@@ -172,7 +312,7 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 		keys = append(keys, k)
 	}
 	if localGroups {
-		for key := range APIs {
+		for key, info := range apis {
 			if !IsGroupKey(key) && key != KeyFindCoordinator {
 				continue
 			}
@@ -180,7 +320,7 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 				continue
 			}
 			k := kmsg.NewApiVersionsResponseApiKey()
-			k.ApiKey, k.MinVersion, k.MaxVersion = key, 0, APIs[key].MaxVersion
+			k.ApiKey, k.MinVersion, k.MaxVersion = key, 0, info.maxVersion
 			keys = append(keys, k)
 		}
 	}

@@ -7,6 +7,12 @@
 // decoded. Decoding and encoding of the messages kproxy does touch is done
 // by franz-go's kmsg; this package never hand-writes a message type.
 //
-// apis.go holds the one table of every API key the proxy intercepts or
-// rewrites, so the routing can be audited in one place.
+// apis.go holds the one table of every API key the proxy intercepts,
+// rewrites, caps or refuses, with which of its responses are edited and
+// on what condition, so the routing can be audited in one place.
+// RouteFor reads it and answers, for one key at one version, what
+// happens to a request: forwarded, forwarded with its response edited,
+// served by kproxy, or refused. The proxy's session, its metrics,
+// RewriteResponse and MergeApiVersions all go by that answer; GroupKeys
+// lists the keys a coordinator serves.
 package codec

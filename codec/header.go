@@ -176,6 +176,10 @@ func ResponseHeaderFlexible(key, version int16) bool {
 	return f && key != KeyApiVersions
 }
 
+// apiKeys bounds the api keys kproxy's per-key tables hold: every key
+// kmsg knows is below it.
+const apiKeys = 100
+
 const (
 	unknownKey = int16(-1)
 	never      = int16(1 << 14)
@@ -184,7 +188,7 @@ const (
 // flexibleFrom is, per api key, the first flexible version, computed once
 // from kmsg so the per-request lookup does not allocate.
 var flexibleFrom = func() []int16 {
-	t := make([]int16, 100)
+	t := make([]int16, apiKeys)
 	for k := range t {
 		t[k] = unknownKey
 		r := kmsg.RequestForKey(int16(k))
@@ -213,7 +217,7 @@ func MaxVersion(key int16) int16 {
 }
 
 var maxVersions = func() []int16 {
-	t := make([]int16, 100)
+	t := make([]int16, apiKeys)
 	for k := range t {
 		t[k] = -1
 		if r := kmsg.RequestForKey(int16(k)); r != nil {

@@ -17,25 +17,20 @@ type AddrMap interface {
 	Broker(nodeID int32, host string, port int32) (proxyHost string, proxyPort int32)
 }
 
-// NeedsRewrite reports whether a response to key at version must be
-// decoded by RewriteResponse before it reaches the client.
-func NeedsRewrite(key, version int16) bool {
-	switch key {
-	case KeyMetadata, KeyFindCoordinator, KeyDescribeCluster, KeyApiVersions:
-		return true
-	case KeyProduce:
-		return version >= 10
-	}
-	return false
-}
-
 // RewriteResponse decodes the response body to a request of key at
-// version, replaces every upstream broker address in it through m, and
-// returns the response to encode in its place. It returns nil when the
-// body needs no change and may be sent as it came. localGroups is passed
-// to MergeApiVersions.
+// version, edits it as RouteFor's Decision.Edit says (broker addresses
+// replaced through m, ApiVersions merged), and returns the response to
+// encode in its place. It returns nil when the body needs no change and
+// may be sent as it came: the key's responses are not edited, or the
+// edit's condition does not hold. localGroups is what the session passed
+// to RouteFor, and is passed on to MergeApiVersions.
 func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups bool) (kmsg.Response, error) {
-	if key == KeyProduce {
+	edit := RouteFor(key, version, localGroups).Edit
+	switch edit {
+	case EditNone:
+		return nil, nil
+	case EditIfEndpoints:
+		// Skimmed without decoding: most Produce responses carry none.
 		if has, ok := ProduceHasEndpoints(body, version); ok && !has {
 			return nil, nil
 		}
@@ -80,7 +75,7 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
 		}
 	case *kmsg.ProduceResponse:
-		if len(r.Brokers) == 0 {
+		if len(r.Brokers) == 0 { // EditIfEndpoints, when the skim failed
 			return nil, nil
 		}
 		for i := range r.Brokers {
@@ -88,7 +83,7 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
 		}
 	case *kmsg.ApiVersionsResponse:
-		if r.ErrorCode != 0 {
+		if edit == EditIfNoError && r.ErrorCode != 0 {
 			// An error answer (UNSUPPORTED_VERSION carries only the
 			// broker's ApiVersions range) is not the broker's table:
 			// merging group keys into it would make the client take

@@ -21,7 +21,7 @@ import (
 //     ILLEGAL_GENERATION.
 //   - v10: topics named by TopicID.
 //
-// KIP-848 groups (cgroup.validateCommit): the generation is the member
+// KIP-848 groups (consumerGroup.validateCommit): the generation is the member
 // epoch; a KIP-848 member below v9 gets UNSUPPORTED_VERSION, a newer epoch
 // STALE_MEMBER_EPOCH, an older one is checked per partition (KIP-1251).
 //
@@ -40,9 +40,9 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 	}
 	var owned map[string]map[int32]struct{}
 	notOwned := errIllegalGeneration
-	g, ok := s.groups[r.Group]
-	if cg, isConsumer := s.cgroups[r.Group]; isConsumer {
-		code, o, no := cg.validateCommit(r.Version, gen, memberID, false)
+	g, ok := s.classicGroups[r.Group]
+	if consumer, isConsumer := s.consumerGroups[r.Group]; isConsumer {
+		code, o, no := consumer.validateCommit(r.Version, gen, memberID, false)
 		if code != errNone {
 			reply(commitError(r, code))
 			return
@@ -88,14 +88,14 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 
 // validateCommit applies Kafka's offset-commit validation to a classic
 // group and returns the committing member when identity was given.
-func (g *group) validateCommit(gen int32, memberID string, instanceID *string, txn bool) (int16, *member) {
+func (g *classicGroup) validateCommit(gen int32, memberID string, instanceID *string, txn bool) (int16, *classicMember) {
 	if g.state == stateDead {
 		return errCoordinatorNotAvailable, nil
 	}
 	if gen < 0 && g.state == stateEmpty {
 		return errNone, nil
 	}
-	var m *member
+	var m *classicMember
 	if gen >= 0 || memberID != "" || instanceID != nil {
 		if code := g.validateMember(memberID, instanceID); code != errNone {
 			return code, nil
@@ -119,10 +119,10 @@ func (s *shard) emitCommitted(groupID string, n int) {
 		return
 	}
 	var ev Event
-	if g, ok := s.groups[groupID]; ok {
+	if g, ok := s.classicGroups[groupID]; ok {
 		ev = g.event(EventOffsetsCommitted)
-	} else if cg, ok := s.cgroups[groupID]; ok {
-		ev = cg.event(EventOffsetsCommitted)
+	} else if consumer, ok := s.consumerGroups[groupID]; ok {
+		ev = consumer.event(EventOffsetsCommitted)
 	} else {
 		ev = Event{Time: s.e.clock.Now(), Kind: EventOffsetsCommitted, Group: groupID, Generation: -1, State: stateEmpty.String()}
 	}
@@ -244,7 +244,7 @@ func (e *Engine) namesFor(ctx context.Context, n int, at func(int) (string, [16]
 // epoch, are accepted, the rest answer STALE_MEMBER_EPOCH. txn applies the
 // TxnOffsetCommit variant: identity only checked when given, and an epoch
 // mismatch is ILLEGAL_GENERATION.
-func (g *cgroup) validateCommit(version int16, epoch int32, memberID string, txn bool) (int16, map[string]map[int32]struct{}, int16) {
+func (g *consumerGroup) validateCommit(version int16, epoch int32, memberID string, txn bool) (int16, map[string]map[int32]struct{}, int16) {
 	if epoch < 0 && (len(g.members) == 0 || txn && memberID == "") {
 		return errNone, nil, errNone
 	}
@@ -271,7 +271,7 @@ func (g *cgroup) validateCommit(version int16, epoch int32, memberID string, txn
 
 // ownedNames returns, by topic name, the partitions m holds (assigned or
 // pending revocation) that were assigned to it at or before epoch.
-func (g *cgroup) ownedNames(m *cmember, epoch int32) map[string]map[int32]struct{} {
+func (g *consumerGroup) ownedNames(m *consumerMember, epoch int32) map[string]map[int32]struct{} {
 	snap := g.s.e.topicsNow()
 	owned := make(map[string]map[int32]struct{})
 	for _, ps := range []partSet{m.Assigned, m.Pending} {

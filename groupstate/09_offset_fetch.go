@@ -92,7 +92,7 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 // fetchOffsets validates one group's fetch on its loop and queues the
 // store read.
 func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(any)) {
-	if cg, ok := s.cgroups[fg.group]; ok {
+	if consumer, ok := s.consumerGroups[fg.group]; ok {
 		// KIP-848: no member id and a negative epoch fetch as an admin
 		// would; otherwise the member's epoch must match exactly.
 		if (fg.memberID != nil && *fg.memberID != "") || fg.epoch >= 0 {
@@ -100,7 +100,7 @@ func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(an
 			if fg.memberID != nil {
 				id = *fg.memberID
 			}
-			m, ok := cg.members[id]
+			m, ok := consumer.members[id]
 			if !ok {
 				set(fetchResult{code: errUnknownMemberID})
 				return
@@ -110,7 +110,7 @@ func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(an
 				return
 			}
 		}
-	} else if g, ok := s.groups[fg.group]; ok && g.state != stateDead {
+	} else if g, ok := s.classicGroups[fg.group]; ok && g.state != stateDead {
 		if (fg.memberID != nil && *fg.memberID != "") || fg.epoch >= 0 {
 			id := ""
 			if fg.memberID != nil {

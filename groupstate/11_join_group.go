@@ -35,27 +35,27 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	if r.Version == 0 || rebalance <= 0 {
 		rebalance = session
 	}
-	if cg, ok := s.cgroups[r.Group]; ok {
+	if consumer, ok := s.consumerGroups[r.Group]; ok {
 		// A consumer (KIP-848) group of the same id: an empty one is
 		// replaced (offline downgrade); online migration is not
 		// implemented.
-		if len(cg.members) > 0 {
+		if len(consumer.members) > 0 {
 			reply(joinError(errInconsistentGroupProtocol, r.MemberID))
 			return
 		}
-		cg.cancelAllTimers()
-		delete(s.cgroups, r.Group)
+		consumer.cancelAllTimers()
+		delete(s.consumerGroups, r.Group)
 		s.tombstone(r.Group)
 		s.e.log.Info("groupstate: empty consumer group replaced by a classic group", "group", r.Group)
 	}
-	g, ok := s.groups[r.Group]
+	g, ok := s.classicGroups[r.Group]
 	if !ok {
 		if r.MemberID != "" {
 			reply(joinError(errUnknownMemberID, r.MemberID))
 			return
 		}
-		g = newGroup(s, r.Group)
-		s.groups[r.Group] = g
+		g = newClassicGroup(s, r.Group)
+		s.classicGroups[r.Group] = g
 		s.emit(g.event(EventGroupCreated))
 		g.armEmptyTimer()
 	}
@@ -71,7 +71,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	g.join(j)
 	// A group created for a join that failed holds nothing: forget it.
 	if g.state == stateEmpty && len(g.members) == 0 && len(g.pending) == 0 && g.generation == 0 && g.live() {
-		delete(s.groups, g.id)
+		delete(s.classicGroups, g.id)
 		g.transitionTo(stateDead)
 		s.emit(g.event(EventGroupDeleted))
 	}
@@ -89,7 +89,7 @@ type joinReq struct {
 }
 
 // join dispatches a JoinGroup to the new- or known-member path.
-func (g *group) join(j *joinReq) {
+func (g *classicGroup) join(j *joinReq) {
 	if !g.acceptJoiningMember(j.r.MemberID) {
 		// Kafka kicks out the late rejoiner; the join may now be
 		// complete without it.
@@ -113,7 +113,7 @@ func (g *group) join(j *joinReq) {
 }
 
 // acceptJoiningMember applies group.max.size as Kafka does.
-func (g *group) acceptJoiningMember(memberID string) bool {
+func (g *classicGroup) acceptJoiningMember(memberID string) bool {
 	max := g.s.e.cfg.MaxGroupSize
 	if max == 0 {
 		return true
@@ -135,7 +135,7 @@ func (g *group) acceptJoiningMember(memberID string) bool {
 }
 
 // joinNewMember serves a JoinGroup with an empty member id.
-func (g *group) joinNewMember(j *joinReq) {
+func (g *classicGroup) joinNewMember(j *joinReq) {
 	if g.state == stateDead {
 		j.reply(joinError(errCoordinatorNotAvailable, ""))
 		return
@@ -167,7 +167,7 @@ func (g *group) joinNewMember(j *joinReq) {
 }
 
 // joinKnownMember serves a JoinGroup with a member id.
-func (g *group) joinKnownMember(j *joinReq) {
+func (g *classicGroup) joinKnownMember(j *joinReq) {
 	id := j.r.MemberID
 	if g.state == stateDead {
 		j.reply(joinError(errCoordinatorNotAvailable, id))
@@ -218,7 +218,7 @@ func (g *group) joinKnownMember(j *joinReq) {
 
 // currentJoinResponse answers a JoinGroup from the current generation
 // without a rebalance; withMembers includes the member list (leader).
-func (g *group) currentJoinResponse(m *member, withMembers bool, leader string, skip bool) *kmsg.JoinGroupResponse {
+func (g *classicGroup) currentJoinResponse(m *classicMember, withMembers bool, leader string, skip bool) *kmsg.JoinGroupResponse {
 	resp := kmsg.NewPtrJoinGroupResponse()
 	pt, proto := g.protocolType, g.protocol
 	resp.Generation = g.generation
@@ -244,15 +244,15 @@ func (g *group) currentJoinResponse(m *member, withMembers bool, leader string, 
 }
 
 // updateMember applies a rejoin's protocols and timeouts and parks it.
-func (g *group) updateMember(m *member, j *joinReq) {
+func (g *classicGroup) updateMember(m *classicMember, j *joinReq) {
 	g.setProtocols(m, j.protocols)
 	m.sessionTimeout, m.rebalanceTimeout = j.session, j.rebalance
 	g.parkJoin(m, j.reply)
 }
 
 // addMember adds a new member with a parked JoinGroup and moves the group.
-func (g *group) addMember(j *joinReq, id string) {
-	m := &member{
+func (g *classicGroup) addMember(j *joinReq, id string) {
+	m := &classicMember{
 		id:               id,
 		instanceID:       j.instanceID,
 		clientID:         j.rc.ClientID,
@@ -275,7 +275,7 @@ func (g *group) addMember(j *joinReq, id string) {
 // replaceStaticMember hands a known instance id to a new member id
 // (KIP-345): the old id is fenced, the new one inherits its assignment
 // and leadership.
-func (g *group) replaceStaticMember(j *joinReq, newID string) {
+func (g *classicGroup) replaceStaticMember(j *joinReq, newID string) {
 	oldID := g.static[j.instanceID]
 	old := g.members[oldID]
 	oldLeader := g.leader
@@ -290,7 +290,7 @@ func (g *group) replaceStaticMember(j *joinReq, newID string) {
 		old.answerSync(syncError(errFencedInstanceID))
 	}
 	stopTimer(old.timer)
-	nm := &member{
+	nm := &classicMember{
 		id:               newID,
 		instanceID:       j.instanceID,
 		clientID:         j.rc.ClientID,

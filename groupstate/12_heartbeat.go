@@ -25,7 +25,7 @@ func (s *shard) heartbeatCode(r *kmsg.HeartbeatRequest) int16 {
 	if r.Group == "" {
 		return errInvalidGroupID
 	}
-	g, ok := s.groups[r.Group]
+	g, ok := s.classicGroups[r.Group]
 	if !ok {
 		return errUnknownMemberID
 	}

@@ -43,7 +43,7 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 		finish(errInvalidGroupID)
 		return
 	}
-	g, ok := s.groups[r.Group]
+	g, ok := s.classicGroups[r.Group]
 	if !ok {
 		// As Kafka: every member is unknown (v0-2 carry it at the top).
 		for i := range results {
@@ -56,7 +56,7 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 		finish(errCoordinatorNotAvailable)
 		return
 	}
-	var left []*member
+	var left []*classicMember
 	removedPending := false
 	for i, l := range leaving {
 		id := l.MemberID

@@ -28,7 +28,7 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 		reply(syncError(errInvalidGroupID))
 		return
 	}
-	g, ok := s.groups[r.Group]
+	g, ok := s.classicGroups[r.Group]
 	if !ok || g.state == stateEmpty {
 		reply(syncError(errUnknownMemberID))
 		return
@@ -125,7 +125,7 @@ func recordTooLarge(err error) bool {
 // owner (fenced, docs/fleet.md) drops the group instead:
 // a rebalance here could never be persisted either, and the owner loads
 // the group from the store.
-func (g *group) syncSaveFailed(err error) {
+func (g *classicGroup) syncSaveFailed(err error) {
 	code := storeErrorCode(err)
 	if fenced(err) {
 		g.s.e.log.Warn("groupstate: persisting the leader's assignments was refused; dropping the group",
@@ -147,7 +147,7 @@ func (g *group) syncSaveFailed(err error) {
 
 // completeSync stores the leader's assignments, answers every parked
 // SyncGroup and makes the group Stable.
-func (g *group) completeSync(given map[string][]byte) {
+func (g *classicGroup) completeSync(given map[string][]byte) {
 	check := g.s.e.cfg.CheckCommitOwnership && g.protocolType == "consumer"
 	for _, id := range g.order {
 		o := g.members[id]
@@ -178,7 +178,7 @@ func (g *group) completeSync(given map[string][]byte) {
 }
 
 // syncResponse is m's successful SyncGroup answer.
-func (g *group) syncResponse(m *member) *kmsg.SyncGroupResponse {
+func (g *classicGroup) syncResponse(m *classicMember) *kmsg.SyncGroupResponse {
 	resp := kmsg.NewPtrSyncGroupResponse()
 	pt, proto := g.protocolType, g.protocol
 	resp.ProtocolType = &pt

@@ -103,7 +103,7 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 // describe returns the description of group id, or nil if the engine does
 // not hold it.
 func (s *shard) describe(id string) *kmsg.DescribeGroupsResponseGroup {
-	if _, ok := s.cgroups[id]; ok {
+	if _, ok := s.consumerGroups[id]; ok {
 		// As Kafka 4 answers: a KIP-848 group is described with
 		// ConsumerGroupDescribe.
 		dg := kmsg.NewDescribeGroupsResponseGroup()
@@ -112,7 +112,7 @@ func (s *shard) describe(id string) *kmsg.DescribeGroupsResponseGroup {
 		dg.ErrorMessage = &msg
 		return &dg
 	}
-	g, ok := s.groups[id]
+	g, ok := s.classicGroups[id]
 	if !ok || g.state == stateDead {
 		return nil
 	}

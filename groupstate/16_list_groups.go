@@ -114,8 +114,8 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 
 // list returns the loop's groups as ListGroups entries.
 func (s *shard) list() []kmsg.ListGroupsResponseGroup {
-	out := make([]kmsg.ListGroupsResponseGroup, 0, len(s.groups))
-	for _, g := range s.groups {
+	out := make([]kmsg.ListGroupsResponseGroup, 0, len(s.classicGroups))
+	for _, g := range s.classicGroups {
 		if g.state == stateDead || !s.e.owns(g.id) {
 			continue
 		}
@@ -123,7 +123,7 @@ func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
 		out = append(out, lg)
 	}
-	for _, g := range s.cgroups {
+	for _, g := range s.consumerGroups {
 		if s.e.owns(g.id) {
 			out = append(out, g.listEntry())
 		}
@@ -132,7 +132,7 @@ func (s *shard) list() []kmsg.ListGroupsResponseGroup {
 }
 
 // listEntry is the ListGroups entry of a KIP-848 group.
-func (g *cgroup) listEntry() kmsg.ListGroupsResponseGroup {
+func (g *consumerGroup) listEntry() kmsg.ListGroupsResponseGroup {
 	lg := kmsg.NewListGroupsResponseGroup()
 	lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, "consumer", g.stateName(), "consumer"
 	return lg
@@ -141,10 +141,10 @@ func (g *cgroup) listEntry() kmsg.ListGroupsResponseGroup {
 // listOne returns the ListGroups entry of group id: the engine's group,
 // or a simple group if the engine holds none.
 func (s *shard) listOne(id string) kmsg.ListGroupsResponseGroup {
-	if g, ok := s.cgroups[id]; ok {
+	if g, ok := s.consumerGroups[id]; ok {
 		return g.listEntry()
 	}
-	if g, ok := s.groups[id]; ok && g.state != stateDead {
+	if g, ok := s.classicGroups[id]; ok && g.state != stateDead {
 		lg := kmsg.NewListGroupsResponseGroup()
 		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
 		return lg

@@ -49,18 +49,18 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 // deleteGroup deletes one group on its loop.
 func (s *shard) deleteGroup(id string, set func(any)) {
 	inEngine := false
-	if cg, ok := s.cgroups[id]; ok {
-		if len(cg.members) > 0 {
+	if consumer, ok := s.consumerGroups[id]; ok {
+		if len(consumer.members) > 0 {
 			set(errNonEmptyGroup)
 			return
 		}
 		inEngine = true
-		cg.cancelAllTimers()
-		delete(s.cgroups, id)
-		s.emit(cg.event(EventGroupDeleted))
+		consumer.cancelAllTimers()
+		delete(s.consumerGroups, id)
+		s.emit(consumer.event(EventGroupDeleted))
 		s.tombstone(id)
 	}
-	if g, ok := s.groups[id]; ok {
+	if g, ok := s.classicGroups[id]; ok {
 		switch g.state {
 		case stateDead:
 			set(errGroupIDNotFound)
@@ -76,7 +76,7 @@ func (s *shard) deleteGroup(id string, set func(any)) {
 			stopTimer(p.timer)
 		}
 		g.transitionTo(stateDead)
-		delete(s.groups, id)
+		delete(s.classicGroups, id)
 		s.emit(g.event(EventGroupDeleted))
 		if g.generation > 0 {
 			s.tombstone(id)

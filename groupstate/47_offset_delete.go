@@ -18,9 +18,9 @@ import (
 // offsetDelete serves an OffsetDelete on the owning loop.
 func (s *shard) offsetDelete(r *kmsg.OffsetDeleteRequest, reply func(kmsg.Response)) {
 	var subscribed func(topic string) bool
-	if cg, ok := s.cgroups[r.Group]; ok {
-		subscribed = cg.subscribed
-	} else if g, ok := s.groups[r.Group]; ok {
+	if consumer, ok := s.consumerGroups[r.Group]; ok {
+		subscribed = consumer.subscribed
+	} else if g, ok := s.classicGroups[r.Group]; ok {
 		if g.state == stateDead {
 			reply(errorResponse(r, errGroupIDNotFound))
 			return
@@ -95,7 +95,7 @@ func (s *shard) offsetDelete(r *kmsg.OffsetDeleteRequest, reply func(kmsg.Respon
 // the union of the topics in its members' consumer metadata for the
 // selected protocol (every protocol before one is selected). Metadata that
 // does not parse means the group may read anything.
-func (g *group) subscriptions() func(string) bool {
+func (g *classicGroup) subscriptions() func(string) bool {
 	topics := make(map[string]bool)
 	for _, m := range g.members {
 		for _, p := range m.protocols {

@@ -49,22 +49,22 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		fail(code, msg)
 		return
 	}
-	g := s.cgroups[r.Group]
+	g := s.consumerGroups[r.Group]
 	if r.MemberEpoch != 0 {
 		if g == nil {
 			fail(errGroupIDNotFound, "the group is not a consumer group")
 			return
 		}
 	} else if g == nil {
-		if cg, ok := s.groups[r.Group]; ok && cg.state != stateDead {
-			if len(cg.members) > 0 || len(cg.pending) > 0 {
+		if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
+			if len(classic.members) > 0 || len(classic.pending) > 0 {
 				fail(errGroupIDNotFound, "the group is a non-empty classic group")
 				return
 			}
-			s.dropClassic(cg)
+			s.dropClassic(classic)
 		}
-		g = newCGroup(s, r.Group)
-		s.cgroups[r.Group] = g
+		g = newConsumerGroup(s, r.Group)
+		s.consumerGroups[r.Group] = g
 		s.emit(g.event(EventGroupCreated))
 	}
 	if r.MemberEpoch == epochLeave || r.MemberEpoch == epochStaticLeave {
@@ -74,7 +74,7 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	m, joined, code, msg := g.memberFor(r)
 	if code != errNone {
 		if len(g.members) == 0 && g.epoch == 0 {
-			delete(s.cgroups, g.id)
+			delete(s.consumerGroups, g.id)
 		}
 		fail(code, msg)
 		return
@@ -126,23 +126,23 @@ func validateConsumerHeartbeat(r *kmsg.ConsumerGroupHeartbeatRequest, configured
 
 // dropClassic forgets an empty classic group replaced by a consumer
 // group (offline upgrade; its offsets stay).
-func (s *shard) dropClassic(cg *group) {
-	cg.cancelAllTimers()
-	for _, p := range cg.pending {
+func (s *shard) dropClassic(classic *classicGroup) {
+	classic.cancelAllTimers()
+	for _, p := range classic.pending {
 		stopTimer(p.timer)
 	}
-	cg.transitionTo(stateDead)
-	delete(s.groups, cg.id)
-	if cg.generation > 0 {
-		s.tombstone(cg.id)
+	classic.transitionTo(stateDead)
+	delete(s.classicGroups, classic.id)
+	if classic.generation > 0 {
+		s.tombstone(classic.id)
 	}
-	s.e.log.Info("groupstate: empty classic group replaced by a consumer group", "group", cg.id)
+	s.e.log.Info("groupstate: empty classic group replaced by a consumer group", "group", classic.id)
 }
 
 // memberFor finds or creates the member a heartbeat with epoch ≥ 0 is
 // for, enforcing static membership (KIP-345) and the group size limit;
 // joined reports a new member.
-func (g *cgroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *cmember, joined bool, code int16, msg string) {
+func (g *consumerGroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *consumerMember, joined bool, code int16, msg string) {
 	if r.InstanceID != nil {
 		inst := *r.InstanceID
 		oldID, known := g.static[inst]
@@ -206,17 +206,17 @@ func (g *cgroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *cmember, j
 
 // newMember builds a member for a joining heartbeat, minting its id for
 // v0 clients that sent none.
-func (g *cgroup) newMember(r *kmsg.ConsumerGroupHeartbeatRequest) *cmember {
+func (g *consumerGroup) newMember(r *kmsg.ConsumerGroupHeartbeatRequest) *consumerMember {
 	id := r.MemberID
 	if id == "" {
 		id = newMemberID("")[1:]
 	}
-	return &cmember{id: id}
+	return &consumerMember{id: id}
 }
 
 // resetForRejoin resets a member rejoining with epoch 0: it owns nothing
 // (its request says so) and starts from epoch 0 toward its target.
-func (g *cgroup) resetForRejoin(m *cmember) {
+func (g *consumerGroup) resetForRejoin(m *consumerMember) {
 	g.setAssignment(m, memberAssignment{State: memberStable, Assigned: partSet{}, Pending: partSet{}})
 	stopTimer(m.rebalanceTimer)
 	m.rebalanceTimer = timerRef{}
@@ -224,7 +224,7 @@ func (g *cgroup) resetForRejoin(m *cmember) {
 }
 
 // heartbeat runs one heartbeat's seven steps for member m, numbered below.
-func (g *cgroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartbeatRequest, re *regexp.Regexp, m *cmember, joined bool, reply func(kmsg.Response)) {
+func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartbeatRequest, re *regexp.Regexp, m *consumerMember, joined bool, reply func(kmsg.Response)) {
 	// Epoch check: a lost response may leave the client one epoch
 	// behind, owning a subset of what it was given.
 	owned := ownedFromRequest(r.Topics)
@@ -370,8 +370,8 @@ func answerWith(resp *kmsg.ConsumerGroupHeartbeatResponse, reply func(kmsg.Respo
 // while): a leaving member is removed and the group epoch bumped; a
 // static member leaving with -2 keeps its assignment, without a bump,
 // until its session expires or a new instance replaces it.
-func (g *cgroup) leave(r *kmsg.ConsumerGroupHeartbeatRequest, reply func(kmsg.Response), fail func(int16, string)) {
-	var m *cmember
+func (g *consumerGroup) leave(r *kmsg.ConsumerGroupHeartbeatRequest, reply func(kmsg.Response), fail func(int16, string)) {
+	var m *consumerMember
 	if r.InstanceID != nil {
 		id, ok := g.static[*r.InstanceID]
 		if !ok {

@@ -49,7 +49,7 @@ func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, rep
 func (s *shard) describeConsumerGroup(id string, version int16) kmsg.ConsumerGroupDescribeResponseGroup {
 	dg := kmsg.NewConsumerGroupDescribeResponseGroup()
 	dg.Group = id
-	g, ok := s.cgroups[id]
+	g, ok := s.consumerGroups[id]
 	if !ok {
 		dg.ErrorCode = errGroupIDNotFound
 		msg := "group " + id + " is not a consumer group"

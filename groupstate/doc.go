@@ -19,7 +19,7 @@
 //
 // With a store that implements GroupMetadataStore (groupstate/kafkastore: a
 // compacted topic upstream; MemoryStore), each classic group's metadata
-// is persisted as one record (persist.go): when a join completes into
+// is persisted as one record (classic_persist.go): when a join completes into
 // Empty, on the leader's SyncGroup (answered once durable) and on a static
 // member's replacement in Stable; a tombstone on delete or expiry. The
 // first request for a group id after a start waits for its record to
@@ -27,13 +27,13 @@
 // so a kproxy restart in steady state forces no rebalance.
 //
 // The KIP-848 consumer protocol (ConsumerGroupHeartbeat,
-// ConsumerGroupDescribe) is served from the same loops (cg_*.go and
+// ConsumerGroupDescribe) is served from the same loops (consumer_*.go and
 // 68_/69_ files): member epochs, server-side assignors (uniform, range)
 // and revoke-before-assign reconciliation as pure functions, subscriptions
 // by name or RE2 regex resolved against the cluster's topics
 // (TopicMetadataStore, refreshed periodically so a partition-count change
 // bumps the group epoch), and persistence of the group as one record in
-// the same slot (cg_persist.go). A classic and a KIP-848 group never share
+// the same slot (consumer_persist.go). A classic and a KIP-848 group never share
 // an id: an empty group of one kind is replaced by the other, a non-empty
 // one refuses the other protocol. Online migration between the two
 // (KIP-848's upgrade and downgrade of a non-empty group) is not implemented.

@@ -23,7 +23,7 @@ type Config struct {
 	Clock Clock
 	// Store persists offsets; it is required. If it also implements
 	// GroupMetadataStore, group metadata is persisted and reloaded so
-	// that a restart forces no rebalance (persist.go).
+	// that a restart forces no rebalance (classic_persist.go).
 	Store OffsetStore
 	// Logger receives the engine's logs; nil discards them.
 	Logger *slog.Logger
@@ -144,16 +144,6 @@ type Engine struct {
 	topicStored      uint64
 }
 
-// keys lists the API keys Handle serves.
-var keys = []int16{8, 9, 11, 12, 13, 14, 15, 16, 28, 42, 47, 68, 69}
-
-// Keys lists the API keys Handle serves: OffsetCommit (8), OffsetFetch (9),
-// JoinGroup (11), Heartbeat (12), LeaveGroup (13), SyncGroup (14),
-// DescribeGroups (15), ListGroups (16), TxnOffsetCommit (28), DeleteGroups
-// (42), OffsetDelete (47), ConsumerGroupHeartbeat (68) and
-// ConsumerGroupDescribe (69). FindCoordinator is the proxy's business.
-func Keys() []int16 { return append([]int16(nil), keys...) }
-
 // New validates cfg and starts the engine's loops.
 func New(cfg Config) (*Engine, error) {
 	var problems []error
@@ -212,11 +202,11 @@ func New(cfg Config) (*Engine, error) {
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
 		s := &shard{
-			e:       e,
-			id:      i,
-			groups:  make(map[string]*group),
-			cgroups: make(map[string]*cgroup),
-			ops:     make(map[string]*opQueue),
+			e:              e,
+			id:             i,
+			classicGroups:  make(map[string]*classicGroup),
+			consumerGroups: make(map[string]*consumerGroup),
+			ops:            make(map[string]*opQueue),
 
 			metaOps: make(map[string]*opQueue),
 			known:   make(map[string]struct{}),
@@ -338,11 +328,11 @@ func (e *Engine) Groups() []GroupSnapshot {
 		wg.Add(1)
 		if !s.post(func() {
 			defer wg.Done()
-			snaps := make([]GroupSnapshot, 0, len(s.groups))
-			for _, g := range s.groups {
+			snaps := make([]GroupSnapshot, 0, len(s.classicGroups))
+			for _, g := range s.classicGroups {
 				snaps = append(snaps, g.snapshot())
 			}
-			for _, g := range s.cgroups {
+			for _, g := range s.consumerGroups {
 				snaps = append(snaps, g.snapshot())
 			}
 			mu.Lock()
@@ -367,10 +357,10 @@ func (e *Engine) Group(id string) (GroupSnapshot, bool) {
 	}
 	ch := make(chan res, 1)
 	if !s.post(func() {
-		g, ok := s.groups[id]
+		g, ok := s.classicGroups[id]
 		if !ok {
-			if cg, ok := s.cgroups[id]; ok {
-				ch <- res{cg.snapshot(), true}
+			if consumer, ok := s.consumerGroups[id]; ok {
+				ch <- res{consumer.snapshot(), true}
 				return
 			}
 			ch <- res{}
@@ -409,11 +399,12 @@ type shard struct {
 	e  *Engine // immutable
 	id int     // immutable
 
-	// groups, ops and timerSeq are owned by the loop goroutine.
-	groups   map[string]*group
-	cgroups  map[string]*cgroup // KIP-848 groups
-	ops      map[string]*opQueue
-	timerSeq uint64
+	// classicGroups, consumerGroups, ops and timerSeq are owned by the
+	// loop goroutine. A group id is in at most one of the two maps.
+	classicGroups  map[string]*classicGroup  // JoinGroup/SyncGroup groups
+	consumerGroups map[string]*consumerGroup // KIP-848 groups
+	ops            map[string]*opQueue
+	timerSeq       uint64
 
 	// metaOps, known and loading are owned by the loop goroutine too.
 	// metaOps holds the FIFOs of group metadata operations (separate
@@ -494,7 +485,7 @@ func (s *shard) run() {
 
 // teardown answers parked requests and stops timers; it runs last.
 func (s *shard) teardown() {
-	for _, g := range s.groups {
+	for _, g := range s.classicGroups {
 		g.cancelAllTimers()
 		for _, m := range g.members {
 			if m.joinReply != nil {
@@ -508,12 +499,12 @@ func (s *shard) teardown() {
 			stopTimer(p.timer)
 		}
 	}
-	s.groups = map[string]*group{}
-	for _, g := range s.cgroups {
+	s.classicGroups = map[string]*classicGroup{}
+	for _, g := range s.consumerGroups {
 		g.cancelAllTimers()
 		g.failWaiters(errCoordinatorNotAvailable)
 	}
-	s.cgroups = map[string]*cgroup{}
+	s.consumerGroups = map[string]*consumerGroup{}
 	for id, parked := range s.loading {
 		delete(s.loading, id)
 		for _, p := range parked {
@@ -544,14 +535,3 @@ func (realClock) Now() time.Time { return time.Now() }
 
 // AfterFunc wraps time.AfterFunc.
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
-
-// MaxVersions returns, for each key in Keys, the highest version Handle
-// serves (every version kmsg knows, from 0); the proxy advertises these in
-// ApiVersions whatever the brokers support.
-func MaxVersions() map[int16]int16 {
-	out := make(map[int16]int16, len(keys))
-	for _, k := range keys {
-		out[k] = kmsg.RequestForKey(k).MaxVersion()
-	}
-	return out
-}

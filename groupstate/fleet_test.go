@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // These tests run two engines over one FencedMemoryStore, as two
@@ -223,7 +225,7 @@ func TestFleetConsumerHeartbeatAnsweredAfterDurableWrite(t *testing.T) {
 	fs.SetTopic("t", 4)
 	a := newFleetMember(t, fs, "A")
 	b := newFleetMember(t, fs, "B")
-	ca, cb := &cgHarness{a.harness}, &cgHarness{b.harness}
+	ca, cb := &consumerHarness{a.harness}, &consumerHarness{b.harness}
 	ca.refresh()
 	cb.refresh()
 	a.w.claimAll()
@@ -238,10 +240,10 @@ func TestFleetConsumerHeartbeatAnsweredAfterDurableWrite(t *testing.T) {
 	// while its write is held.
 	hold := make(chan struct{})
 	a.w.setHold(true, hold)
-	j2 := a.send(cgJoin("g", "m2", "t"))
+	j2 := a.send(consumerJoin("g", "m2", "t"))
 	notAnswered(t, a.harness, j2, "m2's join")
 	// m1's heartbeat would now revoke: it waits for a write too.
-	b1 := a.send(cgBeat("g", "m1", m1.epoch, m1.owned))
+	b1 := a.send(consumerBeat("g", "m1", m1.epoch, m1.owned))
 	notAnswered(t, a.harness, b1, "m1's heartbeat")
 	a.w.setHold(true, nil)
 	close(hold)
@@ -267,7 +269,7 @@ func TestFleetConsumerHeartbeatAnsweredAfterDurableWrite(t *testing.T) {
 	// not told of partitions the store never recorded.
 	hold = make(chan struct{})
 	a.w.setHold(true, hold)
-	c1 := a.send(cgBeat("g", "m1", m1.epoch, m1.owned))
+	c1 := a.send(consumerBeat("g", "m1", m1.epoch, m1.owned))
 	notAnswered(t, a.harness, c1, "m1's revocation")
 	b.w.claimAll()
 	a.w.setHold(true, nil)
@@ -306,7 +308,7 @@ func TestFleetConsumerHeartbeatAnsweredAfterDurableWrite(t *testing.T) {
 func TestConsumerHeartbeatFailedWriteDropsGroup(t *testing.T) {
 	h, store := newMetaHarness(t, nil)
 	store.SetTopic("t", 2)
-	c := &cgHarness{h}
+	c := &consumerHarness{h}
 	c.refresh()
 	m1 := c.join("g", "m1", "t")
 	c.settle("g", m1)
@@ -315,7 +317,7 @@ func TestConsumerHeartbeatFailedWriteDropsGroup(t *testing.T) {
 	store.mu.Lock()
 	store.failSave = errors.New("disk on fire")
 	store.mu.Unlock()
-	resp := c.do(cgJoin("g", "m2", "t")).(*kmsg.ConsumerGroupHeartbeatResponse)
+	resp := c.do(consumerJoin("g", "m2", "t")).(*kmsg.ConsumerGroupHeartbeatResponse)
 	if resp.ErrorCode != errCoordinatorNotAvailable || resp.Assignment != nil {
 		t.Fatalf("join whose write failed: %s %+v", errName(resp.ErrorCode), resp.Assignment)
 	}
@@ -479,7 +481,7 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 	owns := func(g string) bool { return g != "" && !strings.HasPrefix(g, "x") }
 	h, store := newMetaHarness(t, nil, func(c *Config) { c.Owns = owns })
 	store.SetTopic("t", 2)
-	c := &cgHarness{h}
+	c := &consumerHarness{h}
 	c.refresh()
 	// o: an owned simple group; xs: a group with offsets in the store
 	// that this engine does not own.
@@ -556,7 +558,7 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 			return []int16{h.do(r).(*kmsg.OffsetDeleteResponse).ErrorCode}
 		},
 		68: func() []int16 {
-			return []int16{h.do(cgJoin("x", "m", "t")).(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode}
+			return []int16{h.do(consumerJoin("x", "m", "t")).(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode}
 		},
 		69: func() []int16 {
 			r := kmsg.NewPtrConsumerGroupDescribeRequest()
@@ -572,7 +574,7 @@ func TestNotOwnedGroupsAnswerNotCoordinator(t *testing.T) {
 		42: {errGroupIDNotFound, errNotCoordinator},
 		69: {errGroupIDNotFound, errNotCoordinator},
 	}
-	for _, key := range Keys() {
+	for _, key := range codec.GroupKeys() {
 		run, ok := cases[key]
 		if !ok {
 			t.Errorf("API key %d has no ownership case", key)

@@ -10,6 +10,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // These tests put the engine inside an in-process kfake cluster: every
@@ -72,7 +74,7 @@ func newEngineCluster(t testing.TB, partitions int32, topic string, opts ...harn
 		}
 	}
 	served := make(map[int16]bool)
-	for _, k := range Keys() {
+	for _, k := range codec.GroupKeys() {
 		served[k] = true
 	}
 	c.Control(func(req kmsg.Request) (kmsg.Response, error, bool) {

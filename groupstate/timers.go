@@ -30,10 +30,10 @@ func (s *shard) arm(d time.Duration, fire func(id uint64)) timerRef {
 }
 
 // live reports whether g is still the group the shard holds under its id.
-func (g *group) live() bool { return g.s.groups[g.id] == g }
+func (g *classicGroup) live() bool { return g.s.classicGroups[g.id] == g }
 
 // cancelAllTimers stops every timer of the group and its members.
-func (g *group) cancelAllTimers() {
+func (g *classicGroup) cancelAllTimers() {
 	stopTimer(g.joinTimer)
 	stopTimer(g.syncTimer)
 	stopTimer(g.emptyTimer)
@@ -45,7 +45,7 @@ func (g *group) cancelAllTimers() {
 }
 
 // armMemberTimer (re)arms m's heartbeat timer for d.
-func (g *group) armMemberTimer(m *member, d time.Duration) {
+func (g *classicGroup) armMemberTimer(m *classicMember, d time.Duration) {
 	stopTimer(m.timer)
 	m.timer = g.s.arm(d, func(id uint64) {
 		if !g.live() {
@@ -61,10 +61,10 @@ func (g *group) armMemberTimer(m *member, d time.Duration) {
 }
 
 // rearmSession re-arms m's session timer (a heartbeat or commit).
-func (g *group) rearmSession(m *member) { g.armMemberTimer(m, m.sessionTimeout) }
+func (g *classicGroup) rearmSession(m *classicMember) { g.armMemberTimer(m, m.sessionTimeout) }
 
 // armPendingTimer arms the session timer of a KIP-394 pending member.
-func (g *group) armPendingTimer(p *pendingMember, d time.Duration) {
+func (g *classicGroup) armPendingTimer(p *pendingMember, d time.Duration) {
 	p.timer = g.s.arm(d, func(id uint64) {
 		if !g.live() {
 			return
@@ -81,7 +81,7 @@ func (g *group) armPendingTimer(p *pendingMember, d time.Duration) {
 
 // armJoinTimer arms the rebalance timer: when it fires the join completes
 // with whoever rejoined.
-func (g *group) armJoinTimer(d time.Duration) {
+func (g *classicGroup) armJoinTimer(d time.Duration) {
 	stopTimer(g.joinTimer)
 	g.joinTimer = g.s.arm(d, func(id uint64) {
 		if !g.live() || g.joinTimer.id != id {
@@ -95,7 +95,7 @@ func (g *group) armJoinTimer(d time.Duration) {
 }
 
 // armInitialDelay arms one step of the initial rebalance delay (KIP-134).
-func (g *group) armInitialDelay(delay, remaining time.Duration) {
+func (g *classicGroup) armInitialDelay(delay, remaining time.Duration) {
 	stopTimer(g.joinTimer)
 	g.joinTimer = g.s.arm(delay, func(id uint64) {
 		if !g.live() || g.joinTimer.id != id {
@@ -116,7 +116,7 @@ func (g *group) armInitialDelay(delay, remaining time.Duration) {
 }
 
 // armSyncTimer arms the pending-sync timer for the current generation.
-func (g *group) armSyncTimer(d time.Duration) {
+func (g *classicGroup) armSyncTimer(d time.Duration) {
 	stopTimer(g.syncTimer)
 	gen := g.generation
 	g.syncTimer = g.s.arm(d, func(id uint64) {
@@ -131,13 +131,13 @@ func (g *group) armSyncTimer(d time.Duration) {
 // armEmptyTimer arms the timer that forgets an Empty group after
 // Config.EmptyGroupRetention. It fires into nothing if the group left
 // Empty meanwhile, and waits again while KIP-394 members are pending.
-func (g *group) armEmptyTimer() {
+func (g *classicGroup) armEmptyTimer() {
 	g.armEmptyTimerFor(g.s.e.cfg.EmptyGroupRetention)
 }
 
 // armEmptyTimerFor is armEmptyTimer with the first wait given (a loaded
 // group waits out the rest of its retention); negative never fires.
-func (g *group) armEmptyTimerFor(d time.Duration) {
+func (g *classicGroup) armEmptyTimerFor(d time.Duration) {
 	if d < 0 || g.s.e.cfg.EmptyGroupRetention < 0 {
 		return
 	}
@@ -156,7 +156,7 @@ func (g *group) armEmptyTimerFor(d time.Duration) {
 		}
 		g.cancelAllTimers()
 		g.transitionTo(stateDead)
-		delete(g.s.groups, g.id)
+		delete(g.s.classicGroups, g.id)
 		if g.generation > 0 {
 			g.s.tombstone(g.id)
 		}

@@ -82,13 +82,13 @@ func (e *Engine) Unload(match func(group string) bool) {
 // returns what signals the end of their store calls in flight.
 func (s *shard) unload(match func(string) bool) []chan struct{} {
 	n := 0
-	for id, g := range s.groups {
+	for id, g := range s.classicGroups {
 		if match(id) {
 			s.unloadClassic(g, errNotCoordinator, CauseUnloaded)
 			n++
 		}
 	}
-	for id, g := range s.cgroups {
+	for id, g := range s.consumerGroups {
 		if match(id) {
 			s.unloadConsumer(g, errNotCoordinator, CauseUnloaded)
 			n++
@@ -119,7 +119,7 @@ func (s *shard) unload(match func(string) bool) []chan struct{} {
 // anything: its parked JoinGroups and SyncGroups are answered code, its
 // timers stopped, and the next request for its id loads it from the
 // store. The completion of a write in flight finds it no longer live.
-func (s *shard) unloadClassic(g *group, code int16, cause string) {
+func (s *shard) unloadClassic(g *classicGroup, code int16, cause string) {
 	g.cancelAllTimers()
 	for _, p := range g.pending {
 		stopTimer(p.timer)
@@ -142,7 +142,7 @@ func (s *shard) unloadClassic(g *group, code int16, cause string) {
 		s.emit(ev)
 	}
 	g.transitionTo(stateDead)
-	delete(s.groups, g.id)
+	delete(s.classicGroups, g.id)
 	delete(s.known, g.id)
 	s.e.log.Debug("groupstate: group unloaded", "group", g.id, "generation", g.generation, "cause", cause)
 }
@@ -152,7 +152,7 @@ func (s *shard) unloadClassic(g *group, code int16, cause string) {
 // code (those waiting for the write in flight get its result), its
 // timers stopped, and the next request for its id loads it from the
 // store.
-func (s *shard) unloadConsumer(g *cgroup, code int16, cause string) {
+func (s *shard) unloadConsumer(g *consumerGroup, code int16, cause string) {
 	g.cancelAllTimers()
 	g.failWaiters(code)
 	if s.e.cfg.Events != nil {
@@ -161,7 +161,7 @@ func (s *shard) unloadConsumer(g *cgroup, code int16, cause string) {
 		ev.Members = g.membersList(false)
 		s.emit(ev)
 	}
-	delete(s.cgroups, g.id)
+	delete(s.consumerGroups, g.id)
 	delete(s.known, g.id)
 	s.e.log.Debug("groupstate: consumer group unloaded", "group", g.id, "epoch", g.epoch, "cause", cause)
 }

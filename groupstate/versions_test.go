@@ -2,9 +2,14 @@ package groupstate
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // TestEveryVersionAnswered sends every served request at every version
@@ -15,7 +20,7 @@ func TestEveryVersionAnswered(t *testing.T) {
 	h := newHarness(t)
 	ids, gen := h.stableGroup("g", 1)
 	member := ids[0]
-	for _, key := range Keys() {
+	for _, key := range codec.GroupKeys() {
 		proto := kmsg.RequestForKey(key)
 		if proto == nil {
 			t.Fatalf("kmsg does not know key %d", key)
@@ -43,6 +48,65 @@ func TestEveryVersionAnswered(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestEngineServesTheGroupKeys checks the engine against codec's routing
+// table, the one list of the keys kproxy serves itself: Handle serves
+// every key codec.IsGroupKey names and no other.
+func TestEngineServesTheGroupKeys(t *testing.T) {
+	logs := &unservedLog{}
+	h := newHarness(t, func(c *Config) { c.Logger = slog.New(logs) })
+	for key := range int16(100) {
+		req := kmsg.RequestForKey(key)
+		if req == nil {
+			continue
+		}
+		// v0 with every field at its default: each group API answers
+		// at once (an empty group id is invalid), and the engine
+		// logs every key it does not serve.
+		resp := h.do(req)
+		if resp.Key() != key {
+			t.Errorf("%s: answered with key %d", kmsg.NameForKey(key), resp.Key())
+		}
+		if unserved, group := logs.has(key), codec.IsGroupKey(key); unserved == group {
+			t.Errorf("%s: engine serves it %v, codec routes it to the engine %v", kmsg.NameForKey(key), !unserved, group)
+		}
+	}
+}
+
+// unservedLog is a slog.Handler that records the keys the engine says it
+// does not serve.
+type unservedLog struct {
+	mu   sync.Mutex
+	keys map[int64]bool // guarded by mu
+}
+
+func (l *unservedLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *unservedLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *unservedLog) WithGroup(string) slog.Handler            { return l }
+
+func (l *unservedLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "groupstate: request not served by the engine" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "api_key" {
+			l.mu.Lock()
+			if l.keys == nil {
+				l.keys = make(map[int64]bool)
+			}
+			l.keys[a.Value.Int64()] = true
+			l.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (l *unservedLog) has(key int16) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.keys[int64(key)]
 }
 
 // fill puts a group, member and topic into a request.

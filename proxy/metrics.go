@@ -9,18 +9,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
-type route uint8
-
-const (
-	routeForwarded route = iota
-	routeRewritten
-	routeLocal
-	numRoutes
-)
-
-var routeNames = [numRoutes]string{"forwarded", "rewritten", "local"}
+// numRoutes bounds the routes requests are counted under: codec's
+// Forward, Rewrite and Local. A refused request closes its connection and
+// is counted as a refusal, not a request.
+const numRoutes = codec.Refuse
 
 // refusal is why a connection or a frame was refused.
 type refusal uint8
@@ -100,7 +96,7 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	for k := range x.addOpts {
 		name := kmsg.NameForKey(int16(k))
 		for r := range numRoutes {
-			set := attribute.NewSet(attribute.String("api", name), attribute.String("route", routeNames[r]))
+			set := attribute.NewSet(attribute.String("api", name), attribute.String("route", r.String()))
 			x.addOpts[k][r] = []metric.AddOption{metric.WithAttributeSet(set)}
 			x.recordOpts[k][r] = []metric.RecordOption{metric.WithAttributeSet(set)}
 		}
@@ -108,8 +104,8 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	return x
 }
 
-func (x *metrics) request(key int16, r route, start int64) {
-	if key < 0 || int(key) >= len(x.addOpts) {
+func (x *metrics) request(key int16, r codec.Route, start int64) {
+	if key < 0 || int(key) >= len(x.addOpts) || r >= numRoutes {
 		return
 	}
 	ctx := context.Background()

@@ -49,9 +49,6 @@ type PeerServer struct {
 	closed bool                         // guarded by mu
 }
 
-// peerKeys are the API keys an envelope may carry: the group APIs.
-var peerKeys = map[int16]bool{8: true, 9: true, 11: true, 12: true, 13: true, 14: true, 15: true, 16: true, 28: true, 42: true, 47: true, 68: true, 69: true}
-
 var errPeerServerClosed = errors.New("peer server closed")
 
 // NewPeerServer listens on cfg.Listen and starts serving.
@@ -284,7 +281,7 @@ func decodeInner(b []byte) (codec.RequestHeader, kmsg.Request, int16, error) {
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request: %w", err)
 	case err != nil:
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request header: %w", err)
-	case !peerKeys[h.Key]:
+	case !codec.IsGroupKey(h.Key): // an envelope carries only group APIs
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request %s is not a group API", kmsg.NameForKey(h.Key))
 	case h.Version > codec.MaxVersion(h.Key):
 		return h, nil, errUnsupportedVersion, fmt.Errorf("inner request %s v%d: %w", kmsg.NameForKey(h.Key), h.Version, codec.ErrBadVersion)

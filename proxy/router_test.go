@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // Codes the fake engines answer with, so a test can tell who answered.
@@ -864,5 +866,19 @@ func TestRelayMetrics(t *testing.T) {
 	want := map[string]uint64{"Heartbeat/ok": 1, "Heartbeat/no_owner": 1}
 	if len(counts) != len(want) || counts["Heartbeat/ok"] != 1 || counts["Heartbeat/no_owner"] != 1 || requests != 2 {
 		t.Fatalf("relay durations %v (requests %d), want %v", counts, requests, want)
+	}
+}
+
+// TestRouterRoutesTheGroupKeys checks the router's table against codec's
+// routing table: every key kproxy serves itself, and no other, has a
+// groupAPI (FindCoordinator is the session's).
+func TestRouterRoutesTheGroupKeys(t *testing.T) {
+	var got []int16
+	for key := range groupAPIs {
+		got = append(got, key)
+	}
+	slices.Sort(got)
+	if want := codec.GroupKeys(); !slices.Equal(got, want) {
+		t.Errorf("router serves keys %v, codec routes %v to kproxy", got, want)
 	}
 }

@@ -64,23 +64,18 @@ func putWriter(w *bufio.Writer) {
 	}
 }
 
-// slotKind says how the writer completes one slot.
-type slotKind uint8
-
-const (
-	slotForward slotKind = iota // read the response from upstream
-	slotLocal                   // wait for the coordinator's reply
-)
-
 // slot holds one request's place in the response order. Forwarded slots
 // carry no pointers and cost no allocation.
 type slot struct {
-	kind    slotKind
+	// route is how the writer completes the slot: Forward streams the
+	// upstream response, Rewrite reads and edits it, Local waits for
+	// reply. It is also the route the request is counted under.
+	route   codec.Route
 	key     int16
 	version int16
 	corr    int32
 	start   int64              // nanotime the request was read, for latency
-	reply   chan kmsg.Response // slotLocal: buffered(1), written once by the coordinator
+	reply   chan kmsg.Response // Local: buffered(1), written once by the coordinator
 }
 
 // session is one client connection and its upstream connection.
@@ -290,16 +285,23 @@ func (s *session) readLoop() error {
 	}
 }
 
-// route decides where one request goes and sends it there. head holds the
-// start of the frame (size prefix included), total its whole length.
+// route sends one request where codec.RouteFor says it goes. head holds
+// the start of the frame (size prefix included), total its whole length.
 func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	start := nanotime()
-	info, special := codec.Lookup(h.Key)
-	local := s.p.cfg.Coordinator != nil
-	switch {
-	case h.Key == codec.KeyApiVersions && h.Version > codec.MaxVersion(h.Key):
-		// As a broker does: answer in v0 with the versions we speak, so
-		// the client retries with one of them.
+	d := codec.RouteFor(h.Key, h.Version, s.p.cfg.Coordinator != nil)
+	switch d.Route {
+	case codec.Forward, codec.Rewrite:
+		return s.forward(h, d.Route, start, head, total)
+	case codec.Refuse:
+		return d.Refusal(h.Key, h.Version)
+	}
+	// Local: kproxy answers ApiVersions and FindCoordinator itself and
+	// hands the group APIs to the coordinator.
+	if h.Key == codec.KeyApiVersions {
+		// A version kproxy does not speak. As a broker does: answer in
+		// v0 with the versions we speak, so the client retries with one
+		// of them.
 		if _, err := s.br.Discard(total); err != nil {
 			return truncated(err)
 		}
@@ -309,39 +311,29 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		k.ApiKey, k.MaxVersion = codec.KeyApiVersions, codec.MaxVersion(codec.KeyApiVersions)
 		resp.ApiKeys = append(resp.ApiKeys, k)
 		return s.queueLocal(h, start, resp)
-	case special && info.Route == codec.Refuse:
-		return fmt.Errorf("refusing %s: %s", kmsg.NameForKey(h.Key), info.Why)
-	case local && (codec.IsGroupKey(h.Key) || h.Key == codec.KeyFindCoordinator):
-		if h.Version > codec.MaxVersion(h.Key) {
-			return fmt.Errorf("%w: %s v%d", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
-		}
-		if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
-			s.p.metrics.refused(refusedTooLarge)
-			return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
-				codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
-		}
-		frame, done, err := s.readFrame(total)
-		if err != nil {
-			return err
-		}
-		req := kmsg.RequestForKey(h.Key)
-		req.SetVersion(h.Version)
-		err = req.ReadFrom(frame[4+h.Len:])
-		done()
-		if err != nil {
-			return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
-		}
-		if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
-			// Transactions (and anything else that is not a group)
-			// belong to the brokers.
-			return s.forwardBytes(h, start, frame)
-		}
-		return s.queueCoordinator(h, start, req)
 	}
-	if special && codec.NeedsRewrite(h.Key, h.Version) && h.Version > codec.MaxVersion(h.Key) {
-		return fmt.Errorf("%w: %s v%d responses cannot be rewritten", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
+	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+		s.p.metrics.refused(refusedTooLarge)
+		return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
+			codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
 	}
-	return s.forward(h, start, head, total)
+	frame, done, err := s.readFrame(total)
+	if err != nil {
+		return err
+	}
+	req := kmsg.RequestForKey(h.Key)
+	req.SetVersion(h.Version)
+	err = req.ReadFrom(frame[4+h.Len:])
+	done()
+	if err != nil {
+		return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
+	}
+	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
+		// Transactions (and anything else that is not a group) belong
+		// to the brokers: routed as with groups forwarded.
+		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame)
+	}
+	return s.queueCoordinator(h, start, req)
 }
 
 func truncated(err error) error {
@@ -392,15 +384,12 @@ func (s *session) push(sl slot) error {
 
 var errWriterGone = errors.New("client writer stopped")
 
-// queueLocal queues a response the proxy already has.
+// queueLocal queues a response the proxy already has, at the version
+// it carries.
 func (s *session) queueLocal(h codec.RequestHeader, start int64, resp kmsg.Response) error {
-	resp.SetVersion(h.Version)
-	if h.Key == codec.KeyApiVersions && h.Version > codec.MaxVersion(h.Key) {
-		resp.SetVersion(0)
-	}
 	ch := make(chan kmsg.Response, 1)
 	ch <- resp
-	return s.push(slot{kind: slotLocal, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch})
+	return s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch})
 }
 
 // queueCoordinator hands a decoded group request to the coordinator (or,
@@ -410,7 +399,7 @@ func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.
 		return s.queueLocal(h, start, s.findCoordinator(fc))
 	}
 	ch := make(chan kmsg.Response, 1)
-	if err := s.push(slot{kind: slotLocal, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch}); err != nil {
+	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch}); err != nil {
 		return err
 	}
 	s.p.cfg.Coordinator.Handle(s.rc, req, func(resp kmsg.Response) { ch <- resp })
@@ -477,8 +466,9 @@ type upstreamDownError struct{ err error }
 func (e *upstreamDownError) Error() string { return "upstream unreachable: " + e.err.Error() }
 func (e *upstreamDownError) Unwrap() error { return e.err }
 
-// forward streams one request frame upstream as it arrived.
-func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total int) error {
+// forward streams one request frame upstream as it arrived; r (Forward
+// or Rewrite) says what becomes of the response.
+func (s *session) forward(h codec.RequestHeader, r codec.Route, start int64, head []byte, total int) error {
 	if err := s.ensureUpstream(); err != nil {
 		return err
 	}
@@ -491,7 +481,7 @@ func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total
 		expectResponse = acks != 0
 	}
 	if expectResponse {
-		if err := s.push(slot{kind: slotForward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
+		if err := s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
 			return err
 		}
 	}
@@ -499,17 +489,18 @@ func (s *session) forward(h codec.RequestHeader, start int64, head []byte, total
 		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
 	}
 	if !expectResponse {
-		s.p.metrics.request(h.Key, routeForwarded, start)
+		s.p.metrics.request(h.Key, codec.Forward, start)
 	}
 	return nil
 }
 
-// forwardBytes sends a frame already read into memory upstream.
-func (s *session) forwardBytes(h codec.RequestHeader, start int64, frame []byte) error {
+// forwardBytes sends a frame already read into memory upstream; r is as
+// for forward.
+func (s *session) forwardBytes(h codec.RequestHeader, r codec.Route, start int64, frame []byte) error {
 	if err := s.ensureUpstream(); err != nil {
 		return err
 	}
-	if err := s.push(slot{kind: slotForward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
+	if err := s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
 		return err
 	}
 	if _, err := s.upW.Write(frame); err != nil {
@@ -588,10 +579,10 @@ func (s *session) writeLoop() {
 			return
 		}
 		var err error
-		if sl.kind == slotForward {
-			err = s.writeForwarded(sl)
-		} else {
+		if sl.route == codec.Local {
 			err = s.writeLocal(sl)
+		} else {
+			err = s.writeForwarded(sl)
 		}
 		s.inflight.Add(-1)
 		if err != nil {
@@ -629,7 +620,7 @@ func (s *session) writeLocal(sl slot) error {
 		return fmt.Errorf("writing to client: %w", err)
 	}
 	s.p.metrics.bytesOut(int64(n))
-	s.p.metrics.request(sl.key, routeLocal, sl.start)
+	s.p.metrics.request(sl.key, codec.Local, sl.start)
 	return nil
 }
 
@@ -654,12 +645,12 @@ func (s *session) writeForwarded(sl slot) error {
 		return fmt.Errorf("upstream answered correlation id %d, expected %d (%s)", corr, sl.corr, kmsg.NameForKey(sl.key))
 	}
 	total := 4 + int(size)
-	if !codec.NeedsRewrite(sl.key, sl.version) {
+	if sl.route != codec.Rewrite {
 		s.p.metrics.bytesOut(int64(total))
 		if err := pipe(s.bw, s.conn, s.upR, s.up, total, &s.respLR); err != nil {
 			return fmt.Errorf("streaming %s response: %w", kmsg.NameForKey(sl.key), err)
 		}
-		s.p.metrics.request(sl.key, routeForwarded, sl.start)
+		s.p.metrics.request(sl.key, codec.Forward, sl.start)
 		return nil
 	}
 	if limit := s.p.cfg.MaxRewriteResponse; size > limit {
@@ -695,6 +686,6 @@ func (s *session) writeForwarded(sl slot) error {
 	}
 	// Count what the client got: a rewritten response differs in size.
 	s.p.metrics.bytesOut(int64(len(out)))
-	s.p.metrics.request(sl.key, routeRewritten, sl.start)
+	s.p.metrics.request(sl.key, codec.Rewrite, sl.start)
 	return nil
 }

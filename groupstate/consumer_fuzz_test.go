@@ -25,12 +25,12 @@ func FuzzConsumerGroupScript(f *testing.F) {
 		if len(script) > 300 {
 			script = script[:300]
 		}
-		runCGScript(t, script)
+		runConsumerScript(t, script)
 	})
 }
 
-func runCGScript(t *testing.T, script []byte) {
-	h := &cgHarness{newHarness(t)}
+func runConsumerScript(t *testing.T, script []byte) {
+	h := &consumerHarness{newHarness(t)}
 	h.store.SetTopic("t", 3)
 	h.store.SetTopic("u", 2)
 	h.refresh()
@@ -134,15 +134,15 @@ func runCGScript(t *testing.T, script []byte) {
 				if b%2 == 0 {
 					topics = append(topics, "u")
 				}
-				resp := send(c, cgJoin("g", c.id, topics...))
+				resp := send(c, consumerJoin("g", c.id, topics...))
 				c.joined = resp.ErrorCode == errNone
 				apply(c, resp)
 				continue
 			}
-			apply(c, send(c, cgBeat("g", c.id, c.epoch, c.owned)))
+			apply(c, send(c, consumerBeat("g", c.id, c.epoch, c.owned)))
 		case 2: // a heartbeat that does not report its partitions
 			if c.joined {
-				apply(c, send(c, cgBeat("g", c.id, c.epoch, nil)))
+				apply(c, send(c, consumerBeat("g", c.id, c.epoch, nil)))
 			}
 		case 3: // leave (static members leave for a while)
 			if c.joined {
@@ -150,12 +150,12 @@ func runCGScript(t *testing.T, script []byte) {
 				if c.instance != "" {
 					epoch = -2
 				}
-				send(c, cgBeat("g", c.id, epoch, nil))
+				send(c, consumerBeat("g", c.id, epoch, nil))
 				c.joined, c.epoch, c.owned = false, 0, partSet{}
 			}
 		case 4: // a made-up epoch
 			if c.joined {
-				apply(c, send(c, cgBeat("g", c.id, int32(b)%7, c.owned)))
+				apply(c, send(c, consumerBeat("g", c.id, int32(b)%7, c.owned)))
 			}
 		case 5:
 			h.advance(3 * time.Second)

@@ -16,8 +16,8 @@ import (
 // from ever having two owners. Every field is owned by the loop of the
 // shard that holds the group.
 
-// cgroup is one KIP-848 consumer group.
-type cgroup struct {
+// consumerGroup is one KIP-848 consumer group.
+type consumerGroup struct {
 	s  *shard
 	id string
 
@@ -26,7 +26,7 @@ type cgroup struct {
 	assignmentEpoch int32
 	// assignor is the assignor that computed targets.
 	assignor string
-	members  map[string]*cmember
+	members  map[string]*consumerMember
 	// static maps instance id → member id.
 	static map[string]string
 	// targets is the target assignment of each member.
@@ -48,7 +48,7 @@ type cgroup struct {
 	emptyTimer timerRef
 	// dirty is set when something the group's record holds changed
 	// since it was last written; saving while a write is in flight
-	// (cg_persist.go).
+	// (consumer_persist.go).
 	dirty  bool
 	saving bool
 	// cur holds the answers waiting for the write in flight, waitNext
@@ -57,8 +57,8 @@ type cgroup struct {
 	waitNext []func(code int16)
 }
 
-// cmember is one member of a KIP-848 group (owned by the loop).
-type cmember struct {
+// consumerMember is one member of a KIP-848 group (owned by the loop).
+type consumerMember struct {
 	id         string
 	instanceID string // "" for a dynamic member
 	rackID     string
@@ -85,12 +85,12 @@ type cmember struct {
 	rebalanceTimer timerRef
 }
 
-// newCGroup creates an empty consumer group owned by s.
-func newCGroup(s *shard, id string) *cgroup {
-	return &cgroup{
+// newConsumerGroup creates an empty consumer group owned by s.
+func newConsumerGroup(s *shard, id string) *consumerGroup {
+	return &consumerGroup{
 		s:          s,
 		id:         id,
-		members:    make(map[string]*cmember),
+		members:    make(map[string]*consumerMember),
 		static:     make(map[string]string),
 		targets:    make(map[string]partSet),
 		owners:     make(map[tp]string),
@@ -99,11 +99,11 @@ func newCGroup(s *shard, id string) *cgroup {
 }
 
 // live reports whether g is still the group the shard holds under its id.
-func (g *cgroup) live() bool { return g.s.cgroups[g.id] == g }
+func (g *consumerGroup) live() bool { return g.s.consumerGroups[g.id] == g }
 
 // stateName returns the group's state as ConsumerGroupDescribe and
 // ListGroups name it.
-func (g *cgroup) stateName() string {
+func (g *consumerGroup) stateName() string {
 	switch {
 	case len(g.members) == 0:
 		return "Empty"
@@ -119,14 +119,14 @@ func (g *cgroup) stateName() string {
 }
 
 // noteState moves stateSince when the group's state changed.
-func (g *cgroup) noteState() {
+func (g *consumerGroup) noteState() {
 	if st := g.stateName(); st != g.lastState {
 		g.lastState, g.stateSince = st, g.s.e.clock.Now()
 	}
 }
 
 // cancelAllTimers stops every timer of the group and its members.
-func (g *cgroup) cancelAllTimers() {
+func (g *consumerGroup) cancelAllTimers() {
 	stopTimer(g.emptyTimer)
 	g.emptyTimer = timerRef{}
 	for _, m := range g.members {
@@ -139,7 +139,7 @@ func (g *cgroup) cancelAllTimers() {
 // event returns an Event of kind stamped with the group's state: the
 // group epoch stands in for the generation, the assignor for the
 // protocol.
-func (g *cgroup) event(kind EventKind) Event {
+func (g *consumerGroup) event(kind EventKind) Event {
 	return Event{
 		Time:         g.s.e.clock.Now(),
 		Kind:         kind,
@@ -153,7 +153,7 @@ func (g *cgroup) event(kind EventKind) Event {
 
 // public converts m for events and snapshots; the assignment is encoded
 // as a standard consumer-protocol assignment with topic names.
-func (g *cgroup) public(m *cmember, withAssignment bool) Member {
+func (g *consumerGroup) public(m *consumerMember, withAssignment bool) Member {
 	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost}
 	if withAssignment {
 		a := kmsg.NewConsumerMemberAssignment()
@@ -171,7 +171,7 @@ func (g *cgroup) public(m *cmember, withAssignment bool) Member {
 }
 
 // membersList lists the members sorted by id.
-func (g *cgroup) membersList(withAssignment bool) []Member {
+func (g *consumerGroup) membersList(withAssignment bool) []Member {
 	out := make([]Member, 0, len(g.members))
 	for _, id := range g.sortedIDs() {
 		out = append(out, g.public(g.members[id], withAssignment))
@@ -180,7 +180,7 @@ func (g *cgroup) membersList(withAssignment bool) []Member {
 }
 
 // sortedIDs returns the member ids in order.
-func (g *cgroup) sortedIDs() []string {
+func (g *consumerGroup) sortedIDs() []string {
 	ids := make([]string, 0, len(g.members))
 	for id := range g.members {
 		ids = append(ids, id)
@@ -190,7 +190,7 @@ func (g *cgroup) sortedIDs() []string {
 }
 
 // emitMember emits an event about one member.
-func (g *cgroup) emitMember(kind EventKind, m *cmember, cause string) {
+func (g *consumerGroup) emitMember(kind EventKind, m *consumerMember, cause string) {
 	if g.s.e.cfg.Events == nil {
 		return
 	}
@@ -203,7 +203,7 @@ func (g *cgroup) emitMember(kind EventKind, m *cmember, cause string) {
 
 // bumpEpoch advances the group epoch, which makes the next heartbeat
 // compute a new target assignment, and emits EventRebalanceStarted.
-func (g *cgroup) bumpEpoch(cause string, causer *cmember) {
+func (g *consumerGroup) bumpEpoch(cause string, causer *consumerMember) {
 	g.epoch++
 	g.markDirty()
 	g.s.e.log.Debug("groupstate: consumer group epoch bumped", "group", g.id, "epoch", g.epoch, "cause", cause)
@@ -220,7 +220,7 @@ func (g *cgroup) bumpEpoch(cause string, causer *cmember) {
 }
 
 // ownedByOther returns the ownership check reconcile needs for member id.
-func (g *cgroup) ownedByOther(id string) func(topicID, int32) bool {
+func (g *consumerGroup) ownedByOther(id string) func(topicID, int32) bool {
 	return func(t topicID, p int32) bool {
 		o, ok := g.owners[tp{t, p}]
 		return ok && o != id
@@ -229,7 +229,7 @@ func (g *cgroup) ownedByOther(id string) func(topicID, int32) bool {
 
 // setAssignment replaces m's assignment and keeps the ownership book in
 // step.
-func (g *cgroup) setAssignment(m *cmember, next memberAssignment) {
+func (g *consumerGroup) setAssignment(m *consumerMember, next memberAssignment) {
 	cur := m.memberAssignment
 	if cur.State != next.State || cur.Epoch != next.Epoch || cur.PreviousEpoch != next.PreviousEpoch ||
 		!cur.Assigned.equal(next.Assigned) || !cur.Pending.equal(next.Pending) {
@@ -255,7 +255,7 @@ func (g *cgroup) setAssignment(m *cmember, next memberAssignment) {
 }
 
 // release drops m's partitions from the ownership book.
-func (g *cgroup) release(m *cmember) {
+func (g *consumerGroup) release(m *consumerMember) {
 	for _, ps := range []partSet{m.Assigned, m.Pending} {
 		for t, parts := range ps {
 			for p := range parts {
@@ -268,7 +268,7 @@ func (g *cgroup) release(m *cmember) {
 }
 
 // add inserts a new member.
-func (g *cgroup) add(m *cmember) {
+func (g *consumerGroup) add(m *consumerMember) {
 	g.markDirty()
 	g.members[m.id] = m
 	if m.instanceID != "" {
@@ -280,7 +280,7 @@ func (g *cgroup) add(m *cmember) {
 
 // remove deletes member m from the group: its partitions are released,
 // its timers stopped and its target dropped (no epoch bump).
-func (g *cgroup) remove(m *cmember) {
+func (g *consumerGroup) remove(m *consumerMember) {
 	g.markDirty()
 	g.release(m)
 	stopTimer(m.sessionTimer)
@@ -295,7 +295,7 @@ func (g *cgroup) remove(m *cmember) {
 
 // removeAndBump removes m, bumps the group epoch and emits kind; an empty
 // group emits EventGroupEmpty and starts its retention timer.
-func (g *cgroup) removeAndBump(m *cmember, kind EventKind, cause, rebalanceCause string) {
+func (g *consumerGroup) removeAndBump(m *consumerMember, kind EventKind, cause, rebalanceCause string) {
 	g.remove(m)
 	g.emitMember(kind, m, cause)
 	g.bumpEpoch(rebalanceCause, m)
@@ -316,7 +316,7 @@ func (g *cgroup) removeAndBump(m *cmember, kind EventKind, cause, rebalanceCause
 
 // maybeEmitReconciled emits EventAssignmentReconciled once per assignment
 // epoch, when every member holds its target at that epoch.
-func (g *cgroup) maybeEmitReconciled() {
+func (g *consumerGroup) maybeEmitReconciled() {
 	g.noteState()
 	if len(g.members) == 0 || g.reconciledEpoch == g.assignmentEpoch || g.stateName() != "Stable" {
 		return
@@ -332,7 +332,7 @@ func (g *cgroup) maybeEmitReconciled() {
 
 // armSessionTimer (re)arms m's session timer; when it fires the member is
 // removed and the group epoch bumped.
-func (g *cgroup) armSessionTimer(m *cmember) {
+func (g *consumerGroup) armSessionTimer(m *consumerMember) {
 	stopTimer(m.sessionTimer)
 	m.sessionTimer = g.s.arm(g.s.e.cfg.ConsumerSessionTimeout, func(id uint64) {
 		if !g.live() || g.members[m.id] != m || m.sessionTimer.id != id {
@@ -347,7 +347,7 @@ func (g *cgroup) armSessionTimer(m *cmember) {
 // syncRebalanceTimer arms m's rebalance timer when it starts revoking at
 // its epoch, and cancels it once it is no longer revoking. A member still
 // revoking at the same epoch when it fires is fenced.
-func (g *cgroup) syncRebalanceTimer(m *cmember, wasRevokingAt int32, wasRevoking bool) {
+func (g *consumerGroup) syncRebalanceTimer(m *consumerMember, wasRevokingAt int32, wasRevoking bool) {
 	if m.State != memberUnrevoked {
 		stopTimer(m.rebalanceTimer)
 		m.rebalanceTimer = timerRef{}
@@ -373,7 +373,7 @@ func (g *cgroup) syncRebalanceTimer(m *cmember, wasRevokingAt int32, wasRevoking
 
 // armEmptyTimer forgets the group once it stayed empty for
 // Config.EmptyGroupRetention (its offsets stay in the store).
-func (g *cgroup) armEmptyTimer() {
+func (g *consumerGroup) armEmptyTimer() {
 	d := g.s.e.cfg.EmptyGroupRetention
 	if d < 0 {
 		return
@@ -384,14 +384,14 @@ func (g *cgroup) armEmptyTimer() {
 			return
 		}
 		g.emptyTimer = timerRef{}
-		delete(g.s.cgroups, g.id)
+		delete(g.s.consumerGroups, g.id)
 		g.s.tombstone(g.id)
 		g.s.e.log.Debug("groupstate: forgot a long-empty consumer group", "group", g.id)
 	})
 }
 
 // resolve computes m's effective subscription against snap.
-func (m *cmember) resolve(snap *topicSnapshot) {
+func (m *consumerMember) resolve(snap *topicSnapshot) {
 	seen := make(map[string]bool)
 	var out []string
 	for _, n := range m.subscribedNames {
@@ -415,7 +415,7 @@ func (m *cmember) resolve(snap *topicSnapshot) {
 // subscriptionHash describes the metadata of every topic a member
 // subscribes to: a change of it (a topic created, deleted or resized)
 // bumps the group epoch.
-func (g *cgroup) subscriptionHash() string {
+func (g *consumerGroup) subscriptionHash() string {
 	names := make(map[string]bool)
 	for _, m := range g.members {
 		for _, n := range m.topics {
@@ -437,7 +437,7 @@ func (g *cgroup) subscriptionHash() string {
 
 // subscribed reports whether a member subscribes to topic (by name, or
 // through its regex), for OffsetDelete.
-func (g *cgroup) subscribed(topic string) bool {
+func (g *consumerGroup) subscribed(topic string) bool {
 	for _, m := range g.members {
 		if slices.Contains(m.subscribedNames, topic) || slices.Contains(m.topics, topic) || (m.re != nil && m.re.MatchString(topic)) {
 			return true
@@ -448,7 +448,7 @@ func (g *cgroup) subscribed(topic string) bool {
 
 // preferredAssignor is the most common ServerAssignor among members (ties
 // to the name first in order), else the first configured one.
-func (g *cgroup) preferredAssignor() string {
+func (g *consumerGroup) preferredAssignor() string {
 	counts := make(map[string]int)
 	for _, m := range g.members {
 		if m.serverAssignor != "" {
@@ -469,7 +469,7 @@ func (g *cgroup) preferredAssignor() string {
 
 // computeTargets runs the preferred assignor over the members and stores
 // the targets at the group epoch.
-func (g *cgroup) computeTargets() {
+func (g *consumerGroup) computeTargets() {
 	g.assignor = g.preferredAssignor()
 	members := make([]assignMember, 0, len(g.members))
 	partitions := make(map[topicID]int32)
@@ -492,7 +492,7 @@ func (g *cgroup) computeTargets() {
 // carryTargets moves the target assignment to the group epoch without
 // changing it (the topics are not known yet): members keep their targets,
 // new members get an empty one.
-func (g *cgroup) carryTargets() {
+func (g *consumerGroup) carryTargets() {
 	for id := range g.members {
 		if g.targets[id] == nil {
 			g.targets[id] = partSet{}
@@ -506,7 +506,7 @@ func (g *cgroup) carryTargets() {
 }
 
 // snapshot copies the group's state for Engine.Groups.
-func (g *cgroup) snapshot() GroupSnapshot {
+func (g *consumerGroup) snapshot() GroupSnapshot {
 	return GroupSnapshot{
 		Group:        g.id,
 		State:        g.stateName(),

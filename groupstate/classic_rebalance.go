@@ -10,7 +10,7 @@ import (
 
 // maybeRebalanceOrCompleteJoin starts a rebalance if the state allows,
 // or, while preparing, completes the join if everyone is in.
-func (g *group) maybeRebalanceOrCompleteJoin(cause string, causer *member) {
+func (g *classicGroup) maybeRebalanceOrCompleteJoin(cause string, causer *classicMember) {
 	if g.state.canRebalance() {
 		g.prepareRebalance(cause, causer)
 	} else if g.state == statePreparingRebalance {
@@ -19,7 +19,7 @@ func (g *group) maybeRebalanceOrCompleteJoin(cause string, causer *member) {
 }
 
 // prepareRebalance moves the group to PreparingRebalance.
-func (g *group) prepareRebalance(cause string, causer *member) {
+func (g *classicGroup) prepareRebalance(cause string, causer *classicMember) {
 	from := g.state
 	if from == stateCompletingRebalance {
 		// Assignments of the aborted generation are void: tell every
@@ -71,7 +71,7 @@ func (g *group) prepareRebalance(cause string, causer *member) {
 
 // maybeCompleteJoin completes the join phase if every member has rejoined,
 // except during the initial delay, which never completes early.
-func (g *group) maybeCompleteJoin() {
+func (g *classicGroup) maybeCompleteJoin() {
 	if g.state != statePreparingRebalance || !g.allJoined() {
 		return
 	}
@@ -84,7 +84,7 @@ func (g *group) maybeCompleteJoin() {
 // completeJoin ends the join phase: drops dynamic members that did not
 // rejoin, elects a leader among those that did, starts the next generation
 // and answers every parked JoinGroup.
-func (g *group) completeJoin() {
+func (g *classicGroup) completeJoin() {
 	stopTimer(g.joinTimer)
 	g.joinTimer = timerRef{}
 	for _, id := range append([]string(nil), g.order...) {
@@ -161,7 +161,7 @@ func (g *group) completeJoin() {
 
 // electJoinedLeader keeps the leader if it rejoined, else picks the first
 // member that did; it reports false if nobody rejoined.
-func (g *group) electJoinedLeader() bool {
+func (g *classicGroup) electJoinedLeader() bool {
 	if l, ok := g.members[g.leader]; ok && l.joinReply != nil {
 		return true
 	}
@@ -177,7 +177,7 @@ func (g *group) electJoinedLeader() bool {
 // removeAndUpdate removes m and moves the group on: a rebalance from
 // Stable or CompletingRebalance, a join completion attempt while
 // preparing.
-func (g *group) removeAndUpdate(m *member, kind EventKind, cause, rebalanceCause string) {
+func (g *classicGroup) removeAndUpdate(m *classicMember, kind EventKind, cause, rebalanceCause string) {
 	g.remove(m.id)
 	g.emitMember(kind, m, cause)
 	switch g.state {
@@ -190,7 +190,7 @@ func (g *group) removeAndUpdate(m *member, kind EventKind, cause, rebalanceCause
 
 // onMemberTimeout handles a member's heartbeat timer. A member waiting in
 // JoinGroup or SyncGroup satisfies its heartbeat unless it is new.
-func (g *group) onMemberTimeout(m *member) {
+func (g *classicGroup) onMemberTimeout(m *classicMember) {
 	if g.state == stateDead {
 		return
 	}
@@ -207,14 +207,14 @@ func (g *group) onMemberTimeout(m *member) {
 
 // onSyncTimeout removes the members that never sent SyncGroup in
 // generation gen and rebalances (KAFKA-12890).
-func (g *group) onSyncTimeout(gen int32) {
+func (g *classicGroup) onSyncTimeout(gen int32) {
 	if gen != g.generation || (g.state != stateCompletingRebalance && g.state != stateStable) {
 		return
 	}
 	if len(g.pendingSync) == 0 {
 		return
 	}
-	var removed []*member
+	var removed []*classicMember
 	for _, id := range append([]string(nil), g.order...) {
 		if _, ok := g.pendingSync[id]; ok {
 			removed = append(removed, g.remove(id))
@@ -224,7 +224,7 @@ func (g *group) onSyncTimeout(gen int32) {
 	for _, m := range removed {
 		g.emitMember(EventMemberExpired, m, "sync_timeout")
 	}
-	var causer *member
+	var causer *classicMember
 	if len(removed) > 0 {
 		causer = removed[0]
 	}

@@ -12,7 +12,7 @@ import (
 func TestConsumerGroupRestartResumesWithoutNewEpoch(t *testing.T) {
 	h1, store := newMetaHarness(t, nil)
 	store.SetTopic("t", 4)
-	c1 := &cgHarness{h1}
+	c1 := &consumerHarness{h1}
 	c1.refresh()
 	m1 := c1.join("g", "m1", "t")
 	m2 := c1.join("g", "m2", "t")
@@ -29,7 +29,7 @@ func TestConsumerGroupRestartResumesWithoutNewEpoch(t *testing.T) {
 	h1.e.Close()
 
 	h2, _ := newMetaHarness(t, store)
-	c2 := &cgHarness{h2}
+	c2 := &consumerHarness{h2}
 	c2.refresh()
 	// Both members go on at their epochs with their partitions.
 	for _, c := range []*client{m1, m2} {
@@ -62,7 +62,7 @@ func TestConsumerGroupRestartResumesWithoutNewEpoch(t *testing.T) {
 		t.Fatalf("m1 owns %v after m2 expired", m1.owned)
 	}
 	// Deleting the empty group tombstones its record.
-	c2.cgResp(cgBeat("g", "m1", -1, nil), errNone)
+	c2.consumerResp(consumerBeat("g", "m1", -1, nil), errNone)
 	c2.flush()
 	if rec, found, _ := store.LoadGroupMetadata(context.Background(), "g"); !found || !isConsumerRecord(rec) {
 		t.Fatalf("the empty group's record is missing before delete")
@@ -93,7 +93,7 @@ func TestConsumerGroupRecordRejectsBadInput(t *testing.T) {
 	s.post(func() {
 		defer close(done)
 		for i, rec := range bad {
-			if _, err := s.cgroupFromRecord("g", rec); err == nil {
+			if _, err := s.consumerGroupFromRecord("g", rec); err == nil {
 				t.Errorf("bad record %d accepted", i)
 			}
 		}
@@ -107,7 +107,7 @@ func TestConsumerGroupRecordRejectsBadInput(t *testing.T) {
 func TestConsumerHeartbeatAnsweredOnceDurable(t *testing.T) {
 	h, store := newMetaHarness(t, nil)
 	store.SetTopic("t", 2)
-	c := &cgHarness{h}
+	c := &consumerHarness{h}
 	c.refresh()
 	m1 := c.join("g", "m1", "t")
 	c.flush()
@@ -118,7 +118,7 @@ func TestConsumerHeartbeatAnsweredOnceDurable(t *testing.T) {
 	// An unchanged heartbeat is answered while writes are held.
 	c.beat("g", m1)
 	// A join changes the group: its answer waits for the write.
-	call := c.send(cgJoin("g", "m2", "t"))
+	call := c.send(consumerJoin("g", "m2", "t"))
 	c.flushLoops()
 	time.Sleep(20 * time.Millisecond)
 	select {
@@ -142,7 +142,7 @@ func TestConsumerHeartbeatAnsweredOnceDurable(t *testing.T) {
 func TestConsumerHeartbeatWaitingAtCloseIsAnswered(t *testing.T) {
 	h, store := newMetaHarness(t, nil)
 	store.SetTopic("t", 2)
-	c := &cgHarness{h}
+	c := &consumerHarness{h}
 	c.refresh()
 	c.join("g", "m1", "t")
 	c.flush()
@@ -150,8 +150,8 @@ func TestConsumerHeartbeatWaitingAtCloseIsAnswered(t *testing.T) {
 	store.mu.Lock()
 	store.holdSave = hold
 	store.mu.Unlock()
-	first := c.send(cgJoin("g", "m2", "t"))  // its write is held
-	second := c.send(cgJoin("g", "m3", "t")) // waits for the next write
+	first := c.send(consumerJoin("g", "m2", "t"))  // its write is held
+	second := c.send(consumerJoin("g", "m3", "t")) // waits for the next write
 	c.flushLoops()
 	go func() {
 		time.Sleep(50 * time.Millisecond)

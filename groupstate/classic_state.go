@@ -2,12 +2,12 @@ package groupstate
 
 import "fmt"
 
-// groupState is the state of a classic group (Kafka's ClassicGroupState).
-type groupState uint8
+// classicGroupState is the state of a classic group (Kafka's ClassicGroupState).
+type classicGroupState uint8
 
 const (
 	// stateEmpty: no members; offsets may still exist.
-	stateEmpty groupState = iota
+	stateEmpty classicGroupState = iota
 	// statePreparingRebalance: members are (re)joining; JoinGroups park.
 	statePreparingRebalance
 	// stateCompletingRebalance: joins answered; waiting for the leader's
@@ -21,7 +21,7 @@ const (
 
 // String returns the state's name as Kafka spells it in DescribeGroups and
 // ListGroups.
-func (s groupState) String() string {
+func (s classicGroupState) String() string {
 	switch s {
 	case stateEmpty:
 		return "Empty"
@@ -34,11 +34,11 @@ func (s groupState) String() string {
 	case stateDead:
 		return "Dead"
 	}
-	return fmt.Sprintf("groupState(%d)", uint8(s))
+	return fmt.Sprintf("classicGroupState(%d)", uint8(s))
 }
 
 // validPrevious lists, for each state, the states it may be entered from.
-var validPrevious = map[groupState][]groupState{
+var validPrevious = map[classicGroupState][]classicGroupState{
 	stateEmpty:               {statePreparingRebalance},
 	statePreparingRebalance:  {stateStable, stateCompletingRebalance, stateEmpty},
 	stateCompletingRebalance: {statePreparingRebalance},
@@ -47,7 +47,7 @@ var validPrevious = map[groupState][]groupState{
 }
 
 // canTransition reports whether from → to is legal.
-func canTransition(from, to groupState) bool {
+func canTransition(from, to classicGroupState) bool {
 	for _, p := range validPrevious[to] {
 		if p == from {
 			return true
@@ -57,6 +57,6 @@ func canTransition(from, to groupState) bool {
 }
 
 // canRebalance reports whether a rebalance may start from s.
-func (s groupState) canRebalance() bool {
+func (s classicGroupState) canRebalance() bool {
 	return s == stateStable || s == stateCompletingRebalance || s == stateEmpty
 }

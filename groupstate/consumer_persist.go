@@ -44,47 +44,47 @@ import (
 // partitions a failed write would have granted are never granted from
 // memory, and a fenced (zombie) owner holds no state a write cannot back.
 //
-// The record is a two-byte marker (cgRecordMagic, never a valid classic
+// The record is a two-byte marker (consumerRecordMagic, never a valid classic
 // record version) followed by a versioned JSON document.
 
-// cgRecordMagic starts a consumer group record ("K8").
-const cgRecordMagic = 0x4b38
+// consumerRecordMagic starts a consumer group record ("K8").
+const consumerRecordMagic = 0x4b38
 
-// cgRecordVersion is the version of the JSON document.
-const cgRecordVersion = 1
+// consumerRecordVersion is the version of the JSON document.
+const consumerRecordVersion = 1
 
-// cgRecord is the stored form of a consumer group.
-type cgRecord struct {
-	Version         int        `json:"version"`
-	Epoch           int32      `json:"epoch"`
-	AssignmentEpoch int32      `json:"assignment_epoch"`
-	Assignor        string     `json:"assignor,omitempty"`
-	SubHash         string     `json:"sub_hash,omitempty"`
-	Members         []cgRecMem `json:"members"`
+// consumerGroupRecord is the stored form of a consumer group.
+type consumerGroupRecord struct {
+	Version         int                    `json:"version"`
+	Epoch           int32                  `json:"epoch"`
+	AssignmentEpoch int32                  `json:"assignment_epoch"`
+	Assignor        string                 `json:"assignor,omitempty"`
+	SubHash         string                 `json:"sub_hash,omitempty"`
+	Members         []consumerMemberRecord `json:"members"`
 }
 
-// cgRecMem is the stored form of one member.
-type cgRecMem struct {
-	ID               string     `json:"id"`
-	InstanceID       string     `json:"instance_id,omitempty"`
-	RackID           string     `json:"rack_id,omitempty"`
-	ClientID         string     `json:"client_id,omitempty"`
-	ClientHost       string     `json:"client_host,omitempty"`
-	RebalanceTimeout int64      `json:"rebalance_timeout_ms"`
-	Subscribed       []string   `json:"subscribed,omitempty"`
-	Regex            string     `json:"regex,omitempty"`
-	ServerAssignor   string     `json:"server_assignor,omitempty"`
-	State            uint8      `json:"state"`
-	Epoch            int32      `json:"epoch"`
-	PreviousEpoch    int32      `json:"previous_epoch"`
-	Assigned         []cgRecTPs `json:"assigned,omitempty"`
-	Pending          []cgRecTPs `json:"pending,omitempty"`
-	Target           []cgRecTPs `json:"target,omitempty"`
+// consumerMemberRecord is the stored form of one member.
+type consumerMemberRecord struct {
+	ID               string                     `json:"id"`
+	InstanceID       string                     `json:"instance_id,omitempty"`
+	RackID           string                     `json:"rack_id,omitempty"`
+	ClientID         string                     `json:"client_id,omitempty"`
+	ClientHost       string                     `json:"client_host,omitempty"`
+	RebalanceTimeout int64                      `json:"rebalance_timeout_ms"`
+	Subscribed       []string                   `json:"subscribed,omitempty"`
+	Regex            string                     `json:"regex,omitempty"`
+	ServerAssignor   string                     `json:"server_assignor,omitempty"`
+	State            uint8                      `json:"state"`
+	Epoch            int32                      `json:"epoch"`
+	PreviousEpoch    int32                      `json:"previous_epoch"`
+	Assigned         []consumerPartitionsRecord `json:"assigned,omitempty"`
+	Pending          []consumerPartitionsRecord `json:"pending,omitempty"`
+	Target           []consumerPartitionsRecord `json:"target,omitempty"`
 }
 
-// cgRecTPs is one topic's partitions, the topic id in hex; Epochs, when
+// consumerPartitionsRecord is one topic's partitions, the topic id in hex; Epochs, when
 // present, holds each partition's assignment epoch.
-type cgRecTPs struct {
+type consumerPartitionsRecord struct {
 	Topic      string  `json:"topic"`
 	Partitions []int32 `json:"partitions"`
 	Epochs     []int32 `json:"epochs,omitempty"`
@@ -92,15 +92,15 @@ type cgRecTPs struct {
 
 // isConsumerRecord reports whether rec is a consumer group record.
 func isConsumerRecord(rec []byte) bool {
-	return len(rec) >= 2 && binary.BigEndian.Uint16(rec) == cgRecordMagic
+	return len(rec) >= 2 && binary.BigEndian.Uint16(rec) == consumerRecordMagic
 }
 
 // encodeParts converts a partition set for the record, with the
 // partitions' assignment epochs when epochs is non-nil.
-func encodeParts(ps partSet, epochs map[tp]int32) []cgRecTPs {
-	var out []cgRecTPs
+func encodeParts(ps partSet, epochs map[tp]int32) []consumerPartitionsRecord {
+	var out []consumerPartitionsRecord
 	for _, t := range ps.sortedTopics() {
-		rt := cgRecTPs{Topic: hex.EncodeToString(t[:]), Partitions: ps.sortedPartitions(t)}
+		rt := consumerPartitionsRecord{Topic: hex.EncodeToString(t[:]), Partitions: ps.sortedPartitions(t)}
 		if epochs != nil {
 			for _, p := range rt.Partitions {
 				rt.Epochs = append(rt.Epochs, epochs[tp{t, p}])
@@ -113,7 +113,7 @@ func encodeParts(ps partSet, epochs map[tp]int32) []cgRecTPs {
 
 // decodeParts converts a record's partitions back, recording their
 // assignment epochs in epochs (def when the record has none).
-func decodeParts(in []cgRecTPs, epochs map[tp]int32, def int32) (partSet, error) {
+func decodeParts(in []consumerPartitionsRecord, epochs map[tp]int32, def int32) (partSet, error) {
 	out := partSet{}
 	for _, t := range in {
 		raw, err := hex.DecodeString(t.Topic)
@@ -142,11 +142,11 @@ func decodeParts(in []cgRecTPs, epochs map[tp]int32, def int32) (partSet, error)
 }
 
 // record encodes g.
-func (g *cgroup) record() []byte {
-	rec := cgRecord{Version: cgRecordVersion, Epoch: g.epoch, AssignmentEpoch: g.assignmentEpoch, Assignor: g.assignor, SubHash: g.subHash}
+func (g *consumerGroup) record() []byte {
+	rec := consumerGroupRecord{Version: consumerRecordVersion, Epoch: g.epoch, AssignmentEpoch: g.assignmentEpoch, Assignor: g.assignor, SubHash: g.subHash}
 	for _, id := range g.sortedIDs() {
 		m := g.members[id]
-		rec.Members = append(rec.Members, cgRecMem{
+		rec.Members = append(rec.Members, consumerMemberRecord{
 			ID: m.id, InstanceID: m.instanceID, RackID: m.rackID, ClientID: m.clientID, ClientHost: m.clientHost,
 			RebalanceTimeout: m.rebalanceTimeout.Milliseconds(),
 			Subscribed:       m.subscribedNames, Regex: m.regex, ServerAssignor: m.serverAssignor,
@@ -161,12 +161,12 @@ func (g *cgroup) record() []byte {
 		g.s.e.log.Error("groupstate: encoding consumer group record failed", "group", g.id, "err", err)
 		return nil
 	}
-	out := binary.BigEndian.AppendUint16(nil, cgRecordMagic)
+	out := binary.BigEndian.AppendUint16(nil, consumerRecordMagic)
 	return append(out, body...)
 }
 
 // markDirty notes that g changed in a way its record holds.
-func (g *cgroup) markDirty() { g.dirty = true }
+func (g *consumerGroup) markDirty() { g.dirty = true }
 
 // persistThen calls answer once every change made to g so far is
 // durable: at once when nothing is to be written, else after the write
@@ -178,7 +178,7 @@ func (g *cgroup) markDirty() { g.dirty = true }
 // NOT_COORDINATOR when the group was unloaded before its write started;
 // COORDINATOR_NOT_AVAILABLE when the engine closed first. A nil answer
 // just starts the write.
-func (g *cgroup) persistThen(answer func(code int16)) {
+func (g *consumerGroup) persistThen(answer func(code int16)) {
 	if answer == nil {
 		answer = func(int16) {}
 	}
@@ -199,11 +199,11 @@ func (g *cgroup) persistThen(answer func(code int16)) {
 }
 
 // maybePersist starts writing g's record if it changed; nobody waits.
-func (g *cgroup) maybePersist() { g.persistThen(nil) }
+func (g *consumerGroup) maybePersist() { g.persistThen(nil) }
 
 // startSave writes the current state unless a write is in flight (its
 // completion starts the next one).
-func (g *cgroup) startSave() {
+func (g *consumerGroup) startSave() {
 	if g.saving || !g.dirty {
 		return
 	}
@@ -297,7 +297,7 @@ func (b *saveBatch) finish(code int16) {
 
 // failWaiters answers code to every heartbeat waiting for a write that
 // will not happen (teardown, the group unloaded or dropped).
-func (g *cgroup) failWaiters(code int16) {
+func (g *consumerGroup) failWaiters(code int16) {
 	ws := g.waitNext
 	g.waitNext, g.dirty = nil, false
 	for _, w := range ws {
@@ -305,17 +305,17 @@ func (g *cgroup) failWaiters(code int16) {
 	}
 }
 
-// cgroupFromRecord rebuilds a consumer group from its record, every
+// consumerGroupFromRecord rebuilds a consumer group from its record, every
 // member with a fresh session timer.
-func (s *shard) cgroupFromRecord(id string, rec []byte) (*cgroup, error) {
-	var r cgRecord
+func (s *shard) consumerGroupFromRecord(id string, rec []byte) (*consumerGroup, error) {
+	var r consumerGroupRecord
 	dec := json.NewDecoder(bytes.NewReader(rec[2:]))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("decoding consumer group record: %w", err)
 	}
-	if r.Version < 1 || r.Version > cgRecordVersion {
-		return nil, fmt.Errorf("consumer group record version %d is not supported (max %d)", r.Version, cgRecordVersion)
+	if r.Version < 1 || r.Version > consumerRecordVersion {
+		return nil, fmt.Errorf("consumer group record version %d is not supported (max %d)", r.Version, consumerRecordVersion)
 	}
 	if r.Epoch < 0 || r.AssignmentEpoch < 0 || r.AssignmentEpoch > r.Epoch {
 		return nil, fmt.Errorf("bad epochs %d/%d", r.Epoch, r.AssignmentEpoch)
@@ -323,7 +323,7 @@ func (s *shard) cgroupFromRecord(id string, rec []byte) (*cgroup, error) {
 	if _, ok := assignors[r.Assignor]; r.Assignor != "" && !ok {
 		return nil, fmt.Errorf("unknown assignor %q", r.Assignor)
 	}
-	g := newCGroup(s, id)
+	g := newConsumerGroup(s, id)
 	g.epoch, g.assignmentEpoch, g.assignor, g.subHash = r.Epoch, r.AssignmentEpoch, r.Assignor, r.SubHash
 	g.reconciledEpoch = r.AssignmentEpoch
 	for _, rm := range r.Members {
@@ -333,7 +333,7 @@ func (s *shard) cgroupFromRecord(id string, rec []byte) (*cgroup, error) {
 		if rm.State > uint8(memberUnreleased) {
 			return nil, fmt.Errorf("member %q has state %d", rm.ID, rm.State)
 		}
-		m := &cmember{
+		m := &consumerMember{
 			id: rm.ID, instanceID: rm.InstanceID, rackID: rm.RackID, clientID: rm.ClientID, clientHost: rm.ClientHost,
 			rebalanceTimeout: time.Duration(rm.RebalanceTimeout) * time.Millisecond,
 			subscribedNames:  rm.Subscribed, regex: rm.Regex, serverAssignor: rm.ServerAssignor,
@@ -398,15 +398,15 @@ func (s *shard) cgroupFromRecord(id string, rec []byte) (*cgroup, error) {
 // installConsumerRecord installs a loaded consumer group (an unreadable
 // record is dropped: its members rejoin).
 func (s *shard) installConsumerRecord(id string, rec []byte) {
-	if _, exists := s.cgroups[id]; exists {
+	if _, exists := s.consumerGroups[id]; exists {
 		return
 	}
-	g, err := s.cgroupFromRecord(id, rec)
+	g, err := s.consumerGroupFromRecord(id, rec)
 	if err != nil {
 		s.e.log.Error("groupstate: unreadable consumer group record ignored", "group", id, "err", err)
 		return
 	}
-	s.cgroups[id] = g
+	s.consumerGroups[id] = g
 	if s.e.cfg.Events != nil {
 		ev := g.event(EventGroupLoaded)
 		ev.Members = g.membersList(true)

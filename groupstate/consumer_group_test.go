@@ -11,16 +11,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// cgHarness is a harness with KIP-848 topics in its memory store.
-type cgHarness struct {
+// consumerHarness is a harness with KIP-848 topics in its memory store.
+type consumerHarness struct {
 	*harness
 }
 
-// newCGHarness builds a harness whose store holds the given topics
+// newConsumerHarness builds a harness whose store holds the given topics
 // (name → partitions) and whose topic cache is loaded.
-func newCGHarness(t *testing.T, topics map[string]int32, opts ...harnessConfig) *cgHarness {
+func newConsumerHarness(t *testing.T, topics map[string]int32, opts ...harnessConfig) *consumerHarness {
 	t.Helper()
-	h := &cgHarness{newHarness(t, opts...)}
+	h := &consumerHarness{newHarness(t, opts...)}
 	for n, p := range topics {
 		h.store.SetTopic(n, p)
 	}
@@ -29,7 +29,7 @@ func newCGHarness(t *testing.T, topics map[string]int32, opts ...harnessConfig) 
 }
 
 // refresh reloads the engine's topic cache now.
-func (h *cgHarness) refresh() {
+func (h *consumerHarness) refresh() {
 	h.t.Helper()
 	if err := h.e.refreshTopics(context.Background()); err != nil {
 		h.t.Fatalf("refreshTopics: %v", err)
@@ -37,7 +37,7 @@ func (h *cgHarness) refresh() {
 }
 
 // topicID returns the id the store gave topic.
-func (h *cgHarness) topicID(name string) topicID {
+func (h *consumerHarness) topicID(name string) topicID {
 	h.t.Helper()
 	ids, _ := h.store.TopicIDs(context.Background(), []string{name})
 	id, ok := ids[name]
@@ -47,9 +47,9 @@ func (h *cgHarness) topicID(name string) topicID {
 	return id
 }
 
-// cgJoin is a first heartbeat (epoch 0) of member id subscribing to
+// consumerJoin is a first heartbeat (epoch 0) of member id subscribing to
 // topics.
-func cgJoin(group, id string, topics ...string) *kmsg.ConsumerGroupHeartbeatRequest {
+func consumerJoin(group, id string, topics ...string) *kmsg.ConsumerGroupHeartbeatRequest {
 	r := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	r.Version = 1
 	r.Group, r.MemberID, r.MemberEpoch = group, id, 0
@@ -59,8 +59,8 @@ func cgJoin(group, id string, topics ...string) *kmsg.ConsumerGroupHeartbeatRequ
 	return r
 }
 
-// cgBeat is a steady heartbeat reporting owned.
-func cgBeat(group, id string, epoch int32, owned partSet) *kmsg.ConsumerGroupHeartbeatRequest {
+// consumerBeat is a steady heartbeat reporting owned.
+func consumerBeat(group, id string, epoch int32, owned partSet) *kmsg.ConsumerGroupHeartbeatRequest {
 	r := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	r.Version = 1
 	r.Group, r.MemberID, r.MemberEpoch = group, id, epoch
@@ -74,8 +74,8 @@ func cgBeat(group, id string, epoch int32, owned partSet) *kmsg.ConsumerGroupHea
 	return r
 }
 
-// cgResp sends r and returns the heartbeat response, checking its code.
-func (h *cgHarness) cgResp(r *kmsg.ConsumerGroupHeartbeatRequest, want int16) *kmsg.ConsumerGroupHeartbeatResponse {
+// consumerResp sends r and returns the heartbeat response, checking its code.
+func (h *consumerHarness) consumerResp(r *kmsg.ConsumerGroupHeartbeatRequest, want int16) *kmsg.ConsumerGroupHeartbeatResponse {
 	h.t.Helper()
 	resp := h.do(r).(*kmsg.ConsumerGroupHeartbeatResponse)
 	if resp.ErrorCode != want {
@@ -110,22 +110,22 @@ func (c *client) applyResp(resp *kmsg.ConsumerGroupHeartbeatResponse) {
 }
 
 // join makes a new client join group.
-func (h *cgHarness) join(group, id string, topics ...string) *client {
+func (h *consumerHarness) join(group, id string, topics ...string) *client {
 	h.t.Helper()
 	c := &client{id: id}
-	c.applyResp(h.cgResp(cgJoin(group, id, topics...), errNone))
+	c.applyResp(h.consumerResp(consumerJoin(group, id, topics...), errNone))
 	return c
 }
 
 // beat heartbeats once for c.
-func (h *cgHarness) beat(group string, c *client) {
+func (h *consumerHarness) beat(group string, c *client) {
 	h.t.Helper()
-	c.applyResp(h.cgResp(cgBeat(group, c.id, c.epoch, c.owned), errNone))
+	c.applyResp(h.consumerResp(consumerBeat(group, c.id, c.epoch, c.owned), errNone))
 }
 
 // settle heartbeats every client until the group is Stable, checking
 // after every heartbeat that no partition is owned by two clients.
-func (h *cgHarness) settle(group string, cs ...*client) {
+func (h *consumerHarness) settle(group string, cs ...*client) {
 	h.t.Helper()
 	for round := 0; round < 20; round++ {
 		for _, c := range cs {
@@ -164,7 +164,7 @@ func checkDisjoint(t testing.TB, cs []*client) {
 }
 
 // describe returns the ConsumerGroupDescribe entry of group.
-func (h *cgHarness) describe(group string) kmsg.ConsumerGroupDescribeResponseGroup {
+func (h *consumerHarness) describe(group string) kmsg.ConsumerGroupDescribeResponseGroup {
 	h.t.Helper()
 	r := kmsg.NewPtrConsumerGroupDescribeRequest()
 	r.Version = 1
@@ -177,7 +177,7 @@ func (h *cgHarness) describe(group string) kmsg.ConsumerGroupDescribeResponseGro
 }
 
 func TestConsumerHeartbeatValidation(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 3})
+	h := newConsumerHarness(t, map[string]int32{"t": 3})
 	str := func(s string) *string { return &s }
 	cases := []struct {
 		name string
@@ -202,9 +202,9 @@ func TestConsumerHeartbeatValidation(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := cgJoin("g", "m1", "t")
+			r := consumerJoin("g", "m1", "t")
 			c.mod(r)
-			h.cgResp(r, c.want)
+			h.consumerResp(r, c.want)
 		})
 	}
 	// None of the refused heartbeats left a group behind.
@@ -212,16 +212,16 @@ func TestConsumerHeartbeatValidation(t *testing.T) {
 		t.Fatalf("a refused heartbeat created the group: %+v", d)
 	}
 	// v0: the coordinator mints the member id.
-	r := cgJoin("g0", "", "t")
+	r := consumerJoin("g0", "", "t")
 	r.Version = 0
-	resp := h.cgResp(r, errNone)
+	resp := h.consumerResp(r, errNone)
 	if resp.MemberID == nil || *resp.MemberID == "" {
 		t.Fatalf("v0 join got no member id")
 	}
 }
 
 func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 6})
+	h := newConsumerHarness(t, map[string]int32{"t": 6})
 	tid := h.topicID("t")
 	m1 := h.join("g", "m1", "t")
 	if m1.epoch != 1 || m1.owned.size() != 6 {
@@ -245,7 +245,7 @@ func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
 	}
 	// m1 still owns 6: it is told to keep 3 (the rest pending) and stays
 	// at epoch 1.
-	resp := h.cgResp(cgBeat("g", "m1", 1, m1.owned), errNone)
+	resp := h.consumerResp(consumerBeat("g", "m1", 1, m1.owned), errNone)
 	if resp.MemberEpoch != 1 || resp.Assignment == nil || len(resp.Assignment.Topics[0].Partitions) != 3 {
 		t.Fatalf("revoking member: epoch %d assignment %+v", resp.MemberEpoch, resp.Assignment)
 	}
@@ -272,8 +272,8 @@ func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
 		t.Fatalf("three members own %d partitions (m3 %v), want 8 with u on m3", n, m3.owned)
 	}
 	h.takeEvents("g")
-	leave := cgBeat("g", "m3", -1, nil)
-	if resp := h.cgResp(leave, errNone); resp.MemberEpoch != -1 {
+	leave := consumerBeat("g", "m3", -1, nil)
+	if resp := h.consumerResp(leave, errNone); resp.MemberEpoch != -1 {
 		t.Fatalf("leave answered epoch %d", resp.MemberEpoch)
 	}
 	evs = kinds(h.takeEvents("g"))
@@ -288,7 +288,7 @@ func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
 		t.Fatalf("the leave of the only member on u counted as a topics change: %v", evs)
 	}
 	// An unknown member is refused.
-	h.cgResp(cgBeat("g", "m3", 5, nil), errUnknownMemberID)
+	h.consumerResp(consumerBeat("g", "m3", 5, nil), errUnknownMemberID)
 
 	// m2 stops heartbeating: after 45s it expires and m1 takes all.
 	for i := 0; i < 9; i++ {
@@ -307,19 +307,19 @@ func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
 }
 
 func TestConsumerGroupRebalanceTimeoutFencesStuckRevoker(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 4})
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
 	m1 := h.join("g", "m1", "t")
 	m2 := h.join("g", "m2", "t")
 	// m1 is told to revoke but never acknowledges (keeps reporting all
 	// four partitions).
-	r := cgBeat("g", "m1", m1.epoch, m1.owned)
-	if resp := h.cgResp(r, errNone); resp.MemberEpoch != 1 {
+	r := consumerBeat("g", "m1", m1.epoch, m1.owned)
+	if resp := h.consumerResp(r, errNone); resp.MemberEpoch != 1 {
 		t.Fatalf("m1 should be held at epoch 1, got %d", resp.MemberEpoch)
 	}
 	h.takeEvents("g")
 	for i := 0; i < 5; i++ {
 		h.advance(5 * time.Second)
-		h.cgResp(cgBeat("g", "m1", 1, m1.owned), errNone)
+		h.consumerResp(consumerBeat("g", "m1", 1, m1.owned), errNone)
 		h.beat("g", m2)
 		if m2.owned.size() != 0 {
 			t.Fatalf("m2 got partitions the stuck revoker still owns: %v", m2.owned)
@@ -330,7 +330,7 @@ func TestConsumerGroupRebalanceTimeoutFencesStuckRevoker(t *testing.T) {
 	if !slices.Contains(evs, "member_expired(rebalance_timeout)") {
 		t.Fatalf("stuck revoker not fenced: %v", evs)
 	}
-	h.cgResp(cgBeat("g", "m1", 1, m1.owned), errUnknownMemberID)
+	h.consumerResp(consumerBeat("g", "m1", 1, m1.owned), errUnknownMemberID)
 	h.settle("g", m2)
 	if m2.owned.size() != 4 {
 		t.Fatalf("m2 owns %d after the revoker was fenced", m2.owned.size())
@@ -338,24 +338,24 @@ func TestConsumerGroupRebalanceTimeoutFencesStuckRevoker(t *testing.T) {
 }
 
 func TestConsumerGroupEpochFencing(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 2})
+	h := newConsumerHarness(t, map[string]int32{"t": 2})
 	m1 := h.join("g", "m1", "t")
 	m2 := h.join("g", "m2", "t")
 	h.settle("g", m1, m2)
 	// A newer epoch than the server's is fenced.
-	h.cgResp(cgBeat("g", "m1", m1.epoch+1, m1.owned), errFencedMemberEpoch)
+	h.consumerResp(consumerBeat("g", "m1", m1.epoch+1, m1.owned), errFencedMemberEpoch)
 	// An older epoch: accepted only as the previous epoch with owned a
 	// subset of the assignment (a lost response).
 	// m1 went from epoch 1 to 2; m2 joined at 2 (previous epoch 0).
 	if m1.epoch != 2 || m2.epoch != 2 {
 		t.Fatalf("epochs %d and %d, want 2", m1.epoch, m2.epoch)
 	}
-	h.cgResp(cgBeat("g", "m1", 1, nil), errFencedMemberEpoch)
-	h.cgResp(cgBeat("g", "m1", 1, ps(h.topicID("t"), 0, 1)), errFencedMemberEpoch) // not a subset
-	h.cgResp(cgBeat("g", "m1", 1, m1.owned), errNone)
-	h.cgResp(cgBeat("g", "m2", 1, m2.owned), errFencedMemberEpoch) // not its previous epoch
+	h.consumerResp(consumerBeat("g", "m1", 1, nil), errFencedMemberEpoch)
+	h.consumerResp(consumerBeat("g", "m1", 1, ps(h.topicID("t"), 0, 1)), errFencedMemberEpoch) // not a subset
+	h.consumerResp(consumerBeat("g", "m1", 1, m1.owned), errNone)
+	h.consumerResp(consumerBeat("g", "m2", 1, m2.owned), errFencedMemberEpoch) // not its previous epoch
 	// KAFKA-19233: a fenced member may rejoin with epoch 0 and its id.
-	resp := h.cgResp(cgJoin("g", "m1", "t"), errNone)
+	resp := h.consumerResp(consumerJoin("g", "m1", "t"), errNone)
 	if resp.MemberEpoch != m1.epoch {
 		t.Fatalf("rejoin at epoch 0: epoch %d, want the unchanged group epoch %d", resp.MemberEpoch, m1.epoch)
 	}
@@ -364,36 +364,36 @@ func TestConsumerGroupEpochFencing(t *testing.T) {
 }
 
 func TestConsumerGroupStaticMembers(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 4})
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
 	str := func(s string) *string { return &s }
 	join := func(id, inst string) *kmsg.ConsumerGroupHeartbeatRequest {
-		r := cgJoin("g", id, "t")
+		r := consumerJoin("g", id, "t")
 		r.InstanceID = str(inst)
 		return r
 	}
 	a := &client{id: "a1"}
-	a.applyResp(h.cgResp(join("a1", "A"), errNone))
+	a.applyResp(h.consumerResp(join("a1", "A"), errNone))
 	b := &client{id: "b1"}
-	b.applyResp(h.cgResp(join("b1", "B"), errNone))
+	b.applyResp(h.consumerResp(join("b1", "B"), errNone))
 	h.settle("g", a, b)
 	epoch := h.describe("g").Epoch
 	// Another member cannot take instance A while a1 is active.
-	h.cgResp(join("a2", "A"), errUnreleasedInstanceID)
+	h.consumerResp(join("a2", "A"), errUnreleasedInstanceID)
 	// A heartbeat with A's instance under another id is fenced.
-	r := cgBeat("g", "zz", a.epoch, a.owned)
+	r := consumerBeat("g", "zz", a.epoch, a.owned)
 	r.InstanceID = str("A")
-	h.cgResp(r, errFencedInstanceID)
+	h.consumerResp(r, errFencedInstanceID)
 	// a1 leaves temporarily (epoch -2): nothing moves.
-	r = cgBeat("g", "a1", -2, nil)
+	r = consumerBeat("g", "a1", -2, nil)
 	r.InstanceID = str("A")
-	if resp := h.cgResp(r, errNone); resp.MemberEpoch != -2 {
+	if resp := h.consumerResp(r, errNone); resp.MemberEpoch != -2 {
 		t.Fatalf("static leave answered epoch %d", resp.MemberEpoch)
 	}
 	if d := h.describe("g"); d.Epoch != epoch {
 		t.Fatalf("static leave bumped the epoch %d → %d", epoch, d.Epoch)
 	}
 	// A new instance a2 takes A's place and assignment, no epoch bump.
-	resp := h.cgResp(join("a2", "A"), errNone)
+	resp := h.consumerResp(join("a2", "A"), errNone)
 	got := &client{id: "a2"}
 	got.applyResp(resp)
 	if !got.owned.equal(a.owned) || resp.MemberEpoch != epoch {
@@ -403,19 +403,19 @@ func TestConsumerGroupStaticMembers(t *testing.T) {
 		t.Fatalf("replacement: epoch %d members %d", d.Epoch, len(d.Members))
 	}
 	// An unknown instance with a non-zero epoch is unknown.
-	r = cgBeat("g", "c1", 3, nil)
+	r = consumerBeat("g", "c1", 3, nil)
 	r.InstanceID = str("C")
-	h.cgResp(r, errUnknownMemberID)
+	h.consumerResp(r, errUnknownMemberID)
 }
 
 func TestConsumerGroupTopicsChangeAndRegex(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"orders": 2, "orders-eu": 2, "payments": 3})
-	r := cgJoin("g", "m1")
+	h := newConsumerHarness(t, map[string]int32{"orders": 2, "orders-eu": 2, "payments": 3})
+	r := consumerJoin("g", "m1")
 	r.SubscribedTopicNames = nil
 	re := "orders.*"
 	r.SubscribedTopicRegex = &re
 	m1 := &client{id: "m1"}
-	m1.applyResp(h.cgResp(r, errNone))
+	m1.applyResp(h.consumerResp(r, errNone))
 	if m1.owned.size() != 4 || m1.owned.has(h.topicID("payments"), 0) {
 		t.Fatalf("regex subscription owns %v", m1.owned)
 	}
@@ -440,11 +440,11 @@ func TestConsumerGroupTopicsChangeAndRegex(t *testing.T) {
 	}
 	// Changing the subscription to names bumps the epoch.
 	before := h.describe("g").Epoch
-	r = cgBeat("g", "m1", m1.epoch, m1.owned)
+	r = consumerBeat("g", "m1", m1.epoch, m1.owned)
 	r.SubscribedTopicNames = []string{"payments"}
 	empty := ""
 	r.SubscribedTopicRegex = &empty
-	m1.applyResp(h.cgResp(r, errNone))
+	m1.applyResp(h.consumerResp(r, errNone))
 	h.settle("g", m1)
 	if d := h.describe("g"); d.Epoch != before+1 || m1.owned.size() != 3 {
 		t.Fatalf("subscription change: epoch %d→%d, owns %v", before, d.Epoch, m1.owned)
@@ -452,16 +452,16 @@ func TestConsumerGroupTopicsChangeAndRegex(t *testing.T) {
 }
 
 func TestConsumerGroupRangeAssignorAndDescribe(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 5})
+	h := newConsumerHarness(t, map[string]int32{"t": 5})
 	rangeName := "range"
-	r := cgJoin("g", "m1", "t")
+	r := consumerJoin("g", "m1", "t")
 	r.ServerAssignor = &rangeName
 	m1 := &client{id: "m1"}
-	m1.applyResp(h.cgResp(r, errNone))
-	r = cgJoin("g", "m2", "t")
+	m1.applyResp(h.consumerResp(r, errNone))
+	r = consumerJoin("g", "m2", "t")
 	r.ServerAssignor = &rangeName
 	m2 := &client{id: "m2"}
-	m2.applyResp(h.cgResp(r, errNone))
+	m2.applyResp(h.consumerResp(r, errNone))
 	h.settle("g", m1, m2)
 	tid := h.topicID("t")
 	if !m1.owned.equal(ps(tid, 0, 1, 2)) || !m2.owned.equal(ps(tid, 3, 4)) {
@@ -483,16 +483,16 @@ func TestConsumerGroupRangeAssignorAndDescribe(t *testing.T) {
 }
 
 func TestConsumerGroupMaxSize(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 2}, func(c *Config) { c.ConsumerMaxGroupSize = 1 })
+	h := newConsumerHarness(t, map[string]int32{"t": 2}, func(c *Config) { c.ConsumerMaxGroupSize = 1 })
 	h.join("g", "m1", "t")
-	h.cgResp(cgJoin("g", "m2", "t"), errGroupMaxSizeReached)
+	h.consumerResp(consumerJoin("g", "m2", "t"), errGroupMaxSizeReached)
 }
 
 func TestConsumerAndClassicGroupsShareIDs(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 2})
+	h := newConsumerHarness(t, map[string]int32{"t": 2})
 	// A non-empty classic group refuses a consumer heartbeat.
 	ids, _ := h.stableGroup("classic", 1)
-	h.cgResp(cgJoin("classic", "x", "t"), errGroupIDNotFound)
+	h.consumerResp(consumerJoin("classic", "x", "t"), errGroupIDNotFound)
 	// Once empty, the consumer group replaces it.
 	leave := kmsg.NewPtrLeaveGroupRequest()
 	leave.Version = 3
@@ -508,7 +508,7 @@ func TestConsumerAndClassicGroupsShareIDs(t *testing.T) {
 		t.Fatalf("classic join to a consumer group: %s", errName(resp.ErrorCode))
 	}
 	// Once the consumer group is empty a classic join replaces it.
-	h.cgResp(cgBeat("classic", "x", -1, nil), errNone)
+	h.consumerResp(consumerBeat("classic", "x", -1, nil), errNone)
 	h.stableGroup("classic", 1)
 	if d := h.describe("classic"); d.ErrorCode != errGroupIDNotFound {
 		t.Fatalf("classic group did not replace the empty consumer group")
@@ -516,7 +516,7 @@ func TestConsumerAndClassicGroupsShareIDs(t *testing.T) {
 }
 
 func TestConsumerGroupOffsets(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 1})
+	h := newConsumerHarness(t, map[string]int32{"t": 1})
 	m1 := h.join("g", "m1", "t")
 	commit := func(version int16, member string, epoch int32) int16 {
 		return commitCode(t, h.do(commitReq(version, "g", member, epoch, 0, 42)))
@@ -563,7 +563,7 @@ func TestConsumerGroupOffsets(t *testing.T) {
 		t.Fatalf("fetch by an unknown member: %s", errName(code))
 	}
 	// Once empty, a simple commit is accepted again.
-	h.cgResp(cgBeat("g", "m1", -1, nil), errNone)
+	h.consumerResp(consumerBeat("g", "m1", -1, nil), errNone)
 	if code := commit(9, "", -1); code != errNone {
 		t.Fatalf("simple commit to an empty consumer group: %s", errName(code))
 	}
@@ -588,7 +588,7 @@ func TestConsumerGroupWaitsForTopicMetadata(t *testing.T) {
 	store := &failingTopics{MemoryStore: NewMemoryStore()}
 	store.fail.Store(true)
 	store.SetTopic("t", 2)
-	h := &cgHarness{newHarness(t, func(c *Config) { c.Store = store })}
+	h := &consumerHarness{newHarness(t, func(c *Config) { c.Store = store })}
 	h.store = store.MemoryStore
 	m1 := h.join("g", "m1", "t")
 	if m1.owned.size() != 0 || m1.epoch != 1 {
@@ -607,7 +607,7 @@ func TestConsumerGroupWaitsForTopicMetadata(t *testing.T) {
 }
 
 func TestConsumerGroupClassicAPIs(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 2, "u": 1})
+	h := newConsumerHarness(t, map[string]int32{"t": 2, "u": 1})
 	m1 := h.join("g", "m1", "t")
 	if code := commitCode(t, h.do(commitReq(9, "g", "m1", m1.epoch, 0, 7))); code != errNone {
 		t.Fatalf("commit: %s", errName(code))
@@ -654,7 +654,7 @@ func TestConsumerGroupClassicAPIs(t *testing.T) {
 	if code := h.do(del).(*kmsg.DeleteGroupsResponse).Groups[0].ErrorCode; code != errNonEmptyGroup {
 		t.Fatalf("DeleteGroups of a non-empty consumer group: %s", errName(code))
 	}
-	h.cgResp(cgBeat("g", "m1", -1, nil), errNone)
+	h.consumerResp(consumerBeat("g", "m1", -1, nil), errNone)
 	if code := h.do(del).(*kmsg.DeleteGroupsResponse).Groups[0].ErrorCode; code != errNone {
 		t.Fatalf("DeleteGroups of an empty consumer group: %s", errName(code))
 	}
@@ -682,8 +682,8 @@ func TestConsumerConfigDefaultsAndBounds(t *testing.T) {
 			}
 		})
 	}
-	h := newCGHarness(t, map[string]int32{"t": 1})
-	resp := h.cgResp(cgJoin("g", "m1", "t"), errNone)
+	h := newConsumerHarness(t, map[string]int32{"t": 1})
+	resp := h.consumerResp(consumerJoin("g", "m1", "t"), errNone)
 	if resp.HeartbeatIntervalMillis != 5000 {
 		t.Fatalf("heartbeat interval %dms, want the 5s default", resp.HeartbeatIntervalMillis)
 	}
@@ -703,7 +703,7 @@ func TestConsumerConfigDefaultsAndBounds(t *testing.T) {
 // member epoch is accepted for partitions the member still holds that
 // were assigned at or before that epoch, STALE_MEMBER_EPOCH otherwise.
 func TestConsumerGroupOlderEpochCommit(t *testing.T) {
-	h := newCGHarness(t, map[string]int32{"t": 4})
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
 	m1 := h.join("g", "m1", "t")
 	m2 := h.join("g", "m2", "t")
 	h.settle("g", m1, m2)

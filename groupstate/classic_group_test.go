@@ -9,8 +9,8 @@ import (
 )
 
 func TestTransitionTable(t *testing.T) {
-	all := []groupState{stateEmpty, statePreparingRebalance, stateCompletingRebalance, stateStable, stateDead}
-	legal := map[[2]groupState]bool{
+	all := []classicGroupState{stateEmpty, statePreparingRebalance, stateCompletingRebalance, stateStable, stateDead}
+	legal := map[[2]classicGroupState]bool{
 		{statePreparingRebalance, stateEmpty}:               true,
 		{stateStable, statePreparingRebalance}:              true,
 		{stateCompletingRebalance, statePreparingRebalance}: true,
@@ -20,14 +20,14 @@ func TestTransitionTable(t *testing.T) {
 	}
 	for _, from := range all {
 		for _, to := range all {
-			want := legal[[2]groupState{from, to}] || to == stateDead
+			want := legal[[2]classicGroupState{from, to}] || to == stateDead
 			if got := canTransition(from, to); got != want {
 				t.Errorf("%v → %v: got %v, want %v", from, to, got, want)
 			}
 		}
 	}
-	if stateCompletingRebalance.String() != "CompletingRebalance" || groupState(9).String() != "groupState(9)" {
-		t.Errorf("String: %q %q", stateCompletingRebalance, groupState(9))
+	if stateCompletingRebalance.String() != "CompletingRebalance" || classicGroupState(9).String() != "classicGroupState(9)" {
+		t.Errorf("String: %q %q", stateCompletingRebalance, classicGroupState(9))
 	}
 }
 
@@ -36,7 +36,7 @@ func TestIllegalTransitionRefused(t *testing.T) {
 	s := h.e.shards[0]
 	done := make(chan bool)
 	s.post(func() {
-		g := newGroup(s, "x")
+		g := newClassicGroup(s, "x")
 		ok := g.transitionTo(stateStable) // Empty → Stable is illegal
 		done <- ok || g.state != stateEmpty
 	})

@@ -9,15 +9,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// group is one classic group. Every field is owned by the loop of the
+// classicGroup is one classic group. Every field is owned by the loop of the
 // shard that holds the group; nothing here is touched from another
 // goroutine.
-type group struct {
+type classicGroup struct {
 	s  *shard
 	id string
 
-	state      groupState
-	prevState  groupState
+	state      classicGroupState
+	prevState  classicGroupState
 	stateSince time.Time
 
 	protocolType string
@@ -27,7 +27,7 @@ type group struct {
 
 	// members holds the joined members; order keeps insertion order so
 	// that leader succession and responses are deterministic.
-	members map[string]*member
+	members map[string]*classicMember
 	order   []string
 	// pending holds dynamic members that got MEMBER_ID_REQUIRED and have
 	// not joined yet (KIP-394).
@@ -56,8 +56,8 @@ type group struct {
 	savingGen  int32
 }
 
-// member is one joined member of a classic group (owned by the loop).
-type member struct {
+// classicMember is one joined member of a classic group (owned by the loop).
+type classicMember struct {
 	id         string
 	instanceID string // "" for a dynamic member
 	clientID   string
@@ -87,15 +87,15 @@ type pendingMember struct {
 	timer timerRef
 }
 
-// newGroup creates an Empty group owned by s.
-func newGroup(s *shard, id string) *group {
-	return &group{
+// newClassicGroup creates an Empty classic group owned by s.
+func newClassicGroup(s *shard, id string) *classicGroup {
+	return &classicGroup{
 		s:           s,
 		id:          id,
 		state:       stateEmpty,
 		prevState:   stateEmpty,
 		stateSince:  s.e.clock.Now(),
-		members:     make(map[string]*member),
+		members:     make(map[string]*classicMember),
 		pending:     make(map[string]*pendingMember),
 		static:      make(map[string]string),
 		protoCount:  make(map[string]int),
@@ -105,7 +105,7 @@ func newGroup(s *shard, id string) *group {
 
 // transitionTo moves the group to next, refusing (and logging) an illegal
 // move. It reports whether the move happened.
-func (g *group) transitionTo(next groupState) bool {
+func (g *classicGroup) transitionTo(next classicGroupState) bool {
 	if !canTransition(g.state, next) {
 		g.s.e.illegalTransitions.Add(1)
 		g.s.e.log.Error("groupstate: illegal group state transition refused",
@@ -141,7 +141,7 @@ func newMemberID(prefix string) string {
 // supportsProtocols reports whether a member with these protocols may
 // join: an Empty group needs a type and protocols; otherwise the type must
 // match and one protocol must be supported by every current member.
-func (g *group) supportsProtocols(protocolType string, protocols []kmsg.JoinGroupRequestProtocol) bool {
+func (g *classicGroup) supportsProtocols(protocolType string, protocols []kmsg.JoinGroupRequestProtocol) bool {
 	if len(g.members) == 0 {
 		return protocolType != "" && len(protocols) > 0
 	}
@@ -157,7 +157,7 @@ func (g *group) supportsProtocols(protocolType string, protocols []kmsg.JoinGrou
 }
 
 // countProtocols adds delta to the support count of each of protocols.
-func (g *group) countProtocols(protocols []kmsg.JoinGroupRequestProtocol, delta int) {
+func (g *classicGroup) countProtocols(protocols []kmsg.JoinGroupRequestProtocol, delta int) {
 	for _, p := range protocols {
 		n := g.protoCount[p.Name] + delta
 		if n <= 0 {
@@ -169,7 +169,7 @@ func (g *group) countProtocols(protocols []kmsg.JoinGroupRequestProtocol, delta 
 }
 
 // add inserts m; the first member fixes the protocol type and leads.
-func (g *group) add(m *member, protocolType string) {
+func (g *classicGroup) add(m *classicMember, protocolType string) {
 	if len(g.members) == 0 {
 		g.protocolType = protocolType
 	}
@@ -190,7 +190,7 @@ func (g *group) add(m *member, protocolType string) {
 // remove deletes member id from the group's books (no rebalance logic).
 // Its parked JoinGroup and SyncGroup are answered UNKNOWN_MEMBER_ID so
 // that no connection waits forever, and its timer is cancelled.
-func (g *group) remove(id string) *member {
+func (g *classicGroup) remove(id string) *classicMember {
 	m, ok := g.members[id]
 	if !ok {
 		return nil
@@ -226,7 +226,7 @@ func (g *group) remove(id string) *member {
 }
 
 // setProtocols replaces m's protocols, keeping the support counts right.
-func (g *group) setProtocols(m *member, protocols []kmsg.JoinGroupRequestProtocol) {
+func (g *classicGroup) setProtocols(m *classicMember, protocols []kmsg.JoinGroupRequestProtocol) {
 	g.countProtocols(m.protocols, -1)
 	m.protocols = protocols
 	g.countProtocols(m.protocols, 1)
@@ -235,7 +235,7 @@ func (g *group) setProtocols(m *member, protocols []kmsg.JoinGroupRequestProtoco
 // parkJoin records reply as m's parked JoinGroup. An older parked JoinGroup of
 // the same member (a client retry) is answered REBALANCE_IN_PROGRESS so
 // that its connection is not held forever.
-func (g *group) parkJoin(m *member, reply func(kmsg.Response)) {
+func (g *classicGroup) parkJoin(m *classicMember, reply func(kmsg.Response)) {
 	if m.joinReply != nil {
 		m.answerJoin(joinError(errRebalanceInProgress, m.id))
 	} else {
@@ -246,12 +246,12 @@ func (g *group) parkJoin(m *member, reply func(kmsg.Response)) {
 
 // allJoined reports whether every member has a parked JoinGroup and no
 // KIP-394 member is still pending.
-func (g *group) allJoined() bool {
+func (g *classicGroup) allJoined() bool {
 	return g.awaitingJoin == len(g.members) && len(g.pending) == 0
 }
 
 // rebalanceTimeout is the largest rebalance timeout among members (KIP-62).
-func (g *group) rebalanceTimeout() time.Duration {
+func (g *classicGroup) rebalanceTimeout() time.Duration {
 	var max time.Duration
 	for _, m := range g.members {
 		if m.rebalanceTimeout > max {
@@ -264,7 +264,7 @@ func (g *group) rebalanceTimeout() time.Duration {
 // selectProtocol runs Kafka's vote: among protocols every member
 // supports, each member votes for the first one in its own order; most
 // votes wins, ties going to the leader's preference order.
-func (g *group) selectProtocol() string {
+func (g *classicGroup) selectProtocol() string {
 	votes := make(map[string]int)
 	for _, id := range g.order {
 		for _, p := range g.members[id].protocols {
@@ -294,7 +294,7 @@ func (g *group) selectProtocol() string {
 }
 
 // metadataFor returns m's metadata for protocol.
-func (m *member) metadataFor(protocol string) []byte {
+func (m *classicMember) metadataFor(protocol string) []byte {
 	for _, p := range m.protocols {
 		if p.Name == protocol {
 			return p.Metadata
@@ -304,7 +304,7 @@ func (m *member) metadataFor(protocol string) []byte {
 }
 
 // sameProtocols reports whether protocols equals m's, in order and bytes.
-func (m *member) sameProtocols(protocols []kmsg.JoinGroupRequestProtocol) bool {
+func (m *classicMember) sameProtocols(protocols []kmsg.JoinGroupRequestProtocol) bool {
 	if len(protocols) != len(m.protocols) {
 		return false
 	}
@@ -317,7 +317,7 @@ func (m *member) sameProtocols(protocols []kmsg.JoinGroupRequestProtocol) bool {
 }
 
 // answerJoin completes m's parked JoinGroup.
-func (m *member) answerJoin(resp *kmsg.JoinGroupResponse) {
+func (m *classicMember) answerJoin(resp *kmsg.JoinGroupResponse) {
 	reply := m.joinReply
 	m.joinReply = nil
 	if reply != nil {
@@ -326,7 +326,7 @@ func (m *member) answerJoin(resp *kmsg.JoinGroupResponse) {
 }
 
 // answerSync completes m's parked SyncGroup.
-func (m *member) answerSync(resp *kmsg.SyncGroupResponse) {
+func (m *classicMember) answerSync(resp *kmsg.SyncGroupResponse) {
 	reply := m.syncReply
 	m.syncReply = nil
 	if reply != nil {
@@ -336,7 +336,7 @@ func (m *member) answerSync(resp *kmsg.SyncGroupResponse) {
 
 // validateMember checks a member's identity as Kafka's validateMember
 // does: a given instance id must map to exactly this member id.
-func (g *group) validateMember(memberID string, instanceID *string) int16 {
+func (g *classicGroup) validateMember(memberID string, instanceID *string) int16 {
 	if instanceID != nil {
 		existing, ok := g.static[*instanceID]
 		if !ok {
@@ -354,7 +354,7 @@ func (g *group) validateMember(memberID string, instanceID *string) int16 {
 }
 
 // public converts m for events and snapshots.
-func (m *member) public(withAssignment bool) Member {
+func (m *classicMember) public(withAssignment bool) Member {
 	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost}
 	if withAssignment {
 		pm.Assignment = m.assignment
@@ -363,7 +363,7 @@ func (m *member) public(withAssignment bool) Member {
 }
 
 // membersList lists the members in join order.
-func (g *group) membersList(withAssignment bool) []Member {
+func (g *classicGroup) membersList(withAssignment bool) []Member {
 	out := make([]Member, 0, len(g.order))
 	for _, id := range g.order {
 		out = append(out, g.members[id].public(withAssignment))
@@ -372,7 +372,7 @@ func (g *group) membersList(withAssignment bool) []Member {
 }
 
 // snapshot copies the group's state.
-func (g *group) snapshot() GroupSnapshot {
+func (g *classicGroup) snapshot() GroupSnapshot {
 	return GroupSnapshot{
 		Group:        g.id,
 		State:        g.state.String(),
@@ -386,7 +386,7 @@ func (g *group) snapshot() GroupSnapshot {
 }
 
 // event returns an Event of kind stamped with the group's current state.
-func (g *group) event(kind EventKind) Event {
+func (g *classicGroup) event(kind EventKind) Event {
 	return Event{
 		Time:         g.s.e.clock.Now(),
 		Kind:         kind,
@@ -400,7 +400,7 @@ func (g *group) event(kind EventKind) Event {
 }
 
 // emitMember emits an event about one member.
-func (g *group) emitMember(kind EventKind, m *member, cause string) {
+func (g *classicGroup) emitMember(kind EventKind, m *classicMember, cause string) {
 	if g.s.e.cfg.Events == nil {
 		return
 	}
@@ -421,7 +421,7 @@ var emptyConsumerAssignment = func() []byte {
 // assignmentFor returns the bytes to send m in SyncGroup: its assignment,
 // or a valid empty consumer assignment when it has none and the protocol
 // type is "consumer" (some clients fail to decode zero bytes).
-func (g *group) assignmentFor(m *member) []byte {
+func (g *classicGroup) assignmentFor(m *classicMember) []byte {
 	if len(m.assignment) == 0 && g.protocolType == "consumer" {
 		return emptyConsumerAssignment
 	}

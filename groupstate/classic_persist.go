@@ -96,10 +96,10 @@ func (s *shard) loadPending(id string) bool {
 	if s.e.meta == nil || id == "" {
 		return false
 	}
-	if _, ok := s.groups[id]; ok {
+	if _, ok := s.classicGroups[id]; ok {
 		return false
 	}
-	if _, ok := s.cgroups[id]; ok {
+	if _, ok := s.consumerGroups[id]; ok {
 		return false
 	}
 	if _, ok := s.known[id]; ok {
@@ -158,8 +158,8 @@ func (s *shard) finishLoad(id string, res loadResult) {
 	if res.found && isConsumerRecord(res.record) {
 		s.installConsumerRecord(id, res.record)
 	} else if res.found {
-		if _, exists := s.groups[id]; !exists {
-			g, err := s.groupFromRecord(id, res.record)
+		if _, exists := s.classicGroups[id]; !exists {
+			g, err := s.classicGroupFromRecord(id, res.record)
 			switch {
 			case err != nil:
 				// A record we cannot read is dropped: its members
@@ -167,7 +167,7 @@ func (s *shard) finishLoad(id string, res loadResult) {
 				// stuck.
 				s.e.log.Error("groupstate: unreadable group metadata ignored", "group", id, "err", err)
 			case g != nil:
-				s.groups[id] = g
+				s.classicGroups[id] = g
 				if s.e.cfg.Events != nil {
 					ev := g.event(EventGroupLoaded)
 					ev.Members = g.membersList(true)
@@ -239,7 +239,7 @@ func (s *shard) saveMeta(group string, record []byte, onLoop func(error), onClos
 }
 
 // persist writes g's record in the background: nobody waits for it.
-func (g *group) persist() {
+func (g *classicGroup) persist() {
 	if g.s.e.meta == nil {
 		return
 	}
@@ -274,7 +274,7 @@ func (s *shard) tombstone(id string) {
 
 // record encodes g. assign, when non-nil, replaces the members'
 // assignments (the leader's SyncGroup, before it is applied).
-func (g *group) record(assign map[string][]byte) []byte {
+func (g *classicGroup) record(assign map[string][]byte) []byte {
 	v := kmsg.NewGroupMetadataValue()
 	v.Version = groupRecordVersion
 	v.ProtocolType = g.protocolType
@@ -347,11 +347,11 @@ func decodeGroupRecord(rec []byte) (*kmsg.GroupMetadataValue, error) {
 	return v, nil
 }
 
-// groupFromRecord rebuilds a group from its record: Empty if it has no
+// classicGroupFromRecord rebuilds a classic group from its record: Empty if it has no
 // members, else Stable at the stored generation with the stored
 // assignments and a fresh session timer for every member. It returns nil
 // for a record that holds nothing (generation 0, no members).
-func (s *shard) groupFromRecord(id string, rec []byte) (*group, error) {
+func (s *shard) classicGroupFromRecord(id string, rec []byte) (*classicGroup, error) {
 	v, err := decodeGroupRecord(rec)
 	if err != nil {
 		return nil, err
@@ -359,7 +359,7 @@ func (s *shard) groupFromRecord(id string, rec []byte) (*group, error) {
 	if v.Generation == 0 && len(v.Members) == 0 {
 		return nil, nil
 	}
-	g := newGroup(s, id)
+	g := newClassicGroup(s, id)
 	g.protocolType = v.ProtocolType
 	g.generation = v.Generation
 	if v.CurrentStateTimestamp > 0 {
@@ -374,7 +374,7 @@ func (s *shard) groupFromRecord(id string, rec []byte) (*group, error) {
 	g.state, g.prevState = stateStable, stateCompletingRebalance
 	check := s.e.cfg.CheckCommitOwnership && g.protocolType == "consumer"
 	for _, vm := range v.Members {
-		m := &member{
+		m := &classicMember{
 			id:             vm.MemberID,
 			clientID:       vm.ClientID,
 			clientHost:     vm.ClientHost,

@@ -11,7 +11,7 @@ import (
 func BenchmarkConsumerHeartbeat(b *testing.B) {
 	for _, n := range []int{10, 100, 1000} {
 		b.Run(fmt.Sprintf("members=%d", n), func(b *testing.B) {
-			h := &cgHarness{newHarness(b)}
+			h := &consumerHarness{newHarness(b)}
 			h.store.SetTopic("t", int32(n*2))
 			if err := h.e.refreshTopics(b.Context()); err != nil {
 				b.Fatal(err)
@@ -19,7 +19,7 @@ func BenchmarkConsumerHeartbeat(b *testing.B) {
 			cs := make([]*client, n)
 			for i := range cs {
 				cs[i] = &client{id: fmt.Sprintf("m%04d", i)}
-				cs[i].applyResp(h.cgResp(cgJoin("g", cs[i].id, "t"), errNone))
+				cs[i].applyResp(h.consumerResp(consumerJoin("g", cs[i].id, "t"), errNone))
 			}
 			h.settle("g", cs...)
 			b.ReportAllocs()
@@ -27,7 +27,7 @@ func BenchmarkConsumerHeartbeat(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				c := cs[i%n]
-				h.cgResp(cgBeat("g", c.id, c.epoch, nil), errNone)
+				h.consumerResp(consumerBeat("g", c.id, c.epoch, nil), errNone)
 				i++
 			}
 		})
