@@ -108,6 +108,11 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "py-confluent", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range"},
 		{name: "py-kafka-python", client: append(append([]string(nil), py...), "--client", "kafka-python"), assignor: "range"},
 		{name: "js-kafkajs", client: js, assignor: "roundrobin"},
+		// Runs on the kproxy path only (fleet.go): one member per
+		// kproxy of a fleet, then the group's owner is killed.
+		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
+			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
+			producer: goc("franz")},
 	}
 }
 
@@ -202,7 +207,10 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		for _, path := range paths {
 			name := r.name + "/" + path
 			bootstrap := h.broker
-			if path == "kproxy" {
+			if r.fleet && path != "kproxy" {
+				continue // a fleet of kproxies has no direct counterpart
+			}
+			if path == "kproxy" && !r.fleet {
 				startKproxy()
 				if kpErr != nil {
 					results = append(results, result{row: r.name, path: path, rebalances: "-", settle: "-", broker: "-",
@@ -229,8 +237,14 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			if len(logs) > 0 {
 				before, countErr = countAll(logs)
 			}
-			res := s.run(ctx)
-			if path == "kproxy" && kp != nil && !kp.alive() {
+			var res result
+			if r.fleet {
+				res = s.runFleet(ctx, kproxyBin, kproxyPort)
+				res.notes = append(res.notes, "runs on the kproxy path only: a fleet of kproxies has no direct counterpart")
+			} else {
+				res = s.run(ctx)
+			}
+			if path == "kproxy" && !r.fleet && kp != nil && !kp.alive() {
 				res.pass = false
 				res.reason = joinReason(res.reason, "kproxy process died: "+tail(kp.logPath, 300))
 			}
