@@ -68,6 +68,82 @@ func fleetStatus(ctx context.Context, admin string) (fleetView, error) {
 	return v, nil
 }
 
+// groupSummary is the part of an entry of GET /api/groups the row reads:
+// the groups this kproxy's engine serves.
+type groupSummary struct {
+	Group      string `json:"group"`
+	State      string `json:"state"`
+	Generation int32  `json:"generation"`
+	Members    int    `json:"members"`
+}
+
+// groupOn returns group's entry in a kproxy's /api/groups, if listed.
+func groupOn(ctx context.Context, admin, group string) (groupSummary, bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, "http://"+admin+"/api/groups", nil)
+	if err != nil {
+		return groupSummary{}, false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return groupSummary{}, false, fmt.Errorf("GET /api/groups on %s: %w", admin, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return groupSummary{}, false, fmt.Errorf("GET /api/groups on %s: %s", admin, resp.Status)
+	}
+	var gs []groupSummary
+	if err := json.NewDecoder(resp.Body).Decode(&gs); err != nil {
+		return groupSummary{}, false, fmt.Errorf("GET /api/groups on %s: %w", admin, err)
+	}
+	for _, g := range gs {
+		if g.Group == group {
+			return g, true, nil
+		}
+	}
+	return groupSummary{}, false, nil
+}
+
+// groupHolders waits until exactly one of nodes lists group with want
+// members in its engine and returns that node and its entry.
+func groupHolders(ctx context.Context, nodes []*fleetNode, group string, want int, timeout time.Duration) (*fleetNode, groupSummary, error) {
+	start := time.Now()
+	var last string
+	for {
+		var holders []*fleetNode
+		var entry groupSummary
+		var err error
+		for _, n := range nodes {
+			g, ok, e := groupOn(ctx, n.admin, group)
+			if e != nil {
+				err = e
+				break
+			}
+			if ok {
+				holders = append(holders, n)
+				entry = g
+			}
+		}
+		switch {
+		case err != nil:
+			last = err.Error()
+		case len(holders) == 1 && entry.Members == want:
+			return holders[0], entry, nil
+		default:
+			var names []string
+			for _, h := range holders {
+				names = append(names, h.name)
+			}
+			last = fmt.Sprintf("held by %v, last entry %+v", names, entry)
+		}
+		if time.Since(start) > timeout {
+			return nil, groupSummary{}, fmt.Errorf("group %s not served by exactly one kproxy with %d members within %s: %s", group, want, timeout, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // fleetCoverage reads every node's /api/fleet and reports who serves each
 // partition. complete is true when every partition of the groups topic is
 // served by exactly one node and, if each is set, every node serves at
@@ -263,6 +339,14 @@ func (s *scenario) runFleet(ctx context.Context, bin string, basePort int) (res 
 	if _, err := s.waitFor(30*time.Second, "records of the second half to be consumed", func() bool { return s.distinctLocked(half, n) >= 50 }); err != nil {
 		return fail("%v", err)
 	}
+	// The group lives in the owner's engine, and nowhere else.
+	holder, before, err := groupHolders(ctx, nodes, s.group, len(ms), 10*time.Second)
+	if err != nil {
+		return fail("before the kill: %v", err)
+	}
+	if holder != owner {
+		return fail("group %s is served by %s, not by %s, the owner of its partition %d", s.group, holder.name, owner.name, gp)
+	}
 	s.mu.Lock()
 	eventsBefore := map[*member]int{}
 	for _, m := range ms {
@@ -277,6 +361,20 @@ func (s *scenario) runFleet(ctx context.Context, bin string, basePort int) (res 
 	if err != nil {
 		return fail("after SIGKILL of %s: %v", owner.name, err)
 	}
+	// The new owner serves the group at the generation it had: loaded
+	// from the groups topic, not rebuilt by a rebalance.
+	holder, after, err := groupHolders(ctx, hosts, s.group, len(ms), 30*time.Second)
+	if err != nil {
+		return fail("after the kill: %v", err)
+	}
+	if holder.name != servedAfter[gp] {
+		return fail("after the kill group %s is served by %s, its partition %d by %s", s.group, holder.name, gp, servedAfter[gp])
+	}
+	if after.Generation != before.Generation {
+		return fail("the group's generation went from %d on %s to %d on %s", before.Generation, owner.name, after.Generation, holder.name)
+	}
+	s.note("group %s: generation %d, %d members, state %s on %s before the kill; generation %d, state %s on %s after",
+		s.group, before.Generation, before.Members, before.State, owner.name, after.Generation, after.State, holder.name)
 	select {
 	case <-prod.done:
 	case <-time.After(90 * time.Second):

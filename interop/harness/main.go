@@ -108,7 +108,10 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "py-confluent", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range"},
 		{name: "py-kafka-python", client: append(append([]string(nil), py...), "--client", "kafka-python"), assignor: "range"},
 		{name: "js-kafkajs", client: js, assignor: "roundrobin"},
-		// Runs on the kproxy path only (fleet.go): one member per
+		// Both run on the kproxy path only. apiversions.go: franz-go's
+		// connection opening, byte for byte, direct vs kproxy.
+		{name: "franz-apiversions", apiVersions: true},
+		// fleet.go: one member per
 		// kproxy of a fleet, then the group's owner is killed.
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
@@ -207,8 +210,8 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		for _, path := range paths {
 			name := r.name + "/" + path
 			bootstrap := h.broker
-			if r.fleet && path != "kproxy" {
-				continue // a fleet of kproxies has no direct counterpart
+			if (r.fleet || r.apiVersions) && path != "kproxy" {
+				continue // compared with the direct path inside the row, or none exists
 			}
 			if path == "kproxy" && !r.fleet {
 				startKproxy()
@@ -241,6 +244,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			if r.fleet {
 				res = s.runFleet(ctx, kproxyBin, kproxyPort)
 				res.notes = append(res.notes, "runs on the kproxy path only: a fleet of kproxies has no direct counterpart")
+			} else if r.apiVersions {
+				res = s.runApiVersions(ctx)
+				res.notes = append(res.notes, "runs on the kproxy path only and compares it with the direct path itself")
 			} else {
 				res = s.run(ctx)
 			}

@@ -26,6 +26,9 @@ type row struct {
 	// against a fleet of kproxies and kills one (fleet.go); kproxy path only.
 	fleet   bool
 	members [][]string
+	// apiVersions: the row is the ApiVersions check (apiversions.go), which
+	// compares the direct path with kproxy itself; kproxy path only.
+	apiVersions bool
 	// sessionMS overrides the harness's member session timeout when > 0.
 	sessionMS int
 }
