@@ -29,6 +29,9 @@ type row struct {
 	// apiVersions: the row is the ApiVersions check (apiversions.go), which
 	// compares the direct path with kproxy itself; kproxy path only.
 	apiVersions bool
+	// brokerKill: the row kills and restarts a broker (brokerkill.go); it
+	// needs a cluster of three.
+	brokerKill bool
 	// sessionMS overrides the harness's member session timeout when > 0.
 	sessionMS int
 }
