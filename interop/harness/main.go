@@ -79,7 +79,7 @@ func main() {
 	flag.StringVar(&kproxyArgs, "kproxy-args", "--group-initial-rebalance-delay=0", "extra `kproxy serve` flags, space-separated (the default mirrors the broker's group.initial.rebalance.delay.ms=0)")
 	flag.StringVar(&cacheDir, "cache", defCache, "cache directory (python venv)")
 	flag.StringVar(&h.logDir, "logs", "", "directory for per-member logs (default a temp dir)")
-	flag.BoolVar(&multiBroker, "multibroker", false, "run only the rows that need a cluster of 3 brokers (franz-brokerkill); without it they run only when the cluster has 3")
+	flag.BoolVar(&multiBroker, "multibroker", false, "run only the rows that need a cluster of 3 brokers (franz-brokerkill) and the ApiVersions check (every broker's port); without it the former run only when the cluster has 3")
 	flag.BoolVar(&list, "list", false, "print the names of the rows -rows and -multibroker select, and exit")
 	flag.Parse()
 	if list {
@@ -89,7 +89,7 @@ func main() {
 			os.Exit(2)
 		}
 		for _, r := range h.rows(cacheDir, "goclient") {
-			if filter.MatchString(r.name) && (!multiBroker || r.brokerKill) {
+			if filter.MatchString(r.name) && (!multiBroker || r.brokerKill || r.apiVersions) {
 				fmt.Println(r.name)
 			}
 		}
@@ -234,8 +234,8 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		if filter != nil && !filter.MatchString(r.name) {
 			continue
 		}
-		if multiBroker && !r.brokerKill {
-			continue
+		if multiBroker && !r.brokerKill && !r.apiVersions {
+			continue // the ApiVersions check runs on both clusters: every broker's port
 		}
 		if r.brokerKill && !multiBroker && brokers < 3 {
 			skipped = append(skipped, r.name)
