@@ -159,10 +159,20 @@ func compareOpenings(d, k apiExchange) (problems []string, meant string) {
 	if dr.ErrorCode != 0 || kr.ErrorCode != 0 {
 		problems = append(problems, fmt.Sprintf("retry answered with error %d directly, %d through kproxy", dr.ErrorCode, kr.ErrorCode))
 	}
-	if dr.ThrottleMillis != kr.ThrottleMillis || dr.FinalizedFeaturesEpoch != kr.FinalizedFeaturesEpoch ||
-		dr.ZkMigrationReady != kr.ZkMigrationReady || !reflect.DeepEqual(dr.SupportedFeatures, kr.SupportedFeatures) ||
-		!reflect.DeepEqual(dr.FinalizedFeatures, kr.FinalizedFeatures) {
-		problems = append(problems, "retry answers differ outside the API keys (throttle, features or migration flag)")
+	// FinalizedFeaturesEpoch is the offset of the broker's metadata image
+	// in KRaft, which moves every metadata.max.idle.interval.ms (no-op
+	// records): only whether the answer has one must agree.
+	switch {
+	case dr.ThrottleMillis != kr.ThrottleMillis:
+		problems = append(problems, fmt.Sprintf("retry answers throttle %d ms directly, %d through kproxy", dr.ThrottleMillis, kr.ThrottleMillis))
+	case (dr.FinalizedFeaturesEpoch < 0) != (kr.FinalizedFeaturesEpoch < 0):
+		problems = append(problems, fmt.Sprintf("finalized features epoch %d directly, %d through kproxy", dr.FinalizedFeaturesEpoch, kr.FinalizedFeaturesEpoch))
+	case dr.ZkMigrationReady != kr.ZkMigrationReady:
+		problems = append(problems, "ZkMigrationReady differs")
+	case !reflect.DeepEqual(dr.SupportedFeatures, kr.SupportedFeatures):
+		problems = append(problems, fmt.Sprintf("supported features %+v directly, %+v through kproxy", dr.SupportedFeatures, kr.SupportedFeatures))
+	case !reflect.DeepEqual(dr.FinalizedFeatures, kr.FinalizedFeatures):
+		problems = append(problems, fmt.Sprintf("finalized features %+v directly, %+v through kproxy", dr.FinalizedFeatures, kr.FinalizedFeatures))
 	}
 	dk, kk := map[int16]kmsg.ApiVersionsResponseApiKey{}, map[int16]kmsg.ApiVersionsResponseApiKey{}
 	for _, a := range dr.ApiKeys {

@@ -38,7 +38,7 @@ const (
 	killBefore   = 2 * time.Second  // producing before the kill
 	killDown     = 10 * time.Second // the broker stays dead this long
 	killAfter    = 3 * time.Second  // producing after the broker is back
-	killSlack    = 3 * time.Second  // kproxy's stall may exceed the direct one by this much
+	killSlack    = 5 * time.Second  // kproxy's stall may exceed the direct one by this much (broker fencing takes 4 s; a loaded runner adds up to ~3 s either way)
 	killProduceE = 5 * time.Millisecond
 )
 
@@ -265,6 +265,7 @@ func (s *scenario) runBrokerKill(ctx context.Context, prior *brokerOutage) (res 
 		lastAck   atomic.Int64
 		maxGap    atomic.Int64
 		gapEnd    atomic.Int64 // when the longest gap ended, ns since start
+		acked     atomic.Int64
 		samples   []string
 	)
 	sample := func(what string) {
@@ -330,6 +331,7 @@ func (s *scenario) runBrokerKill(ctx context.Context, prior *brokerOutage) (res 
 					sample("produce: " + err.Error())
 					return
 				}
+				acked.Add(1)
 				now := int64(time.Since(start))
 				if prev := lastAck.Swap(now); prev != 0 && now-prev > maxGap.Load() {
 					maxGap.Store(now - prev)
@@ -340,6 +342,15 @@ func (s *scenario) runBrokerKill(ctx context.Context, prior *brokerOutage) (res 
 		}
 	}
 	produceFor(killBefore)
+	// The stall is measured between acknowledgements, so they must be
+	// flowing before the kill (a fresh cluster can take seconds to hand
+	// out the first producer id).
+	for ready := time.Now().Add(30 * time.Second); acked.Load() < 100 || time.Duration(int64(time.Since(start))-lastAck.Load()) > 200*time.Millisecond; {
+		if time.Now().After(ready) {
+			return fail("produce acknowledgements are not flowing before the kill: %d acknowledged", acked.Load())
+		}
+		produceFor(100 * time.Millisecond)
+	}
 	killedAt.Store(int64(time.Since(start)))
 	// kafka.sh kill waits for the JVM to exit, which takes a while:
 	// records keep flowing meanwhile.

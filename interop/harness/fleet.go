@@ -146,20 +146,23 @@ func groupHolders(ctx context.Context, nodes []*fleetNode, group string, want in
 
 // fleetCoverage reads every node's /api/fleet and reports who serves each
 // partition. complete is true when every partition of the groups topic is
-// served by exactly one node and, if each is set, every node serves at
-// least one.
+// served by exactly one node and, if each is set, the nodes serve equal
+// shares (within one), which the fleet's sticky assignor ends at: a share
+// still moving would move the group's owner under the row.
 func fleetCoverage(ctx context.Context, nodes []*fleetNode, each bool) (servedBy map[int32]string, parts int, complete bool, err error) {
 	servedBy = map[int32]string{}
 	complete = true
+	least, most := -1, 0
 	for _, n := range nodes {
 		v, err := fleetStatus(ctx, n.admin)
 		if err != nil {
 			return nil, 0, false, err
 		}
 		parts = v.Partitions
-		if each && len(v.Serving) == 0 {
-			complete = false
+		if least < 0 || len(v.Serving) < least {
+			least = len(v.Serving)
 		}
+		most = max(most, len(v.Serving))
 		for _, p := range v.Serving {
 			if _, dup := servedBy[p]; dup {
 				complete = false
@@ -167,7 +170,7 @@ func fleetCoverage(ctx context.Context, nodes []*fleetNode, each bool) (servedBy
 			servedBy[p] = n.name
 		}
 	}
-	if parts == 0 || len(servedBy) != parts {
+	if parts == 0 || len(servedBy) != parts || (each && (least == 0 || most-least > 1)) {
 		complete = false
 	}
 	return servedBy, parts, complete, nil
