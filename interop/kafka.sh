@@ -8,7 +8,13 @@
 #   interop/kafka.sh status
 #   interop/kafka.sh fetch            # only download the jars
 #   interop/kafka.sh request-log      # print the request log path(s)
+#   interop/kafka.sh kill N           # SIGKILL node N (a crash, for fault rows)
+#   interop/kafka.sh restart N        # start node N again on its data, wait for it
 #
+# With 3 nodes, internal topics (offsets, transactions) and auto-created
+# topics are replicated 3 ways (min.insync 2 for transactions), and a node
+# that stops heartbeating is fenced after 4 s, so a killed broker's
+# partitions move within seconds.
 # Node N (1-based) listens on port+N-1 for clients and on port+100+N-1 for
 # the controller quorum. Every request the broker serves is logged by
 # kafka.request.logger at DEBUG into $STATE/node-N/request.log so the harness
@@ -48,7 +54,8 @@ write_node_config() {
 	for ((i = 1; i <= brokers; i++)); do
 		voters+="${voters:+,}$i@127.0.0.1:$((port + 100 + i - 1))"
 	done
-	local rf=1
+	local rf=1 isr=1 session=9000
+	if ((brokers >= 3)); then rf=3 isr=2 session=4000; fi
 	mkdir -p "$dir/data"
 	cat >"$dir/server.properties" <<EOF
 # Written by interop/kafka.sh for the kproxy interop tier.
@@ -62,17 +69,19 @@ inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$dir/data
 num.partitions=1
-default.replication.factor=1
+default.replication.factor=$rf
 auto.create.topics.enable=true
+broker.session.timeout.ms=$session
+broker.heartbeat.interval.ms=1000
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=3000
 offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=10
 transaction.state.log.replication.factor=$rf
-transaction.state.log.min.isr=1
+transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=$rf
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.min.isr=$isr
 log.segment.bytes=16777216
 num.network.threads=2
 num.io.threads=2
@@ -152,6 +161,45 @@ running_pids() {
 	done
 }
 
+# launch_node N PORT starts node N's JVM on its existing config and data.
+launch_node() {
+	local n=$1 port=$2 dir="$STATE/node-$1"
+	local -a opts
+	mapfile -t opts < <(java_opts "$dir")
+	nohup java "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$dir/server.properties" \
+		>>"$dir/stdout.log" 2>&1 </dev/null &
+	echo $! >"$dir/pid"
+	log "node $n: pid $(cat "$dir/pid"), client port $((port + n - 1)), logs in $dir"
+}
+
+cmd_kill() {
+	local n=${1:-} dir="$STATE/node-${1:-}"
+	[[ -n "$n" && -f "$dir/pid" ]] || die "kill: no running node ${n:-?} under $STATE"
+	local pid
+	pid=$(cat "$dir/pid")
+	kill -KILL "$pid" 2>/dev/null || die "kill: node $n (pid $pid) is not running"
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+	log "node $n: pid $pid killed (SIGKILL)"
+}
+
+cmd_restart() {
+	local n=${1:-} dir="$STATE/node-${1:-}"
+	[[ -n "$n" && -f "$dir/server.properties" && -f "$STATE/layout" ]] || die "restart: no node ${n:-?} under $STATE"
+	if [[ -f "$dir/pid" ]] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+		die "restart: node $n is still running"
+	fi
+	local brokers port
+	read -r brokers port <"$STATE/layout"
+	launch_node "$n" "$port"
+	local p=$((port + n - 1)) deadline=$((SECONDS + 90))
+	until probe "$p"; do
+		kill -0 "$(cat "$dir/pid")" 2>/dev/null || { tail -30 "$dir/server.log" >&2 || true; die "node $n exited during restart"; }
+		((SECONDS < deadline)) || die "node $n did not answer ApiVersions on port $p within 90s"
+		sleep 0.3
+	done
+	log "node $n: back on port $p"
+}
+
 cmd_start() {
 	local brokers=1 port=9092
 	while (($#)); do
@@ -182,16 +230,11 @@ EOF
 	for ((n = 1; n <= brokers; n++)); do
 		local dir="$STATE/node-$n"
 		write_node_config "$n" "$brokers" "$port" "$dir"
-		local -a opts
-		mapfile -t opts < <(java_opts "$dir")
 		java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$(classpath)" \
 			-Dlog4j2.configurationFile="$STATE/probe-log4j2.xml" \
 			kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$dir/server.properties" \
 			>"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed for node $n"; }
-		nohup java "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$dir/server.properties" \
-			>"$dir/stdout.log" 2>&1 </dev/null &
-		echo $! >"$dir/pid"
-		log "node $n: pid $(cat "$dir/pid"), client port $((port + n - 1)), logs in $dir"
+		launch_node "$n" "$port"
 	done
 	local deadline=$((SECONDS + 90))
 	for ((n = 1; n <= brokers; n++)); do
@@ -266,5 +309,7 @@ stop) cmd_stop ;;
 status) cmd_status ;;
 fetch) fetch_libs ;;
 request-log) cmd_request_log ;;
-*) die "usage: $0 start [--brokers 1|3] [--port P] | stop | status | fetch | request-log" ;;
+kill) shift; cmd_kill "$@" ;;
+restart) shift; cmd_restart "$@" ;;
+*) die "usage: $0 start [--brokers 1|3] [--port P] | stop | status | fetch | request-log | kill N | restart N" ;;
 esac

@@ -9,7 +9,10 @@
 # Environment:
 #   KPROXY_CACHE                  cache dir (default ~/.cache/kproxy-interop)
 #   KPROXY_INTEROP_PORT           broker client port (default 9092)
-#   KPROXY_INTEROP_BROKERS        1 (default) or 3 brokers
+#   KPROXY_INTEROP_BROKERS        1 (default) or 3 brokers; with 1, the rows that
+#                                 need 3 (franz-brokerkill) run afterwards against
+#                                 a 3-broker cluster of their own
+#   KPROXY_INTEROP_MULTIBROKER    0 = skip that 3-broker phase
 #   KPROXY_INTEROP_LOGS           where member logs go (default a new temp dir)
 #   KPROXY_INTEROP_EXPECT_ENGINE  1 = the broker must see no JoinGroup/SyncGroup/
 #                                 Heartbeat during kproxy rows
@@ -82,5 +85,24 @@ set +e
 "$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -request-log "$reqlogs" -logs "$LOGS" -cache "$KPROXY_CACHE" "$@"
 rc=$?
 set -e
+
+# Rows that need three brokers (franz-brokerkill kills one) run against a
+# cluster of their own when the main run had one broker.
+if [[ "$BROKERS" == 1 && "${KPROXY_INTEROP_MULTIBROKER:-1}" != 0 ]] &&
+	[[ -n "$("$LOGS/harness" -list -multibroker "$@")" ]]; then
+	say "3-broker phase: $("$LOGS/harness" -list -multibroker "$@" | paste -sd' ' -)"
+	phase=$SECONDS
+	bash interop/kafka.sh stop >/dev/null 2>&1 || true
+	bash interop/kafka.sh start --brokers 3 --port "$PORT"
+	reqlogs=$(bash interop/kafka.sh request-log | paste -sd, -)
+	mkdir -p "$LOGS/3brokers"
+	cp "$LOGS/kproxy-bin" "$LOGS/3brokers/" 2>/dev/null || true
+	set +e
+	"$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -request-log "$reqlogs" -logs "$LOGS/3brokers" -cache "$KPROXY_CACHE" "$@" -multibroker
+	rc2=$?
+	set -e
+	say "3-broker phase took $((SECONDS - phase))s"
+	((rc != 0)) || rc=$rc2
+fi
 say "total time $((SECONDS - began))s; member logs in $LOGS"
 exit $rc

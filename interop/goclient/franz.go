@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// franzProduce writes o.count records synchronously with franz-go.
+// franzProduce writes o.count records synchronously with franz-go: in one
+// batch, or with o.intervalMS > 0 one record at a time, o.intervalMS apart,
+// each acknowledged before the next (a steady stream during a fault).
 func franzProduce(ctx context.Context, o options) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(o.bootstrap), kgo.ClientID(o.member),
 		kgo.DefaultProduceTopic(o.topic), kgo.AllowAutoTopicCreation())
@@ -20,6 +24,18 @@ func franzProduce(ctx context.Context, o options) error {
 	for i := o.start; i < o.start+o.count; i++ {
 		id := recordID(i)
 		recs = append(recs, &kgo.Record{Key: []byte(id), Value: []byte(id)})
+	}
+	if o.intervalMS > 0 {
+		for _, r := range recs {
+			pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := cl.ProduceSync(pctx, r).FirstErr()
+			cancel()
+			if err != nil {
+				return fmt.Errorf("franz produce %s: %w", r.Value, err)
+			}
+			time.Sleep(time.Duration(o.intervalMS) * time.Millisecond)
+		}
+		return nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -97,9 +113,7 @@ func franzConsume(ctx context.Context, o options, em *emitter) error {
 		})
 		recs := fetches.Records()
 		if len(recs) > 0 {
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := cl.CommitRecords(cctx, recs...)
-			ccancel()
+			err := franzCommit(ctx, cl, recs, em)
 			if err != nil {
 				em.errorf("commit: %v", err)
 			} else {
@@ -114,4 +128,27 @@ func franzConsume(ctx context.Context, o options, em *emitter) error {
 		cl.AllowRebalance()
 	}
 	return nil
+}
+
+// franzCommit commits recs, retrying for up to 30 s while the error is
+// one a coordinator that moves or restarts gives (kerr's retriable codes,
+// or a try that ran out of time): an application keeps its batch rather
+// than skipping it. Each failed try is reported as an error event. Other
+// errors (a rebalance took the partitions) are returned at once.
+func franzCommit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, em *emitter) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := cl.CommitRecords(cctx, recs...)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		retry := kerr.IsRetriable(err) || errors.Is(err, context.DeadlineExceeded)
+		if !retry || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		em.errorf("commit (retrying): %v", err)
+		time.Sleep(200 * time.Millisecond)
+	}
 }

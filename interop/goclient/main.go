@@ -5,7 +5,8 @@
 // clients speak (see interop/README.md): assignment events with the member's
 // full owned partition set, consumed records, commits, errors, and "closed".
 //
-// Modes: -mode produce writes -count records with ids id-<start>..; -mode
+// Modes: -mode produce writes -count records with ids id-<start>.. (franz
+// with -interval-ms: one at a time, spread over time); -mode
 // consume joins -group and commits after every batch until SIGTERM or
 // SIGINT, then closes cleanly.
 package main
@@ -37,6 +38,7 @@ type options struct {
 	instanceID  string
 	sessionMS   int
 	heartbeatMS int
+	intervalMS  int // produce: pause between records (0: one batch)
 }
 
 // emitter writes JSON lines to stdout; mu serialises writers because some
@@ -110,6 +112,7 @@ func main() {
 	flag.StringVar(&o.instanceID, "instance-id", "", "group.instance.id for static membership")
 	flag.IntVar(&o.sessionMS, "session-ms", 10000, "session timeout in ms")
 	flag.IntVar(&o.heartbeatMS, "heartbeat-ms", 1000, "heartbeat interval in ms")
+	flag.IntVar(&o.intervalMS, "interval-ms", 0, "produce (franz only): send records one at a time, this many ms apart, so records keep flowing while the harness injects a fault")
 	flag.Parse()
 
 	em := &emitter{member: o.member}

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // gen returns a pointer to a generation number for test events.
@@ -172,4 +174,43 @@ func TestRequestLogScan(t *testing.T) {
 // openAppend opens a file for appending, creating it if needed.
 func openAppend(path string) (*os.File, error) {
 	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+}
+
+// apiAnswer encodes an ApiVersions answer (correlation id 1, then the body).
+func apiAnswer(version, errCode int16, keys ...[3]int16) []byte {
+	r := kmsg.NewPtrApiVersionsResponse()
+	r.Version, r.ErrorCode = version, errCode
+	for _, k := range keys {
+		a := kmsg.NewApiVersionsResponseApiKey()
+		a.ApiKey, a.MinVersion, a.MaxVersion = k[0], k[1], k[2]
+		r.ApiKeys = append(r.ApiKeys, a)
+	}
+	return r.AppendTo([]byte{0, 0, 0, 1})
+}
+
+// TestCompareOpenings: the ApiVersions check fails on the bug of issue 12
+// (group keys merged into the UNSUPPORTED_VERSION answer) and on a changed
+// key kproxy does not own, and passes kproxy's documented edits.
+func TestCompareOpenings(t *testing.T) {
+	unsupported := apiAnswer(0, 35, [3]int16{18, 0, 4})
+	retry := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 18}, [3]int16{2, 1, 10}, [3]int16{8, 2, 9}, [3]int16{18, 0, 4}, [3]int16{76, 0, 1})
+	direct := apiExchange{first: unsupported, firstVersion: 5, retry: retry, retryVersion: 4}
+
+	// kproxy's edits: Fetch capped at v15, OffsetCommit at the engine's
+	// versions, share groups dropped.
+	edited := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4})
+	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: edited, retryVersion: 4}); len(ps) != 0 {
+		t.Fatalf("documented edits reported as problems: %v", ps)
+	}
+	merged := apiAnswer(0, 35, [3]int16{8, 0, 10}, [3]int16{11, 0, 9}, [3]int16{18, 0, 4})
+	if ps, _ := compareOpenings(direct, apiExchange{first: merged, firstVersion: 5, retry: edited, retryVersion: 4}); len(ps) == 0 {
+		t.Fatal("a merged UNSUPPORTED_VERSION answer passed")
+	}
+	changed := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 9}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4})
+	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: changed, retryVersion: 4}); len(ps) != 1 || !strings.Contains(ps[0], "key 2") {
+		t.Fatalf("ListOffsets v1-9 instead of v1-10 through kproxy: got %v", ps)
+	}
+	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: edited, retryVersion: 3}); len(ps) == 0 {
+		t.Fatal("a retry at another version passed")
+	}
 }

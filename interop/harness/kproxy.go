@@ -31,19 +31,39 @@ type kproxyProc struct {
 // broker's metadata through it. Any failure is returned: the kproxy rows
 // must fail loudly, never skip.
 func startKproxyProc(ctx context.Context, h *harness, bin string, port int) (*kproxyProc, error) {
-	if bin == "" {
-		bin = filepath.Join(h.logDir, "kproxy-bin")
-		if err := goBuild(h.root, bin, "./cmd/kproxy"); err != nil {
-			return nil, fmt.Errorf("building kproxy: %w", err)
-		}
+	bin, err := h.kproxyBinary(bin)
+	if err != nil {
+		return nil, err
 	}
+	return launchKproxy(ctx, h, bin, filepath.Join(h.logDir, "kproxy.log"), port, h.kproxyArgs)
+}
+
+// kproxyBinary returns bin, or when it is empty builds ./cmd/kproxy once
+// into the log directory and returns that path.
+func (h *harness) kproxyBinary(bin string) (string, error) {
+	if bin != "" {
+		return bin, nil
+	}
+	bin = filepath.Join(h.logDir, "kproxy-bin")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := goBuild(h.root, bin, "./cmd/kproxy"); err != nil {
+		return "", fmt.Errorf("building kproxy: %w", err)
+	}
+	return bin, nil
+}
+
+// launchKproxy starts `kproxy serve --upstream BROKER --listen
+// 127.0.0.1:PORT ARGS...` with its output in logPath and waits until it
+// serves metadata.
+func launchKproxy(ctx context.Context, h *harness, bin, logPath string, port int, extra []string) (*kproxyProc, error) {
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	logPath := filepath.Join(h.logDir, "kproxy.log")
 	lf, err := os.Create(logPath)
 	if err != nil {
 		return nil, fmt.Errorf("kproxy log: %w", err)
 	}
-	args := append([]string{"serve", "--upstream", h.broker, "--listen", addr}, h.kproxyArgs...)
+	args := append([]string{"serve", "--upstream", h.broker, "--listen", addr}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = lf
 	cmd.Stderr = lf
@@ -105,6 +125,16 @@ func (p *kproxyProc) alive() bool {
 	default:
 		return true
 	}
+}
+
+// kill ends kproxy at once with SIGKILL (a crash: no handover) and waits
+// for it to exit.
+func (p *kproxyProc) kill() {
+	if !p.alive() {
+		return
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
 }
 
 // stop ends kproxy with SIGTERM, then SIGKILL after 10s.

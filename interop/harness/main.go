@@ -40,6 +40,7 @@ type harness struct {
 	logDir         string
 	kproxyArgs     []string
 	adm            *kadm.Client
+	cl             *kgo.Client // adm's client, for raw requests
 	log            *slog.Logger
 }
 
@@ -53,6 +54,8 @@ func main() {
 		kproxyPort  int
 		kproxyArgs  string
 		cacheDir    string
+		multiBroker bool
+		list        bool
 	)
 	home, _ := os.UserHomeDir()
 	defCache := os.Getenv("KPROXY_CACHE")
@@ -76,11 +79,26 @@ func main() {
 	flag.StringVar(&kproxyArgs, "kproxy-args", "--group-initial-rebalance-delay=0", "extra `kproxy serve` flags, space-separated (the default mirrors the broker's group.initial.rebalance.delay.ms=0)")
 	flag.StringVar(&cacheDir, "cache", defCache, "cache directory (python venv)")
 	flag.StringVar(&h.logDir, "logs", "", "directory for per-member logs (default a temp dir)")
+	flag.BoolVar(&multiBroker, "multibroker", false, "run only the rows that need a cluster of 3 brokers (franz-brokerkill) and the ApiVersions check (every broker's port); without it the former run only when the cluster has 3")
+	flag.BoolVar(&list, "list", false, "print the names of the rows -rows and -multibroker select, and exit")
 	flag.Parse()
+	if list {
+		filter, err := regexp.Compile(rowsFilter)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "-rows:", err)
+			os.Exit(2)
+		}
+		for _, r := range h.rows(cacheDir, "goclient") {
+			if filter.MatchString(r.name) && (!multiBroker || r.brokerKill || r.apiVersions) {
+				fmt.Println(r.name)
+			}
+		}
+		return
+	}
 
 	h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	h.kproxyArgs = strings.Fields(kproxyArgs)
-	if err := run(&h, rowsFilter, pathsFlag, requestLogs, kproxyBin, kproxyPort, cacheDir); err != nil {
+	if err := run(&h, rowsFilter, pathsFlag, requestLogs, kproxyBin, kproxyPort, cacheDir, multiBroker); err != nil {
 		h.log.Error("harness failed", "err", err)
 		os.Exit(1)
 	}
@@ -108,10 +126,21 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "py-confluent", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range"},
 		{name: "py-kafka-python", client: append(append([]string(nil), py...), "--client", "kafka-python"), assignor: "range"},
 		{name: "js-kafkajs", client: js, assignor: "roundrobin"},
+		// Both run on the kproxy path only. apiversions.go: franz-go's
+		// connection opening, byte for byte, direct vs kproxy.
+		{name: "franz-apiversions", apiVersions: true},
+		// brokerkill.go: a broker's JVM killed and restarted; three
+		// brokers only (run.sh gives it a cluster of its own).
+		{name: "franz-brokerkill", brokerKill: true},
+		// fleet.go: one member per
+		// kproxy of a fleet, then the group's owner is killed.
+		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
+			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
+			producer: goc("franz")},
 	}
 }
 
-func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kproxyPort int, cacheDir string) error {
+func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kproxyPort int, cacheDir string, multiBroker bool) error {
 	ctx := context.Background()
 	began := time.Now()
 	var err error
@@ -135,7 +164,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		return fmt.Errorf("admin client: %w", err)
 	}
 	defer cl.Close()
-	h.adm = kadm.NewClient(cl)
+	h.cl, h.adm = cl, kadm.NewClient(cl)
 	{
 		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		_, err := h.adm.ListBrokers(cctx)
@@ -192,6 +221,12 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		}
 	}()
 
+	brokers, err := h.clusterSize(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster size: %w", err)
+	}
+	var killPrior *brokerOutage // the direct path's outcome of the broker-kill row
+	var skipped []string
 	var results []result
 	directBlind := false // set when a direct row shows the request log counter sees nothing
 	stamp := time.Now().Unix()
@@ -199,10 +234,20 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		if filter != nil && !filter.MatchString(r.name) {
 			continue
 		}
+		if multiBroker && !r.brokerKill && !r.apiVersions {
+			continue // the ApiVersions check runs on both clusters: every broker's port
+		}
+		if r.brokerKill && !multiBroker && brokers < 3 {
+			skipped = append(skipped, r.name)
+			continue
+		}
 		for _, path := range paths {
 			name := r.name + "/" + path
 			bootstrap := h.broker
-			if path == "kproxy" {
+			if (r.fleet || r.apiVersions) && path != "kproxy" {
+				continue // compared with the direct path inside the row, or none exists
+			}
+			if path == "kproxy" && !r.fleet {
 				startKproxy()
 				if kpErr != nil {
 					results = append(results, result{row: r.name, path: path, rebalances: "-", settle: "-", broker: "-",
@@ -229,8 +274,23 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			if len(logs) > 0 {
 				before, countErr = countAll(logs)
 			}
-			res := s.run(ctx)
-			if path == "kproxy" && kp != nil && !kp.alive() {
+			var res result
+			if r.fleet {
+				res = s.runFleet(ctx, kproxyBin, kproxyPort)
+				res.notes = append(res.notes, "runs on the kproxy path only: a fleet of kproxies has no direct counterpart")
+			} else if r.brokerKill {
+				var o *brokerOutage
+				res, o = s.runBrokerKill(ctx, killPrior)
+				if path == "direct" {
+					killPrior = o
+				}
+			} else if r.apiVersions {
+				res = s.runApiVersions(ctx)
+				res.notes = append(res.notes, "runs on the kproxy path only and compares it with the direct path itself")
+			} else {
+				res = s.run(ctx)
+			}
+			if path == "kproxy" && !r.fleet && kp != nil && !kp.alive() {
 				res.pass = false
 				res.reason = joinReason(res.reason, "kproxy process died: "+tail(kp.logPath, 300))
 			}
@@ -270,6 +330,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		}
 	}
 	failed := printTable(os.Stdout, results, len(logs) > 0, expectEngine)
+	for _, name := range skipped {
+		fmt.Printf("not run here: %s needs a cluster of 3 brokers; run.sh runs it against one of its own after this run (or: KPROXY_INTEROP_BROKERS=3)\n", name)
+	}
 	if kpErr != nil {
 		fmt.Printf("KPROXY START FAILED: %v\n", kpErr)
 	}
@@ -282,7 +345,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	if failed > 0 {
 		return fmt.Errorf("%d of %d rows failed", failed, len(results))
 	}
-	if len(results) == 0 {
+	if len(results) == 0 && len(skipped) == 0 {
 		return fmt.Errorf("no row matched")
 	}
 	return nil

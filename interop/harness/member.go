@@ -51,6 +51,7 @@ type member struct {
 	exited   bool
 	exitErr  error
 	assigns  int
+	commits  []int64 // client timestamps (ms) of successful commits
 	lastSeen time.Time
 }
 
@@ -142,6 +143,8 @@ func (s *scenario) observe(m *member, e event) {
 		m.owned = nil
 		m.events = append(m.events, e)
 		s.lastChange = time.Now()
+	case e.Ev == "commit":
+		m.commits = append(m.commits, e.TS)
 	case e.Ev == "error":
 		s.errorsSeen++
 		if len(s.errorSamples) < 5 {
@@ -189,9 +192,9 @@ func (s *scenario) killAll(dumpStacks bool) {
 	s.mu.Lock()
 	ms := append([]*member(nil), s.members...)
 	s.mu.Unlock()
-	if dumpStacks && isPython(s.r.client) {
+	if dumpStacks {
 		for _, m := range ms {
-			if m.cmd.Process != nil {
+			if m.cmd.Process != nil && isPython(m.cmd.Args) {
 				_ = m.cmd.Process.Signal(syscall.SIGUSR1)
 			}
 		}

@@ -22,6 +22,18 @@ type row struct {
 	static   bool     // members use group.instance.id; the stopped member comes back with the same id
 	txn      bool     // consume-process-produce with transactions (Java only)
 	producer []string // argv prefix used to produce; defaults to client
+	// fleet: the row runs three members, with the clients in members,
+	// against a fleet of kproxies and kills one (fleet.go); kproxy path only.
+	fleet   bool
+	members [][]string
+	// apiVersions: the row is the ApiVersions check (apiversions.go), which
+	// compares the direct path with kproxy itself; kproxy path only.
+	apiVersions bool
+	// brokerKill: the row kills and restarts a broker (brokerkill.go); it
+	// needs a cluster of three.
+	brokerKill bool
+	// sessionMS overrides the harness's member session timeout when > 0.
+	sessionMS int
 }
 
 // result is one printed line of the table.
@@ -77,13 +89,23 @@ func (s *scenario) clientArgs(mode, name string, extra ...string) []string {
 	if mode == "produce" && s.r.producer != nil {
 		prefix = s.r.producer
 	}
+	return s.argsFor(prefix, s.bootstrap, mode, name, extra...)
+}
+
+// argsFor builds the common argument list for the client program prefix,
+// bootstrapped at bootstrap.
+func (s *scenario) argsFor(prefix []string, bootstrap, mode, name string, extra ...string) []string {
 	if s.r.txn && mode == "consume" {
 		mode = "txn"
 	}
+	session := s.h.sessionMS
+	if s.r.sessionMS > 0 {
+		session = s.r.sessionMS
+	}
 	args := append(append([]string(nil), prefix...),
-		"--mode", mode, "--bootstrap", s.bootstrap, "--topic", s.topic, "--group", s.group,
+		"--mode", mode, "--bootstrap", bootstrap, "--topic", s.topic, "--group", s.group,
 		"--member", name, "--assignor", s.r.assignor,
-		"--session-ms", fmt.Sprint(s.h.sessionMS), "--heartbeat-ms", fmt.Sprint(s.h.heartbeatMS))
+		"--session-ms", fmt.Sprint(session), "--heartbeat-ms", fmt.Sprint(s.h.heartbeatMS))
 	if s.outTopic != "" && mode == "txn" {
 		args = append(args, "--out-topic", s.outTopic)
 	}

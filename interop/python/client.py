@@ -83,7 +83,10 @@ def confluent_produce(a):
 
 
 def confluent_consume(a, stopper):
-    from confluent_kafka import Consumer, TopicPartition, KafkaException
+    from confluent_kafka import Consumer, TopicPartition, KafkaException, KafkaError
+    COMMIT_RETRY_CODES = (KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._TRANSPORT,
+                          KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
+                          KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT)
     conf = {
         "bootstrap.servers": a.bootstrap,
         "group.id": a.group,
@@ -109,11 +112,26 @@ def confluent_consume(a, stopper):
         offsets = {}
         for m in pending:
             offsets[m.partition()] = m.offset() + 1
-        try:
-            c.commit(offsets=[TopicPartition(a.topic, p, o) for p, o in offsets.items()], asynchronous=False)
-        except KafkaException as e:
-            emit(a.member, "error", error="commit: %s" % e)
-        else:
+        tps = [TopicPartition(a.topic, p, o) for p, o in offsets.items()]
+        deadline = time.time() + 15  # below max.poll.interval.ms (20 s)
+        while True:
+            # An application keeps its batch while the coordinator moves
+            # or restarts: retriable errors are retried for up to 15 s,
+            # each try reported; others (a rebalance) give up at once.
+            try:
+                c.commit(offsets=tps, asynchronous=False)
+                ok = True
+                break
+            except KafkaException as e:
+                err = e.args[0]
+                retry = err.retriable() or err.code() in COMMIT_RETRY_CODES
+                if not retry or stopper.stop or time.time() > deadline:
+                    emit(a.member, "error", error="commit: %s" % e)
+                    ok = False
+                    break
+                emit(a.member, "error", error="commit (retrying): %s" % e)
+                time.sleep(0.2)
+        if ok:
             for m in pending:
                 emit(a.member, "record", p=m.partition(), o=m.offset(), id=m.value().decode())
             emit(a.member, "commit", offsets={str(p): o for p, o in offsets.items()})
