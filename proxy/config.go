@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
 
@@ -87,6 +89,17 @@ type Config struct {
 	// MetadataInterval is how often the proxy refreshes the broker list
 	// on its own to open listeners for new brokers; default 30s.
 	MetadataInterval time.Duration
+	// TLS, when set, makes every client listener (bootstrap and per
+	// broker) a TLS listener served from these files (see tls.go).
+	TLS *TLSSource
+	// UpstreamTLS, when set, makes each session's upstream connection a
+	// TLS client connection with this configuration (a ServerName left
+	// empty is the broker's host). The client's SASL passes through it.
+	UpstreamTLS *tls.Config
+	// UpstreamClientOpts are added to the options of the proxy's own
+	// upstream client, which discovers brokers: TLS and SASL for a
+	// cluster that requires them.
+	UpstreamClientOpts []kgo.Opt
 	// Coordinator serves group APIs. Nil forwards them to the brokers
 	// (FindCoordinator responses are then rewritten like any other).
 	Coordinator Coordinator

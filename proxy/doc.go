@@ -10,7 +10,8 @@
 // that carry broker addresses) or encodes the coordinator's reply when it
 // arrives. Large bodies move between the two sockets without being copied
 // through user space (TCPConn.ReadFrom splices from an io.LimitedReader
-// over a TCPConn).
+// over a TCPConn); with TLS on either side they go through a pooled
+// buffer (tls.go).
 //
 // In a fleet of kproxies (docs/fleet.md) the coordinator is a Router: it
 // serves a group request locally when the group's partition is owned

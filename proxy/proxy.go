@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,11 +33,17 @@ type Proxy struct {
 
 	disco *kgo.Client // discovers brokers; owned by the discovery loop
 
+	tlsSrc    *TLSSource         // nil: plaintext listeners; immutable
+	tlsServer *tls.Config        // built from tlsSrc; immutable
+	ctx       context.Context    // cancelled by Shutdown: aborts TLS handshakes
+	cancel    context.CancelFunc // cancels ctx
+
 	mu        sync.Mutex
 	brokers   map[int32]string      // node id -> upstream host:port; guarded by mu
 	listeners map[int32]*listener   // node id -> listener (-1 is bootstrap); guarded by mu
 	sessions  map[*session]struct{} // guarded by mu
 	perHost   map[string]int        // open client connections by peer IP; guarded by mu
+	open      int                   // client connections accepted and not closed, handshaking ones included; guarded by mu
 	lastLimit atomic.Int64          // nanotime of the last connection-limit log line
 	limited   atomic.Int64          // connections refused by a limit since that line
 	closing   bool                  // guarded by mu
@@ -80,6 +87,10 @@ func New(cfg Config) (*Proxy, error) {
 		stop:       make(chan struct{}),
 	}
 	p.listenPort, _ = strconv.Atoi(port)
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if cfg.TLS != nil {
+		p.tlsSrc, p.tlsServer = cfg.TLS, cfg.TLS.ServerConfig()
+	}
 	return p, nil
 }
 
@@ -90,7 +101,8 @@ func (p *Proxy) Start(ctx context.Context) error {
 	if _, err := p.listen(-1, p.listenPort); err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(p.cfg.Upstreams...), kgo.DialTimeout(p.cfg.DialTimeout))
+	opts := append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Upstreams...), kgo.DialTimeout(p.cfg.DialTimeout)}, p.cfg.UpstreamClientOpts...)
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("upstream client: %w", err)
 	}
@@ -267,29 +279,51 @@ func (p *Proxy) accept(l *listener, ln net.Listener) {
 			continue
 		}
 		p.perHost[host]++
-		p.mu.Unlock()
-		s := newSession(p, c.(*net.TCPConn), l.node)
-		p.mu.Lock()
-		p.sessions[s] = struct{}{}
+		p.open++
 		p.wg.Add(1)
 		p.mu.Unlock()
-		go func() {
-			defer p.wg.Done()
-			s.run()
-			p.mu.Lock()
-			delete(p.sessions, s)
-			if p.perHost[host]--; p.perHost[host] <= 0 {
-				delete(p.perHost, host)
-			}
-			p.mu.Unlock()
-		}()
+		go p.serveConn(c, host, l.node)
 	}
+}
+
+// serveConn runs one accepted client connection: its TLS handshake when
+// the listener is a TLS one, then its session. The connection counts
+// against host's limit from accept to close.
+func (p *Proxy) serveConn(c net.Conn, host string, node int32) {
+	defer p.wg.Done()
+	defer func() {
+		p.mu.Lock()
+		p.open--
+		if p.perHost[host]--; p.perHost[host] <= 0 {
+			delete(p.perHost, host)
+		}
+		p.mu.Unlock()
+	}()
+	if p.tlsSrc != nil {
+		var ok bool
+		if c, ok = p.handshake(c); !ok {
+			return
+		}
+	}
+	s := newSession(p, c, node)
+	p.mu.Lock()
+	if p.closing {
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	p.sessions[s] = struct{}{}
+	p.mu.Unlock()
+	s.run()
+	p.mu.Lock()
+	delete(p.sessions, s)
+	p.mu.Unlock()
 }
 
 // overLimit says whether one more connection from host would exceed a
 // connection limit, and which. Called with mu held.
 func (p *Proxy) overLimit(host string) (refusal, int) {
-	if n := p.cfg.MaxConnections; len(p.sessions) >= n {
+	if n := p.cfg.MaxConnections; p.open >= n {
 		return refusedConnLimit, n
 	}
 	if n := p.cfg.MaxConnectionsPerHost; p.perHost[host] >= n {
@@ -358,6 +392,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	}
 	p.closing = true
 	close(p.stop)
+	p.cancel()
 	for _, l := range p.listeners {
 		l.ln.Close()
 	}

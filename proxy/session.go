@@ -86,7 +86,7 @@ type session struct {
 	log  *slog.Logger
 	rc   Client // Host immutable; ID owned by the reader
 
-	conn *net.TCPConn  // client socket
+	conn net.Conn      // client socket: *net.TCPConn, or *tls.Conn on a TLS listener
 	br   *bufio.Reader // client reads; owned by the reader goroutine
 	bw   *bufio.Writer // client writes; owned by the writer goroutine
 
@@ -95,7 +95,7 @@ type session struct {
 	// writing up and reading it from closeConns also hold upMu.
 	upMu   sync.Mutex
 	closed bool // guarded by upMu: closeConns ran
-	up     *net.TCPConn
+	up     net.Conn
 	upW    *bufio.Writer // owned by the reader
 	upR    *bufio.Reader // owned by the writer
 
@@ -112,7 +112,7 @@ type session struct {
 	outBuf  []byte           // owned by the writer: rewritten responses
 }
 
-func newSession(p *Proxy, c *net.TCPConn, node int32) *session {
+func newSession(p *Proxy, c net.Conn, node int32) *session {
 	id := sessionIDs.Add(1)
 	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
 	return &session{
@@ -143,7 +143,7 @@ func (s *session) run() {
 		// brokerUnreachable); a reset reads as a network failure,
 		// which every client retries. The broker's listener then
 		// refuses the client's next connection, as the broker would.
-		s.conn.SetLinger(0)
+		setLinger0(s.conn)
 		s.p.brokerUnreachable(s.node, down.err)
 	}
 	switch {
@@ -438,7 +438,10 @@ func (s *session) ensureUpstream() error {
 	}
 	var errs []error
 	for _, a := range addrs {
-		c, err := net.DialTimeout("tcp", a, s.p.cfg.DialTimeout)
+		c, err := s.p.dialUpstream(a)
+		if tlsErr := (*upstreamTLSError)(nil); errors.As(err, &tlsErr) {
+			return err // reachable: its listener stays open
+		}
 		if err != nil {
 			s.p.metrics.upstreamError(context.Background())
 			errs = append(errs, err)
@@ -450,7 +453,7 @@ func (s *session) ensureUpstream() error {
 			c.Close()
 			return net.ErrClosed
 		}
-		s.up = c.(*net.TCPConn)
+		s.up = c
 		s.upMu.Unlock()
 		s.upW = getWriter(s.up)
 		s.upR = getReader(s.up)
@@ -512,7 +515,7 @@ func (s *session) forwardBytes(h codec.RequestHeader, r codec.Route, start int64
 // pipe moves n bytes from r (buffered over src) to w (buffered over dst).
 // What r has buffered is copied; a large remainder is spliced from src to
 // dst by the kernel.
-func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, n int, lr *io.LimitedReader) error {
+func pipe(w *bufio.Writer, dst net.Conn, r *bufio.Reader, src net.Conn, n int, lr *io.LimitedReader) error {
 	for n > 0 && r.Buffered() > 0 {
 		b, _ := r.Peek(min(r.Buffered(), n))
 		if _, err := w.Write(b); err != nil {
@@ -545,7 +548,7 @@ func pipe(w *bufio.Writer, dst *net.TCPConn, r *bufio.Reader, src *net.TCPConn, 
 	}
 	*lr = io.LimitedReader{R: src, N: int64(n)}
 	for lr.N > 0 {
-		m, err := dst.ReadFrom(lr)
+		m, err := readFrom(dst, lr)
 		if err != nil {
 			return err
 		}

@@ -41,6 +41,12 @@ type fileConfig struct {
 	Log             logConfig       `yaml:"log"`
 	Groups          groupsConfig    `yaml:"groups"`
 	Telemetry       telemetryConfig `yaml:"telemetry"`
+
+	// Security (security.go).
+	TLS            listenerTLSConfig  `yaml:"tls"`
+	UpstreamTLS    upstreamTLSConfig  `yaml:"upstream_tls"`
+	UpstreamSASL   upstreamSASLConfig `yaml:"upstream_sasl"`
+	AdminTokenFile string             `yaml:"admin_token_file"`
 }
 
 type logConfig struct {
@@ -198,6 +204,7 @@ func (c *fileConfig) validate() error {
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, c.validateSecurity()...)
 	switch c.Log.Format {
 	case "text", "json":
 	default:
@@ -249,6 +256,7 @@ type flagSet struct {
 	idleTimeout time.Duration
 	maxConns    int
 	maxPerHost  int
+	security    securityFlags
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -282,6 +290,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.maxConns, "max-connections", 50000, "client connections open at once; more are closed at accept")
 	fs.IntVar(&f.maxPerHost, "max-connections-per-host", 10000, "client connections from one IP address; more are closed at accept")
 	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
+	f.security.bind(fs, withUpstream)
 	return f
 }
 
@@ -325,5 +334,6 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("idle-timeout", func() { c.IdleTimeout = f.idleTimeout })
 	set("max-connections", func() { c.MaxConns = f.maxConns })
 	set("max-connections-per-host", func() { c.MaxConnsPerHost = f.maxPerHost })
+	f.security.apply(f.fs, &c)
 	return c, nil
 }

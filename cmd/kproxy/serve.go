@@ -47,11 +47,18 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 // with the bootstrap address once clients can connect.
 func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr string)) error {
 	raiseFileLimit(log)
+	tlsSrc, err := listenerTLS(cfg, log)
+	if err != nil {
+		return err
+	}
 	w, err := wire(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
 	p, err := proxy.New(proxy.Config{
+		TLS:                   tlsSrc,
+		UpstreamTLS:           w.upstreamSec.dataTLS,
+		UpstreamClientOpts:    w.upstreamSec.clientOpts,
 		Upstreams:             cfg.Upstream,
 		Listen:                cfg.Listen,
 		AdvertiseHost:         cfg.AdvertiseHost,
@@ -84,7 +91,8 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		shutdown(p, w, cfg.ShutdownTimeout, log)
 		return err
 	}
-	log.Info("kproxy started", "listen", p.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode)
+	log.Info("kproxy started", "listen", p.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode,
+		"tls", cfg.TLS.Cert != "", "upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism)
 	if ready != nil {
 		ready(p.Addr())
 	}

@@ -23,6 +23,7 @@ type tapOptions struct {
 	group string        // only this group's events when set
 	json  bool          // print JSON lines
 	retry time.Duration // pause before reconnecting
+	token string        // file holding the admin server's bearer token (--admin-token-file)
 }
 
 // newTapCmd returns `kproxy tap`, which follows a kproxy admin server's
@@ -44,6 +45,7 @@ func newTapCmd() *cobra.Command {
 	cmd.Flags().StringVar(&o.admin, "admin", "http://127.0.0.1:9644", "kproxy admin server URL")
 	cmd.Flags().StringVar(&o.group, "group", "", "print only this group's events")
 	cmd.Flags().BoolVar(&o.json, "json", false, "print events as JSON lines")
+	cmd.Flags().StringVar(&o.token, "admin-token-file", "", "file holding the admin server's bearer token, when it requires one")
 	return cmd
 }
 
@@ -62,9 +64,15 @@ func runTap(ctx context.Context, o tapOptions, out, errOut io.Writer) error {
 	if o.group != "" {
 		u.RawQuery = url.Values{"group": {o.group}}.Encode()
 	}
+	var tok secret
+	if o.token != "" {
+		if tok, err = readSecretFile(o.token); err != nil {
+			return fmt.Errorf("tap: admin token: %w", err)
+		}
+	}
 	var lastID string
 	for attempt := 0; ; attempt++ {
-		connected, err := followOnce(ctx, u.String(), &lastID, o.json, out, errOut)
+		connected, err := followOnce(ctx, u.String(), tok, &lastID, o.json, out, errOut)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -82,12 +90,15 @@ func runTap(ctx context.Context, o tapOptions, out, errOut io.Writer) error {
 
 // followOnce reads one SSE connection until it ends. It reports whether
 // the server accepted the stream and why it ended.
-func followOnce(ctx context.Context, u string, lastID *string, asJSON bool, out, errOut io.Writer) (bool, error) {
+func followOnce(ctx context.Context, u string, tok secret, lastID *string, asJSON bool, out, errOut io.Writer) (bool, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return false, fmt.Errorf("building request: %w", err)
 	}
 	req.Header.Set("Accept", "text/event-stream")
+	if tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok.reveal())
+	}
 	if *lastID != "" {
 		req.Header.Set("Last-Event-ID", *lastID)
 	}

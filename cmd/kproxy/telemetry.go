@@ -71,7 +71,7 @@ func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy, addr string, lo
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	srv := &http.Server{Handler: tap.NewAdminHandler(acfg), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: w.adminWrap(tap.NewAdminHandler(acfg)), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin server stopped", "err", err)

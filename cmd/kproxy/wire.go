@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"os"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -23,6 +25,8 @@ type wiring struct {
 	fleet         *fleetRuntime      // nil unless groups are distributed
 	id            string             // this process's id: fleet member, traces
 	upstream      *kgo.Client        // kproxy's own client of the cluster
+	upstreamSec   upstreamSecurity   // TLS and SASL towards the cluster (security.go)
+	adminWrap     func(http.Handler) http.Handler
 	tap           *tap.Tap
 	coordinator   proxy.Coordinator
 	meterProvider metric.MeterProvider
@@ -32,7 +36,16 @@ type wiring struct {
 
 func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error) {
 	w := &wiring{id: kproxyID()}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(cfg.Upstream...), kgo.DialTimeout(cfg.DialTimeout), kgo.ClientID("kproxy"))
+	sec, err := buildUpstreamSecurity(cfg, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	if w.adminWrap, err = adminWrapper(cfg, log); err != nil {
+		return nil, err
+	}
+	w.upstreamSec = sec
+	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...), kgo.DialTimeout(cfg.DialTimeout), kgo.ClientID("kproxy")}
+	cl, err := kgo.NewClient(append(opts, sec.clientOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
 	}
