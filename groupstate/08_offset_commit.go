@@ -252,6 +252,18 @@ func (g *consumerGroup) validateCommit(version int16, epoch int32, memberID stri
 	if !ok {
 		return errUnknownMemberID, nil, errNone
 	}
+	if m.classic != nil && !txn {
+		// A classic member of an upgraded group commits with its
+		// generation (its member epoch) at any version; a mismatch
+		// is ILLEGAL_GENERATION (Kafka's ConsumerGroup.validateOffsetCommit).
+		if epoch != m.Epoch {
+			return errIllegalGeneration, nil, errNone
+		}
+		if !g.s.e.cfg.CheckCommitOwnership {
+			return errNone, nil, errNone
+		}
+		return errNone, g.ownedNames(m, m.Epoch), errIllegalGeneration
+	}
 	if !txn && version < 9 {
 		return errUnsupportedVersion, nil, errNone
 	}

@@ -37,10 +37,10 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	}
 	if consumer, ok := s.consumerGroups[r.Group]; ok {
 		// A consumer (KIP-848) group of the same id: an empty one is
-		// replaced (offline downgrade); online migration is not
-		// implemented.
+		// replaced (offline downgrade); a non-empty one takes the
+		// member in (consumer_migration.go).
 		if len(consumer.members) > 0 {
-			reply(joinError(errInconsistentGroupProtocol, r.MemberID))
+			consumer.classicJoin(newJoinReq(rc, r, reply, session, rebalance))
 			return
 		}
 		consumer.cancelAllTimers()
@@ -59,15 +59,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 		s.emit(g.event(EventGroupCreated))
 		g.armEmptyTimer()
 	}
-	j := &joinReq{rc: rc, r: r, reply: reply, session: session, rebalance: rebalance}
-	if r.InstanceID != nil {
-		j.instanceID = *r.InstanceID
-	}
-	// Copy the protocols: the request's memory belongs to the caller.
-	j.protocols = make([]kmsg.JoinGroupRequestProtocol, len(r.Protocols))
-	for i, p := range r.Protocols {
-		j.protocols[i] = kmsg.JoinGroupRequestProtocol{Name: p.Name, Metadata: append([]byte(nil), p.Metadata...)}
-	}
+	j := newJoinReq(rc, r, reply, session, rebalance)
 	g.join(j)
 	// A group created for a join that failed holds nothing: forget it.
 	if g.state == stateEmpty && len(g.members) == 0 && len(g.pending) == 0 && g.generation == 0 && g.live() {
@@ -75,6 +67,17 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 		g.transitionTo(stateDead)
 		s.emit(g.event(EventGroupDeleted))
 	}
+}
+
+// newJoinReq builds the joinReq of r, copying its protocols (the
+// request's memory belongs to the caller).
+func newJoinReq(rc RequestContext, r *kmsg.JoinGroupRequest, reply func(kmsg.Response), session, rebalance time.Duration) *joinReq {
+	j := &joinReq{rc: rc, r: r, reply: reply, session: session, rebalance: rebalance}
+	if r.InstanceID != nil {
+		j.instanceID = *r.InstanceID
+	}
+	j.protocols = copyProtocols(r.Protocols)
+	return j
 }
 
 // joinReq is a JoinGroup being served.

@@ -25,6 +25,9 @@ func (s *shard) heartbeatCode(r *kmsg.HeartbeatRequest) int16 {
 	if r.Group == "" {
 		return errInvalidGroupID
 	}
+	if consumer, ok := s.consumerGroups[r.Group]; ok {
+		return consumer.classicHeartbeat(r)
+	}
 	g, ok := s.classicGroups[r.Group]
 	if !ok {
 		return errUnknownMemberID

@@ -43,6 +43,11 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 		finish(errInvalidGroupID)
 		return
 	}
+	if consumer, ok := s.consumerGroups[r.Group]; ok {
+		consumer.classicLeave(leaving, results)
+		finish(errNone)
+		return
+	}
 	g, ok := s.classicGroups[r.Group]
 	if !ok {
 		// As Kafka: every member is unknown (v0-2 carry it at the top).

@@ -28,6 +28,10 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 		reply(syncError(errInvalidGroupID))
 		return
 	}
+	if consumer, ok := s.consumerGroups[r.Group]; ok {
+		consumer.classicSync(r, reply)
+		return
+	}
 	g, ok := s.classicGroups[r.Group]
 	if !ok || g.state == stateEmpty {
 		reply(syncError(errUnknownMemberID))

@@ -24,9 +24,9 @@ import (
 // the member toward its target (revoke before assign), re-arm its
 // session timer and answer. Epochs -1 and -2 leave.
 //
-// Online migration between classic and KIP-848 groups is not
-// implemented: an empty group of the other kind is replaced, a non-empty
-// one is refused.
+// An empty classic group is replaced; a non-empty one of protocol type
+// "consumer" is converted online when the migration policy allows it
+// (consumer_migration.go), else refused with GROUP_ID_NOT_FOUND.
 
 // Special member epochs.
 const (
@@ -57,15 +57,42 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		}
 	} else if g == nil {
 		if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
-			if len(classic.members) > 0 || len(classic.pending) > 0 {
-				fail(errGroupIDNotFound, "the group is a non-empty classic group")
-				return
+			if len(classic.members) > 0 {
+				// Online upgrade (consumer_migration.go), as Kafka's
+				// getOrMaybeCreateConsumerGroup does.
+				if ok, why := s.validateOnlineUpgrade(classic); !ok {
+					s.e.log.Info("groupstate: classic group not upgraded", "group", r.Group, "reason", why)
+					fail(errGroupIDNotFound, "cannot upgrade the classic group: "+why)
+					return
+				}
+				if !s.e.topicsKnown() {
+					// The members' assignments name topics: without
+					// the topic cache they cannot be carried over.
+					s.e.requestTopicRefresh()
+					fail(errCoordinatorLoadInProgress, "topic metadata is loading")
+					return
+				}
+				if max := s.e.cfg.ConsumerMaxGroupSize; max > 0 && len(classic.members) >= max {
+					// The joining member would not fit: Kafka rolls the
+					// conversion back with this error.
+					fail(errGroupMaxSizeReached, "the consumer group has reached its maximum size")
+					return
+				}
+				var err error
+				if g, err = s.convertToConsumer(classic, r.MemberID); err != nil {
+					s.e.log.Warn("groupstate: classic group not upgraded: malformed embedded consumer protocol", "group", r.Group, "err", err)
+					fail(errGroupIDNotFound, "cannot upgrade the classic group: the embedded consumer protocol is malformed")
+					return
+				}
+			} else {
+				s.dropClassic(classic)
 			}
-			s.dropClassic(classic)
 		}
-		g = newConsumerGroup(s, r.Group)
-		s.consumerGroups[r.Group] = g
-		s.emit(g.event(EventGroupCreated))
+		if g == nil {
+			g = newConsumerGroup(s, r.Group)
+			s.consumerGroups[r.Group] = g
+			s.emit(g.event(EventGroupCreated))
+		}
 	}
 	if r.MemberEpoch == epochLeave || r.MemberEpoch == epochStaticLeave {
 		g.leave(r, reply, fail)
@@ -275,52 +302,8 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	if joined {
 		g.emitMember(EventMemberJoined, m, "")
 	}
-	// 2. Resolve subscriptions against the current topics; a name the
-	// cache does not know asks for a refresh.
-	snap := g.s.e.topicsNow()
-	snapChanged := snap != g.snap
-	if snapChanged {
-		g.snap = snap
-		for _, om := range g.members {
-			om.resolve(snap)
-		}
-	} else if subChanged {
-		m.resolve(snap)
-	}
-	for _, n := range m.subscribedNames {
-		if _, ok := snap.byName[n]; !ok {
-			g.s.e.requestTopicRefresh()
-			break
-		}
-	}
-	// 3. Bump the group epoch on a subscription or metadata change.
-	// Until the topic cache was loaded once (just after a start) the
-	// topics are unknown, not gone: targets are carried over unchanged
-	// (new members get none) until the cache is loaded.
-	topicsKnown := g.s.e.topicsKnown()
-	hash := g.subHash
-	if snapChanged || subChanged {
-		hash = g.subscriptionHash()
-	}
-	switch {
-	case joined:
-		g.subHash = hash
-		g.bumpEpoch(CauseMemberJoined, m)
-	case subChanged:
-		g.subHash = hash
-		g.bumpEpoch(CauseSubscriptionChanged, m)
-	case hash != g.subHash && topicsKnown:
-		g.subHash = hash
-		g.bumpEpoch(CauseTopicsChanged, nil)
-	}
-	// 4. Compute a new target when the group epoch is ahead.
-	if g.epoch > g.assignmentEpoch {
-		if topicsKnown {
-			g.computeTargets()
-		} else {
-			g.carryTargets()
-		}
-	}
+	// 2-4. Resolve, bump, compute the target.
+	g.assignStep(m, joined, subChanged)
 	// 5. Reconcile the member toward its target.
 	wasRevoking, revokingAt := m.State == memberUnrevoked, m.Epoch
 	next := reconcile(m.memberAssignment, g.targets[m.id], g.assignmentEpoch, owned, g.ownedByOther(m.id))
@@ -434,4 +417,57 @@ func subsetOf(a, b partSet) bool {
 		}
 	}
 	return true
+}
+
+// assignStep runs steps 2-4 of a heartbeat (or of a classic member's
+// JoinGroup) for member m, after its fields were applied: resolve the
+// subscriptions against the current topics (a name the cache does not
+// know asks for a refresh), bump the group epoch on a subscription or
+// metadata change, and compute a new target when the group epoch is
+// ahead of the assignment epoch.
+func (g *consumerGroup) assignStep(m *consumerMember, joined, subChanged bool) {
+	snap := g.s.e.topicsNow()
+	snapChanged := snap != g.snap
+	if snapChanged {
+		g.snap = snap
+		for _, om := range g.members {
+			om.resolve(snap)
+		}
+	} else if subChanged {
+		m.resolve(snap)
+	}
+	for _, n := range m.subscribedNames {
+		if _, ok := snap.byName[n]; !ok {
+			g.s.e.requestTopicRefresh()
+			break
+		}
+	}
+	// 3. Bump the group epoch on a subscription or metadata change.
+	// Until the topic cache was loaded once (just after a start) the
+	// topics are unknown, not gone: targets are carried over unchanged
+	// (new members get none) until the cache is loaded.
+	topicsKnown := g.s.e.topicsKnown()
+	hash := g.subHash
+	if snapChanged || subChanged {
+		hash = g.subscriptionHash()
+	}
+	switch {
+	case joined:
+		g.subHash = hash
+		g.bumpEpoch(CauseMemberJoined, m)
+	case subChanged:
+		g.subHash = hash
+		g.bumpEpoch(CauseSubscriptionChanged, m)
+	case hash != g.subHash && topicsKnown:
+		g.subHash = hash
+		g.bumpEpoch(CauseTopicsChanged, nil)
+	}
+	// 4. Compute a new target when the group epoch is ahead.
+	if g.epoch > g.assignmentEpoch {
+		if topicsKnown {
+			g.computeTargets()
+		} else {
+			g.carryTargets()
+		}
+	}
 }

@@ -87,7 +87,12 @@ func (s *shard) describeConsumerGroup(id string, version int16) kmsg.ConsumerGro
 		dm.Assignment = describeAssignment(current, snap)
 		dm.TargetAssignment = describeAssignment(g.targets[m.id], snap)
 		if version >= 1 {
+			// v1 (KIP-1099): 0 for a classic member of an upgraded
+			// group, 1 for a KIP-848 member.
 			dm.MemberType = 1
+			if m.classic != nil {
+				dm.MemberType = 0
+			}
 		}
 		dg.Members = append(dg.Members, dm)
 	}

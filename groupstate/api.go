@@ -60,6 +60,17 @@ const (
 	// state the group was in; Members lists its members. A rebalance in
 	// progress ends here (its parked requests were answered).
 	EventGroupUnloaded
+	// EventGroupConverted: the group changed protocol online (KIP-848's
+	// migration). Cause is CauseConvertedToConsumer (a
+	// ConsumerGroupHeartbeat joined a classic group: it is now a
+	// consumer group whose classic members keep working) or
+	// CauseConvertedToClassic (the last KIP-848 member left or was
+	// fenced: the group is a classic group again and rebalances).
+	// Member is the member whose join or departure converted it (only
+	// its MemberID is known for an upgrade); Members lists the members
+	// of the group as converted, each with its Protocol. State,
+	// Generation and ProtocolType describe the new group.
+	EventGroupConverted
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.
@@ -95,6 +106,8 @@ func (k EventKind) String() string {
 		return "assignment_reconciled"
 	case EventGroupUnloaded:
 		return "group_unloaded"
+	case EventGroupConverted:
+		return "group_converted"
 	}
 	return "unknown"
 }
@@ -112,6 +125,11 @@ const (
 	CauseSubscriptionChanged  = "subscription_changed"   // a KIP-848 member changed its subscription or assignor
 	CauseTopicsChanged        = "topics_changed"         // a subscribed topic was created, deleted or resized (KIP-848)
 	CauseUnloaded             = "unloaded"               // Engine.Unload dropped the group (EventGroupUnloaded)
+	// CauseConvertedToConsumer and CauseConvertedToClassic are carried
+	// by EventGroupConverted; CauseConvertedToClassic also by the
+	// classic rebalance that follows a downgrade (EventRebalanceStarted).
+	CauseConvertedToConsumer = "converted_to_consumer" // a classic group became a consumer group (online upgrade)
+	CauseConvertedToClassic  = "converted_to_classic"  // a consumer group became a classic group (online downgrade)
 )
 
 // Member describes a group member as events and snapshots report it.
@@ -120,6 +138,11 @@ type Member struct {
 	InstanceID string // "" for dynamic members
 	ClientID   string
 	ClientHost string
+	// Protocol is the protocol the member speaks: MemberProtocolClassic
+	// (JoinGroup/SyncGroup/Heartbeat) or MemberProtocolConsumer
+	// (KIP-848's ConsumerGroupHeartbeat). A consumer group that was
+	// upgraded online holds both kinds.
+	Protocol string
 	// Assignment is the member's assignment bytes for the current
 	// generation, as the leader sent it (nil before sync).
 	Assignment []byte

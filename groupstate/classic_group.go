@@ -355,7 +355,7 @@ func (g *classicGroup) validateMember(memberID string, instanceID *string) int16
 
 // public converts m for events and snapshots.
 func (m *classicMember) public(withAssignment bool) Member {
-	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost}
+	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost, Protocol: MemberProtocolClassic}
 	if withAssignment {
 		pm.Assignment = m.assignment
 	}

@@ -55,6 +55,10 @@ type consumerGroup struct {
 	// those waiting for the next write (changes made since).
 	cur      *saveBatch
 	waitNext []func(code int16)
+	// converted is set once the group was converted into a classic
+	// group (consumer_migration.go): answers that wait for its writes
+	// wait for the classic group's record instead.
+	converted *convertedWait
 }
 
 // consumerMember is one member of a KIP-848 group (owned by the loop).
@@ -83,6 +87,11 @@ type consumerMember struct {
 
 	sessionTimer   timerRef
 	rebalanceTimer timerRef
+
+	// classic is set for a member that speaks the classic protocol
+	// (JoinGroup, SyncGroup, Heartbeat) inside this group, after an
+	// online upgrade (consumer_migration.go); nil for a KIP-848 member.
+	classic *classicProtocol
 }
 
 // newConsumerGroup creates an empty consumer group owned by s.
@@ -133,6 +142,7 @@ func (g *consumerGroup) cancelAllTimers() {
 		stopTimer(m.sessionTimer)
 		stopTimer(m.rebalanceTimer)
 		m.sessionTimer, m.rebalanceTimer = timerRef{}, timerRef{}
+		m.stopClassicTimers()
 	}
 }
 
@@ -154,7 +164,7 @@ func (g *consumerGroup) event(kind EventKind) Event {
 // public converts m for events and snapshots; the assignment is encoded
 // as a standard consumer-protocol assignment with topic names.
 func (g *consumerGroup) public(m *consumerMember, withAssignment bool) Member {
-	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost}
+	pm := Member{MemberID: m.id, InstanceID: m.instanceID, ClientID: m.clientID, ClientHost: m.clientHost, Protocol: m.memberProtocol()}
 	if withAssignment {
 		a := kmsg.NewConsumerMemberAssignment()
 		snap := g.s.e.topicsNow()
@@ -286,6 +296,7 @@ func (g *consumerGroup) remove(m *consumerMember) {
 	stopTimer(m.sessionTimer)
 	stopTimer(m.rebalanceTimer)
 	m.sessionTimer, m.rebalanceTimer = timerRef{}, timerRef{}
+	m.stopClassicTimers()
 	delete(g.members, m.id)
 	delete(g.targets, m.id)
 	if m.instanceID != "" && g.static[m.instanceID] == m.id {
@@ -293,12 +304,24 @@ func (g *consumerGroup) remove(m *consumerMember) {
 	}
 }
 
-// removeAndBump removes m, bumps the group epoch and emits kind; an empty
-// group emits EventGroupEmpty and starts its retention timer.
+// removeAndBump removes m, emits kind and goes on as afterRemoval says.
 func (g *consumerGroup) removeAndBump(m *consumerMember, kind EventKind, cause, rebalanceCause string) {
 	g.remove(m)
 	g.emitMember(kind, m, cause)
-	g.bumpEpoch(rebalanceCause, m)
+	g.afterRemoval(m, rebalanceCause)
+}
+
+// afterRemoval follows the removal of members (causer the first of
+// them): when every remaining member speaks the classic protocol and the
+// policy allows it the group is downgraded to a classic group
+// (consumer_migration.go); otherwise the group epoch is bumped, and an
+// empty group emits EventGroupEmpty and starts its retention timer.
+func (g *consumerGroup) afterRemoval(causer *consumerMember, rebalanceCause string) {
+	if g.canDowngrade() {
+		g.convertToClassic(causer)
+		return
+	}
+	g.bumpEpoch(rebalanceCause, causer)
 	if g.snap != nil {
 		// The subscribed topics may have shrunk with the member: that
 		// is this bump, not a later topics change.
@@ -334,7 +357,7 @@ func (g *consumerGroup) maybeEmitReconciled() {
 // removed and the group epoch bumped.
 func (g *consumerGroup) armSessionTimer(m *consumerMember) {
 	stopTimer(m.sessionTimer)
-	m.sessionTimer = g.s.arm(g.s.e.cfg.ConsumerSessionTimeout, func(id uint64) {
+	m.sessionTimer = g.s.arm(g.sessionTimeout(m), func(id uint64) {
 		if !g.live() || g.members[m.id] != m || m.sessionTimer.id != id {
 			return
 		}

@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"sync"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Persistence of KIP-848 groups, so that a restart needs no rebalance.
@@ -80,6 +82,24 @@ type consumerMemberRecord struct {
 	Assigned         []consumerPartitionsRecord `json:"assigned,omitempty"`
 	Pending          []consumerPartitionsRecord `json:"pending,omitempty"`
 	Target           []consumerPartitionsRecord `json:"target,omitempty"`
+	// Classic is set for a member speaking the classic protocol in an
+	// upgraded group (consumer_migration.go).
+	Classic *classicMemberRecord `json:"classic,omitempty"`
+}
+
+// classicMemberRecord is the stored form of a classic member's protocol
+// data (Kafka's ClassicMemberMetadata: session timeout and supported
+// protocols).
+type classicMemberRecord struct {
+	SessionTimeout int64                   `json:"session_timeout_ms"`
+	Version        int16                   `json:"version,omitempty"`
+	Protocols      []classicProtocolRecord `json:"protocols"`
+}
+
+// classicProtocolRecord is one supported protocol and its metadata.
+type classicProtocolRecord struct {
+	Name     string `json:"name"`
+	Metadata []byte `json:"metadata"`
 }
 
 // consumerPartitionsRecord is one topic's partitions, the topic id in hex; Epochs, when
@@ -146,8 +166,16 @@ func (g *consumerGroup) record() []byte {
 	rec := consumerGroupRecord{Version: consumerRecordVersion, Epoch: g.epoch, AssignmentEpoch: g.assignmentEpoch, Assignor: g.assignor, SubHash: g.subHash}
 	for _, id := range g.sortedIDs() {
 		m := g.members[id]
+		var classic *classicMemberRecord
+		if m.classic != nil {
+			classic = &classicMemberRecord{SessionTimeout: m.classic.sessionTimeout.Milliseconds(), Version: m.classic.version}
+			for _, p := range m.classic.protocols {
+				classic.Protocols = append(classic.Protocols, classicProtocolRecord{Name: p.Name, Metadata: p.Metadata})
+			}
+		}
 		rec.Members = append(rec.Members, consumerMemberRecord{
-			ID: m.id, InstanceID: m.instanceID, RackID: m.rackID, ClientID: m.clientID, ClientHost: m.clientHost,
+			Classic: classic,
+			ID:      m.id, InstanceID: m.instanceID, RackID: m.rackID, ClientID: m.clientID, ClientHost: m.clientHost,
 			RebalanceTimeout: m.rebalanceTimeout.Milliseconds(),
 			Subscribed:       m.subscribedNames, Regex: m.regex, ServerAssignor: m.serverAssignor,
 			State: uint8(m.State), Epoch: m.Epoch, PreviousEpoch: m.PreviousEpoch,
@@ -181,6 +209,10 @@ func (g *consumerGroup) markDirty() { g.dirty = true }
 func (g *consumerGroup) persistThen(answer func(code int16)) {
 	if answer == nil {
 		answer = func(int16) {}
+	}
+	if g.converted != nil {
+		g.converted.add(answer)
+		return
 	}
 	if g.s.e.meta == nil || !g.live() {
 		g.dirty = false
@@ -340,6 +372,15 @@ func (s *shard) consumerGroupFromRecord(id string, rec []byte) (*consumerGroup, 
 		}
 		if m.rebalanceTimeout <= 0 {
 			m.rebalanceTimeout = s.e.cfg.ConsumerSessionTimeout
+		}
+		if rc := rm.Classic; rc != nil {
+			if rc.SessionTimeout <= 0 || len(rc.Protocols) == 0 {
+				return nil, fmt.Errorf("member %q: classic member with session timeout %d and %d protocols", rm.ID, rc.SessionTimeout, len(rc.Protocols))
+			}
+			m.classic = &classicProtocol{sessionTimeout: time.Duration(rc.SessionTimeout) * time.Millisecond, version: rc.Version}
+			for _, p := range rc.Protocols {
+				m.classic.protocols = append(m.classic.protocols, kmsg.JoinGroupRequestProtocol{Name: p.Name, Metadata: p.Metadata})
+			}
 		}
 		if rm.Regex != "" {
 			re, err := regexp.Compile("^(?:" + rm.Regex + ")$")

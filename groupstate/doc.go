@@ -34,9 +34,12 @@
 // (TopicMetadataStore, refreshed periodically so a partition-count change
 // bumps the group epoch), and persistence of the group as one record in
 // the same slot (consumer_persist.go). A classic and a KIP-848 group never share
-// an id: an empty group of one kind is replaced by the other, a non-empty
-// one refuses the other protocol. Online migration between the two
-// (KIP-848's upgrade and downgrade of a non-empty group) is not implemented.
+// an id: an empty group of one kind is replaced by the other. A non-empty
+// classic group is converted online into a consumer group when the first
+// KIP-848 member joins, its classic members keep working inside it
+// through JoinGroup/SyncGroup/Heartbeat translated onto member epochs,
+// and it converts back when the last KIP-848 member leaves, as
+// Config.ConsumerMigrationPolicy allows (consumer_migration.go).
 //
 // Every answer that grants partitions or moves a generation or epoch
 // rides on a durable write: the leader's SyncGroup, a static member's

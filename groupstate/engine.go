@@ -68,6 +68,11 @@ type Config struct {
 	// ConsumerMaxGroupSize limits the members of a KIP-848 group
 	// (group.consumer.max.size); 0 means unlimited.
 	ConsumerMaxGroupSize int
+	// ConsumerMigrationPolicy is group.consumer.migration.policy: which
+	// online conversions between classic and KIP-848 groups are allowed
+	// (consumer_migration.go). "" means MigrationBidirectional, Kafka's
+	// default.
+	ConsumerMigrationPolicy MigrationPolicy
 	// ConsumerAssignors lists the server-side assignors KIP-848 members
 	// may ask for; the first is the default. nil means [uniform, range].
 	ConsumerAssignors []string
@@ -169,6 +174,11 @@ func New(cfg Config) (*Engine, error) {
 		problems = append(problems, fmt.Errorf("groupstate: MinSessionTimeout %v exceeds MaxSessionTimeout %v", cfg.MinSessionTimeout, cfg.MaxSessionTimeout))
 	}
 	problems = append(problems, defaultConsumerConfig(&cfg)...)
+	if p, err := ParseMigrationPolicy(string(cfg.ConsumerMigrationPolicy)); err != nil {
+		problems = append(problems, fmt.Errorf("groupstate: Config.ConsumerMigrationPolicy: %w", err))
+	} else {
+		cfg.ConsumerMigrationPolicy = p
+	}
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
 	}

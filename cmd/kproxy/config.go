@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/tap"
 )
 
@@ -93,6 +94,9 @@ type consumerGroupsConfig struct {
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	MaxSize           int           `yaml:"max_size"`
 	Assignors         []string      `yaml:"assignors"`
+	// MigrationPolicy is group.consumer.migration.policy: bidirectional
+	// (Kafka's default), upgrade, downgrade or disabled.
+	MigrationPolicy string `yaml:"migration_policy"`
 }
 
 type telemetryConfig struct {
@@ -125,6 +129,7 @@ func defaultConfig() fileConfig {
 				SessionTimeout:    45 * time.Second,
 				HeartbeatInterval: 5 * time.Second,
 				Assignors:         []string{"uniform", "range"},
+				MigrationPolicy:   string(groupstate.MigrationBidirectional),
 			},
 			Fleet: fleetConfig{
 				Role:              "owner",
@@ -201,6 +206,9 @@ func (c *fileConfig) validate() error {
 			errs = append(errs, fmt.Errorf("groups.consumer.assignors: unknown assignor %q (uniform, range)", a))
 		}
 	}
+	if _, err := groupstate.ParseMigrationPolicy(c.Groups.Consumer.MigrationPolicy); err != nil {
+		errs = append(errs, fmt.Errorf("groups.consumer.migration_policy: %w", err))
+	}
 	if _, err := parseLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
 	}
@@ -247,6 +255,7 @@ type flagSet struct {
 	initDelay   time.Duration
 	maxSize     int
 	checkOwner  bool
+	migration   string
 	maxFrame    int32
 	fleet       fleetConfig
 	maxGroupReq int32
@@ -282,6 +291,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables)")
 	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
+	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
 	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
 	fs.Int32Var(&f.maxRewrite, "max-rewrite-response-bytes", 100<<20, "largest upstream response kproxy reads whole to rewrite broker addresses (Metadata...)")
@@ -320,6 +330,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("group-initial-rebalance-delay", func() { c.Groups.InitialRebalanceDelay = f.initDelay })
 	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
+	set("group-consumer-migration-policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
 	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
 	set("peer-listen", func() { c.Groups.Fleet.PeerListen = f.fleet.PeerListen })
 	set("peer-advertise", func() { c.Groups.Fleet.PeerAdvertise = f.fleet.PeerAdvertise })

@@ -1,0 +1,469 @@
+package groupstate
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// classicClient mimics a cooperative classic consumer: it owns what its
+// last SyncGroup gave it (revoking the rest at once) and reports what it
+// owns in its JoinGroup metadata.
+type classicClient struct {
+	id    string
+	gen   int32
+	owned []int32 // partitions of topic "t"
+}
+
+// coopProtocol is a cooperative-sticky protocol subscribing to "t" and
+// reporting owned (consumer protocol v1).
+func coopProtocol(owned []int32) []kmsg.JoinGroupRequestProtocol {
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Version = 1
+	meta.Topics = []string{"t"}
+	if len(owned) > 0 {
+		meta.OwnedPartitions = []kmsg.ConsumerMemberMetadataOwnedPartition{{Topic: "t", Partitions: append([]int32(nil), owned...)}}
+	}
+	return []kmsg.JoinGroupRequestProtocol{{Name: "cooperative-sticky", Metadata: meta.AppendTo(nil)}}
+}
+
+// partsOf decodes the partitions of topic "t" in a consumer assignment.
+func partsOf(t testing.TB, assign []byte) []int32 {
+	t.Helper()
+	owned := decodeOwned(assign)
+	if owned == nil {
+		t.Fatalf("assignment %x does not decode", assign)
+	}
+	var out []int32
+	for p := range owned["t"] {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// classicGroupOf builds a Stable classic group whose members speak
+// cooperative-sticky, member i holding assign[i] of topic "t".
+func (h *consumerHarness) classicGroupOf(group string, assign ...[]int32) []*classicClient {
+	h.t.Helper()
+	n := len(assign)
+	ids := make([]string, n)
+	for i := range ids {
+		resp := h.do(jr{group: group, version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+		ids[i] = resp.MemberID
+	}
+	calls := make([]*call, n)
+	for i, id := range ids {
+		calls[i] = h.send(jr{group: group, member: id, version: 9, protocols: coopProtocol(nil)}.req())
+	}
+	var leader string
+	var gen int32
+	for _, c := range calls {
+		r := joinResp(h.t, c, errNone)
+		leader, gen = r.LeaderID, r.Generation
+	}
+	ordered := []string{leader}
+	for _, id := range ids {
+		if id != leader {
+			ordered = append(ordered, id)
+		}
+	}
+	given := map[string][]byte{}
+	for i, id := range ordered {
+		given[id] = assignment("t", assign[i]...)
+	}
+	got := h.syncAll(group, gen, ordered, given)
+	out := make([]*classicClient, n)
+	for i, id := range ordered {
+		out[i] = &classicClient{id: id, gen: gen, owned: partsOf(h.t, got[id])}
+	}
+	return out
+}
+
+// classicRejoin makes c rejoin (JoinGroup with its owned partitions,
+// then SyncGroup) until it gets an assignment.
+func (h *consumerHarness) classicRejoin(group string, c *classicClient) {
+	h.t.Helper()
+	for try := 0; try < 5; try++ {
+		jresp := h.do(jr{group: group, member: c.id, version: 9, protocols: coopProtocol(c.owned)}.req()).(*kmsg.JoinGroupResponse)
+		if jresp.ErrorCode != errNone {
+			h.t.Fatalf("classic rejoin %s: %s", c.id, errName(jresp.ErrorCode))
+		}
+		if jresp.LeaderID != "" || len(jresp.Members) != 0 || jresp.Protocol == nil || *jresp.Protocol != "cooperative-sticky" {
+			h.t.Fatalf("classic join to a consumer group: leader %q, %d members, protocol %v", jresp.LeaderID, len(jresp.Members), jresp.Protocol)
+		}
+		c.gen = jresp.Generation
+		sr := syncReq(group, c.id, c.gen, nil)
+		pt, name := "consumer", "cooperative-sticky"
+		sr.ProtocolType, sr.Protocol = &pt, &name
+		sresp := h.do(sr).(*kmsg.SyncGroupResponse)
+		switch sresp.ErrorCode {
+		case errNone:
+			c.owned = partsOf(h.t, sresp.MemberAssignment)
+			return
+		case errRebalanceInProgress:
+			continue
+		default:
+			h.t.Fatalf("classic sync %s: %s", c.id, errName(sresp.ErrorCode))
+		}
+	}
+	h.t.Fatalf("classic member %s never got an assignment", c.id)
+}
+
+// checkMixedDisjoint fails if two members, of either protocol, own the
+// same partition of "t".
+func (h *consumerHarness) checkMixedDisjoint(cls []*classicClient, cons []*client) map[int32]string {
+	h.t.Helper()
+	tid := h.topicID("t")
+	seen := map[int32]string{}
+	claim := func(p int32, who string) {
+		if o, dup := seen[p]; dup {
+			h.t.Fatalf("partition %d owned by %s and %s", p, o, who)
+		}
+		seen[p] = who
+	}
+	for _, c := range cls {
+		for _, p := range c.owned {
+			claim(p, c.id)
+		}
+	}
+	for _, c := range cons {
+		for p := range c.owned[tid] {
+			claim(p, c.id)
+		}
+	}
+	return seen
+}
+
+// settleMixed drives every member as its client would (classic ones
+// rejoin when a heartbeat says REBALANCE_IN_PROGRESS) until the group is
+// Stable with every partition of "t" owned, checking after every step
+// that no partition has two owners.
+func (h *consumerHarness) settleMixed(group string, partitions int, cls []*classicClient, cons []*client) {
+	h.t.Helper()
+	for round := 0; round < 30; round++ {
+		calm := true
+		for _, c := range cls {
+			switch code := h.heartbeat(group, c.id, c.gen); code {
+			case errNone:
+			case errRebalanceInProgress:
+				calm = false
+				h.classicRejoin(group, c)
+			default:
+				h.t.Fatalf("classic heartbeat %s gen %d: %s", c.id, c.gen, errName(code))
+			}
+			h.checkMixedDisjoint(cls, cons)
+		}
+		for _, c := range cons {
+			h.beat(group, c)
+			h.checkMixedDisjoint(cls, cons)
+		}
+		d := h.describe(group)
+		if !calm || d.State != "Stable" {
+			continue
+		}
+		at := true
+		for _, c := range cls {
+			at = at && c.gen == d.AssignmentEpoch
+		}
+		for _, c := range cons {
+			at = at && c.epoch == d.AssignmentEpoch
+		}
+		if at && len(h.checkMixedDisjoint(cls, cons)) == partitions {
+			return
+		}
+	}
+	h.t.Fatalf("group %s did not settle: %+v", group, h.describe(group))
+}
+
+// memberTypes counts the members of a ConsumerGroupDescribe by type.
+func memberTypes(d kmsg.ConsumerGroupDescribeResponseGroup) (classic, consumer int) {
+	for _, m := range d.Members {
+		if m.MemberType == 0 {
+			classic++
+		} else {
+			consumer++
+		}
+	}
+	return classic, consumer
+}
+
+func TestOnlineUpgradeAndDowngrade(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	cls := h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	gen := cls[0].gen
+	h.takeEvents("g")
+
+	// The first KIP-848 member converts the group; the classic members'
+	// partitions are carried over, so it gets none yet.
+	x := h.join("g", "x", "t")
+	if x.epoch != gen+1 || x.owned.size() != 0 {
+		t.Fatalf("joining member: epoch %d owns %v, want epoch %d and nothing", x.epoch, x.owned, gen+1)
+	}
+	d := h.describe("g")
+	if c, k := memberTypes(d); d.ErrorCode != errNone || c != 2 || k != 1 || d.Epoch != gen+1 {
+		t.Fatalf("after upgrade: %+v (classic %d, consumer %d)", d, c, k)
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventGroupConverted && ev.Cause == CauseConvertedToConsumer && ev.Member != nil && ev.Member.MemberID == "x" && len(ev.Members) == 2
+	}) {
+		t.Fatalf("no group_converted(converted_to_consumer) event: %v", kinds(evs))
+	}
+	// DescribeGroups answers as Kafka does for a consumer group.
+	dg := kmsg.NewPtrDescribeGroupsRequest()
+	dg.Groups = []string{"g"}
+	if r := h.do(dg).(*kmsg.DescribeGroupsResponse); r.Groups[0].ErrorCode != errGroupIDNotFound {
+		t.Fatalf("DescribeGroups of a consumer group: %s", errName(r.Groups[0].ErrorCode))
+	}
+	// A classic member still at its generation commits; a wrong
+	// generation is ILLEGAL_GENERATION.
+	if code := commitCode(t, h.do(commitReq(8, "g", cls[0].id, gen, 0, 42))); code != errNone {
+		t.Fatalf("classic commit in the upgraded group: %s", errName(code))
+	}
+	if code := commitCode(t, h.do(commitReq(8, "g", cls[0].id, gen+5, 0, 43))); code != errIllegalGeneration {
+		t.Fatalf("classic commit at a wrong generation: %s", errName(code))
+	}
+	// Heartbeats tell the classic members to rejoin; revoke before
+	// assign holds across both protocols.
+	if code := h.heartbeat("g", cls[0].id, gen); code != errRebalanceInProgress {
+		t.Fatalf("classic heartbeat behind the group epoch: %s", errName(code))
+	}
+	h.settleMixed("g", 4, cls, []*client{x})
+	if x.owned.size() == 0 {
+		t.Fatalf("the KIP-848 member got nothing after settling")
+	}
+	if got := h.storedOffset("g", 0); got != 42 {
+		t.Fatalf("committed offset after upgrade: %d", got)
+	}
+	snap, ok := h.e.Group("g")
+	if !ok || snap.ProtocolType != "consumer" {
+		t.Fatalf("snapshot: %+v", snap)
+	}
+	protos := map[string]string{}
+	for _, m := range snap.Members {
+		protos[m.MemberID] = m.Protocol
+	}
+	if protos["x"] != MemberProtocolConsumer || protos[cls[0].id] != MemberProtocolClassic || protos[cls[1].id] != MemberProtocolClassic {
+		t.Fatalf("member protocols in the snapshot: %v", protos)
+	}
+
+	// The last KIP-848 member leaves: the group is classic again, at
+	// generation = group epoch, and rebalances.
+	h.takeEvents("g")
+	h.consumerResp(consumerBeat("g", "x", epochLeave, nil), errNone)
+	snap, _ = h.e.Group("g")
+	if snap.State != statePreparingRebalance.String() || len(snap.Members) != 2 || snap.Members[0].Protocol != MemberProtocolClassic {
+		t.Fatalf("after downgrade: %+v", snap)
+	}
+	evs = h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventGroupConverted && ev.Cause == CauseConvertedToClassic && ev.Member != nil && ev.Member.MemberID == "x"
+	}) || !slices.Contains(kinds(evs), "rebalance_started("+CauseConvertedToClassic+")") {
+		t.Fatalf("downgrade events: %v", kinds(evs))
+	}
+	if d := h.describe("g"); d.ErrorCode != errGroupIDNotFound {
+		t.Fatalf("ConsumerGroupDescribe after downgrade: %s", errName(d.ErrorCode))
+	}
+	// The classic members rejoin a classic rebalance and sync as usual.
+	calls := make([]*call, len(cls))
+	for i, c := range cls {
+		calls[i] = h.send(jr{group: "g", member: c.id, version: 9, protocols: coopProtocol(c.owned)}.req())
+	}
+	var leader string
+	var newGen int32
+	for _, c := range calls {
+		r := joinResp(t, c, errNone)
+		leader, newGen = r.LeaderID, r.Generation
+	}
+	if newGen <= snap.Generation {
+		t.Fatalf("generation after the downgrade rebalance %d, converted at %d", newGen, snap.Generation)
+	}
+	ids := []string{leader}
+	for _, c := range cls {
+		if c.id != leader {
+			ids = append(ids, c.id)
+		}
+	}
+	h.syncAll("g", newGen, ids, map[string][]byte{ids[0]: assignment("t", 0, 1), ids[1]: assignment("t", 2, 3)})
+	if snap, _ := h.e.Group("g"); snap.State != stateStable.String() {
+		t.Fatalf("classic group after the rebalance: %+v", snap)
+	}
+	if got := h.storedOffset("g", 0); got != 42 {
+		t.Fatalf("committed offset after downgrade: %d", got)
+	}
+}
+
+func TestClassicMemberSessionExpiresInsideConsumerGroup(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	cls := h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	x := h.join("g", "x", "t")
+	h.settleMixed("g", 4, cls, []*client{x})
+	before := h.describe("g").Epoch
+	h.takeEvents("g")
+	// cls[1] goes silent; its 10 s session expires while x and cls[0]
+	// keep heartbeating (x's session is 45 s).
+	for i := 0; i < 3; i++ {
+		h.advance(4 * time.Second)
+		h.beat("g", x)
+		if code := h.heartbeat("g", cls[0].id, cls[0].gen); code != errNone && code != errRebalanceInProgress {
+			t.Fatalf("heartbeat: %s", errName(code))
+		}
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventMemberExpired && ev.Cause == "session_timeout" && ev.Member.MemberID == cls[1].id && ev.Member.Protocol == MemberProtocolClassic
+	}) {
+		t.Fatalf("classic member did not expire: %v", kinds(evs))
+	}
+	d := h.describe("g")
+	if len(d.Members) != 2 || d.Epoch <= before {
+		t.Fatalf("after expiry: %+v", d)
+	}
+	if code := h.heartbeat("g", cls[1].id, cls[1].gen); code != errUnknownMemberID {
+		t.Fatalf("expired member's heartbeat: %s", errName(code))
+	}
+	// Its partitions go to the survivors.
+	h.settleMixed("g", 4, cls[:1], []*client{x})
+}
+
+func TestClassicMemberRebalanceTimeoutDuringConversion(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	cls := h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	x := h.join("g", "x", "t")
+	h.takeEvents("g")
+	// cls[0] keeps heartbeating but never rejoins when told to: its
+	// rebalance timeout (30 s) fences it, and its partitions are freed.
+	for i := 0; i < 6; i++ { // 0 s … 25 s, then 30 s
+		if code := h.heartbeat("g", cls[0].id, cls[0].gen); code != errRebalanceInProgress {
+			t.Fatalf("heartbeat %d of the member that must rejoin: %s", i, errName(code))
+		}
+		h.beat("g", x)
+		if code := h.heartbeat("g", cls[1].id, cls[1].gen); code == errRebalanceInProgress {
+			h.classicRejoin("g", cls[1])
+		}
+		h.advance(5 * time.Second)
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventMemberExpired && ev.Cause == "join_timeout" && ev.Member.MemberID == cls[0].id
+	}) {
+		t.Fatalf("the member that never rejoined was not fenced: %v", kinds(evs))
+	}
+	if code := h.heartbeat("g", cls[0].id, cls[0].gen); code != errUnknownMemberID {
+		t.Fatalf("fenced member's heartbeat: %s", errName(code))
+	}
+	cls[0].owned = nil // the client learns it was fenced and drops everything
+	h.settleMixed("g", 4, cls[1:], []*client{x})
+}
+
+func TestClassicMemberSyncTimeoutInsideConsumerGroup(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 2})
+	cls := h.classicGroupOf("g", []int32{0, 1})
+	x := h.join("g", "x", "t")
+	// The classic member rejoins having revoked everything (nothing to
+	// wait for), but never syncs: fenced after its rebalance timeout.
+	r := h.do(jr{group: "g", member: cls[0].id, version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if r.ErrorCode != errNone {
+		t.Fatalf("rejoin: %s", errName(r.ErrorCode))
+	}
+	h.takeEvents("g")
+	for i := 0; i < 7; i++ {
+		h.advance(5 * time.Second)
+		h.heartbeat("g", cls[0].id, r.Generation)
+		h.beat("g", x)
+	}
+	if evs := h.takeEvents("g"); !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventMemberExpired && ev.Cause == "sync_timeout"
+	}) {
+		t.Fatalf("no sync timeout: %v", kinds(evs))
+	}
+}
+
+func TestMigrationPolicyRefusals(t *testing.T) {
+	t.Run("downgrade-only refuses the upgrade", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 2}, func(c *Config) { c.ConsumerMigrationPolicy = MigrationDowngrade })
+		h.classicGroupOf("g", []int32{0, 1})
+		h.consumerResp(consumerJoin("g", "x", "t"), errGroupIDNotFound)
+		if snap, _ := h.e.Group("g"); snap.State != stateStable.String() || snap.Members[0].Protocol != MemberProtocolClassic {
+			t.Fatalf("refused upgrade changed the group: %+v", snap)
+		}
+	})
+	t.Run("a non-consumer protocol type is never upgraded", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 2})
+		h.do(jr{group: "g", version: 3, ptype: "connect"}.req())
+		h.consumerResp(consumerJoin("g", "x", "t"), errGroupIDNotFound)
+	})
+	t.Run("upgrade-only keeps the consumer group", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 2}, func(c *Config) { c.ConsumerMigrationPolicy = MigrationUpgrade })
+		cls := h.classicGroupOf("g", []int32{0, 1})
+		x := h.join("g", "x", "t")
+		h.settleMixed("g", 2, cls, []*client{x})
+		h.consumerResp(consumerBeat("g", "x", epochLeave, nil), errNone)
+		d := h.describe("g")
+		if c, k := memberTypes(d); d.ErrorCode != errNone || c != 1 || k != 0 {
+			t.Fatalf("with policy upgrade the group must stay a consumer group: %+v", d)
+		}
+		h.settleMixed("g", 2, cls, nil)
+	})
+	t.Run("disabled refuses classic members of consumer groups", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 2}, func(c *Config) { c.ConsumerMigrationPolicy = MigrationDisabled })
+		h.join("g", "x", "t")
+		if r := h.do(jr{group: "g", version: 9}.req()).(*kmsg.JoinGroupResponse); r.ErrorCode != errInconsistentGroupProtocol {
+			t.Fatalf("classic join with the policy disabled: %s", errName(r.ErrorCode))
+		}
+	})
+	t.Run("bad policy", func(t *testing.T) {
+		if _, err := New(Config{Store: NewMemoryStore(), ConsumerMigrationPolicy: "sideways"}); err == nil {
+			t.Fatal("New accepted an unknown migration policy")
+		}
+		if p, err := ParseMigrationPolicy("UPGRADE"); err != nil || p != MigrationUpgrade {
+			t.Fatalf("ParseMigrationPolicy(UPGRADE) = %v, %v", p, err)
+		}
+	})
+}
+
+func TestMixedGroupSurvivesRestart(t *testing.T) {
+	h1, store := newMetaHarness(t, nil)
+	store.SetTopic("t", 4)
+	c1 := &consumerHarness{h1}
+	c1.refresh()
+	cls := c1.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	x := c1.join("g", "x", "t")
+	c1.settleMixed("g", 4, cls, []*client{x})
+	before := c1.describe("g")
+	h1.e.Close()
+
+	h2, _ := newMetaHarness(t, store)
+	c2 := &consumerHarness{h2}
+	c2.refresh()
+	// Every member goes on at its generation or epoch: no rebalance.
+	for _, c := range cls {
+		if code := c2.heartbeat("g", c.id, c.gen); code != errNone {
+			t.Fatalf("classic member %s after restart: %s", c.id, errName(code))
+		}
+	}
+	owned := x.owned.clone()
+	c2.beat("g", x)
+	if !x.owned.equal(owned) || x.epoch != before.Epoch {
+		t.Fatalf("KIP-848 member after restart: epoch %d owns %v", x.epoch, x.owned)
+	}
+	after := c2.describe("g")
+	if c, k := memberTypes(after); after.Epoch != before.Epoch || after.State != "Stable" || c != 2 || k != 1 {
+		t.Fatalf("loaded mixed group: %+v", after)
+	}
+	// The classic members' session timeouts came back with them.
+	c2.takeEvents("g")
+	for i := 0; i < 3; i++ {
+		c2.advance(4 * time.Second)
+		c2.beat("g", x)
+		c2.heartbeat("g", cls[0].id, cls[0].gen)
+	}
+	if evs := c2.takeEvents("g"); !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventMemberExpired && ev.Member.MemberID == cls[1].id
+	}) {
+		t.Fatalf("a loaded classic member kept no session timer: %v", kinds(evs))
+	}
+}
