@@ -44,6 +44,9 @@ type MemberInfo struct {
 	InstanceID string `json:"instance_id,omitempty"`
 	ClientID   string `json:"client_id,omitempty"`
 	ClientHost string `json:"client_host,omitempty"`
+	// Protocol is the group protocol the member speaks, classic or
+	// consumer (KIP-848); a mixed group has both during a migration.
+	Protocol string `json:"protocol,omitempty"`
 	// Assignment is the member's assignment decoded to topic-partitions
 	// (consumer protocol only).
 	Assignment []TopicPartitions `json:"assignment,omitempty"`
@@ -92,6 +95,7 @@ func toMemberInfo(protocolType string, m groupstate.Member) MemberInfo {
 		InstanceID:      m.InstanceID,
 		ClientID:        m.ClientID,
 		ClientHost:      m.ClientHost,
+		Protocol:        m.Protocol,
 		AssignmentBytes: len(m.Assignment),
 	}
 	tps, err := decodeAssignment(protocolType, m.Assignment)

@@ -49,6 +49,7 @@ const (
 	outcomeSuperseded = "superseded"
 	outcomeShutdown   = "shutdown"
 	outcomeUnloaded   = "unloaded"
+	outcomeConverted  = "converted"
 )
 
 // Member events that arrive outside a rebalance are kept this long (and at
@@ -197,6 +198,15 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			rt.finish(ev.Group, rb, ev.Time, outcomeDeleted, "group deleted during the rebalance")
 		}
 		delete(rt.pending, ev.Group)
+	case groupstate.EventGroupConverted:
+		// The group changed protocol online (KIP-848's upgrade or
+		// downgrade path): a rebalance under the old protocol ends here;
+		// the group's next one is traced under the new protocol with the
+		// conversion as its cause.
+		if rb != nil {
+			rt.finish(ev.Group, rb, ev.Time, outcomeConverted, "group converted: "+causeOrUnknown(ev.Cause))
+		}
+		rt.pending[ev.Group] = append(rt.pending[ev.Group], ev)
 	case groupstate.EventGroupUnloaded:
 		// The group moved to another kproxy of the fleet (or its state
 		// was dropped after a failed write): this one's trace ends, the

@@ -209,6 +209,7 @@ func TestTraceOfAbortedAndEmptiedRebalances(t *testing.T) {
 		{groupstate.EventRebalanceAborted, "aborted"},
 		{groupstate.EventGroupEmpty, "group_empty"},
 		{groupstate.EventGroupUnloaded, "unloaded"},
+		{groupstate.EventGroupConverted, "converted"},
 	} {
 		t.Run(tc.outcome, func(t *testing.T) {
 			tp, exp := newTestTap(t, Config{})

@@ -78,6 +78,7 @@ func wire(ctx context.Context, cfg fileConfig, log *slog.Logger) (*wiring, error
 		ConsumerHeartbeatInterval: cfg.Groups.Consumer.HeartbeatInterval,
 		ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
 		ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
+		ConsumerMigrationPolicy:   groupstate.MigrationPolicy(cfg.Groups.Consumer.MigrationPolicy),
 	}
 	if cfg.Groups.Mode == "distributed" {
 		if err := startFleet(ctx, w, cfg, engCfg, log); err != nil {

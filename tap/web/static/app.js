@@ -294,7 +294,8 @@ function renderDetail(d) {
     fact("members", d.members.length),
     fact("since", d.state_since && !d.state_since.startsWith("0001") ? fmtTime(d.state_since) : ""));
   members.replaceChildren(...d.members.map(m => el("tr", { "data-member": m.member_id },
-    el("td", { class: "mono" }, m.member_id, m.member_id === d.leader ? el("span", { class: "muted" }, " (leader)") : null),
+    el("td", { class: "mono" }, m.member_id, m.member_id === d.leader ? el("span", { class: "muted" }, " (leader)") : null,
+      m.protocol ? el("span", { class: "muted", title: "the group protocol this member speaks" }, " · " + m.protocol) : null),
     el("td", {}, m.client_id || ""),
     el("td", { class: "mono" }, m.client_host || ""),
     el("td", { class: "mono" }, m.instance_id || ""),
