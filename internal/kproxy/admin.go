@@ -48,7 +48,7 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if addr == "" {
 		return nil
 	}
-	acfg := tap.AdminConfig{
+	acfg := tap.HTTPConfig{
 		Tap:     w.tap,
 		Offsets: tap.NewKadmOffsetSource(kadm.NewClient(w.upstream)),
 		Logger:  log.With("component", "admin"),
@@ -74,7 +74,7 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	h := tap.NewAdminHandler(acfg)
+	h := tap.NewHTTPHandler(acfg)
 	if w.cfg.AdminWrap != nil {
 		h = w.cfg.AdminWrap(h)
 	}
