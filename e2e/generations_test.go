@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,25 @@ import (
 // twice, the dead static member expires by its session timeout, the
 // committed offsets reach the end of every partition and the group ends
 // Empty. The engine runs two shards and a short initial rebalance delay.
+
+// keyedProducer returns produce, which writes the next n records "i"
+// (keyed "i", so they spread over the partitions) to topic through the
+// proxy, and the count written so far. Both are for the test's goroutine.
+func (s *stack) keyedProducer(ctx context.Context, topic string) (produce func(n int), produced *int) {
+	s.t.Helper()
+	cl := s.client(kgo.DefaultProduceTopic(topic))
+	produced = new(int)
+	return func(n int) {
+		s.t.Helper()
+		for range n {
+			v := []byte(itoa(*produced))
+			*produced++
+			if err := cl.ProduceSync(ctx, &kgo.Record{Key: v, Value: v}).FirstErr(); err != nil {
+				s.t.Fatalf("produce: %v", err)
+			}
+		}
+	}, produced
+}
 
 // newEngineStack is the stack of these tests: two engine shards, a 200ms
 // initial rebalance delay.
@@ -92,25 +110,9 @@ func runConsumerScenario(t *testing.T, balancer kgo.GroupBalancer) {
 	s.produce(ctx, topic, partitions, 0)
 	addrs := []string{s.addr()}
 
-	prod, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	produced := 0
-	produce := func(n int) {
-		t.Helper()
-		for i := 0; i < n; i++ {
-			r := &kgo.Record{Key: []byte(fmt.Sprint(produced)), Value: []byte(fmt.Sprint(produced))}
-			produced++
-			if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
-				t.Fatalf("produce: %v", err)
-			}
-		}
-	}
+	produce, produced := s.keyedProducer(ctx, topic)
 
-	var mu sync.Mutex // guards seen
-	seen := make(map[string]int)
+	recs := newRecords()
 	type consumer struct {
 		cl   *kgo.Client
 		done chan struct{}
@@ -144,9 +146,7 @@ func runConsumerScenario(t *testing.T, balancer kgo.GroupBalancer) {
 					return
 				}
 				fs.EachRecord(func(r *kgo.Record) {
-					mu.Lock()
-					seen[string(r.Value)]++
-					mu.Unlock()
+					recs.add(string(r.Value))
 				})
 			}
 		}()
@@ -154,24 +154,8 @@ func runConsumerScenario(t *testing.T, balancer kgo.GroupBalancer) {
 	}
 	waitAll := func(what string) {
 		t.Helper()
-		for {
-			mu.Lock()
-			missing := 0
-			for i := 0; i < produced; i++ {
-				if seen[fmt.Sprint(i)] == 0 {
-					missing++
-				}
-			}
-			mu.Unlock()
-			if missing == 0 {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%s: %d of %d records never consumed", what, missing, produced)
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+		t.Logf("waiting for every record: %s", what)
+		waitConsumed(t, recs, *produced)
 	}
 	stop := func(c *consumer) {
 		c.cl.Close()
@@ -222,19 +206,14 @@ func runConsumerScenario(t *testing.T, balancer kgo.GroupBalancer) {
 }
 
 // seenHandler records every message it sees and marks it consumed.
-type seenHandler struct {
-	mu   *sync.Mutex
-	seen map[string]int
-}
+type seenHandler struct{ recs *records }
 
 func (seenHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
 func (seenHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
 
 func (h seenHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	for msg := range claim.Messages() {
-		h.mu.Lock()
-		h.seen[string(msg.Value)]++
-		h.mu.Unlock()
+		h.recs.add(string(msg.Value))
 		sess.MarkMessage(msg, "")
 	}
 	return nil
@@ -263,23 +242,8 @@ func TestSaramaGenerations(t *testing.T) {
 			defer cancel()
 			s.produce(ctx, topic, partitions, 0)
 			addrs := []string{s.addr()}
-			prod, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.DefaultProduceTopic(topic))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer prod.Close()
-			produced := 0
-			produce := func(n int) {
-				for i := 0; i < n; i++ {
-					v := []byte(fmt.Sprint(produced))
-					produced++
-					if err := prod.ProduceSync(ctx, &kgo.Record{Key: v, Value: v}).FirstErr(); err != nil {
-						t.Fatalf("produce: %v", err)
-					}
-				}
-			}
-			var mu sync.Mutex
-			seen := make(map[string]int)
+			produce, produced := s.keyedProducer(ctx, topic)
+			recs := newRecords()
 			type member struct {
 				cg     sarama.ConsumerGroup
 				cancel context.CancelFunc
@@ -305,7 +269,7 @@ func TestSaramaGenerations(t *testing.T) {
 				go func() {
 					defer close(m.done)
 					for mctx.Err() == nil {
-						if err := cg.Consume(mctx, []string{topic}, seenHandler{&mu, seen}); err != nil && mctx.Err() == nil {
+						if err := cg.Consume(mctx, []string{topic}, seenHandler{recs}); err != nil && mctx.Err() == nil {
 							t.Logf("consume: %v", err)
 							time.Sleep(50 * time.Millisecond)
 						}
@@ -322,24 +286,8 @@ func TestSaramaGenerations(t *testing.T) {
 			}
 			waitAll := func(what string) {
 				t.Helper()
-				for {
-					mu.Lock()
-					missing := 0
-					for i := 0; i < produced; i++ {
-						if seen[fmt.Sprint(i)] == 0 {
-							missing++
-						}
-					}
-					mu.Unlock()
-					if missing == 0 {
-						return
-					}
-					select {
-					case <-ctx.Done():
-						t.Fatalf("%s: %d of %d records never consumed", what, missing, produced)
-					case <-time.After(50 * time.Millisecond):
-					}
-				}
+				t.Logf("waiting for every record: %s", what)
+				waitConsumed(t, recs, *produced)
 			}
 			produce(100)
 			a, b := start(), start()
