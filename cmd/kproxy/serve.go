@@ -50,6 +50,7 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 	if err != nil {
 		return err
 	}
+	log.Info("kproxy started", "listen", srv.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode)
 	if ready != nil {
 		ready(srv.Addr())
 	}

@@ -174,7 +174,6 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		_ = s.Shutdown(sctx)
 		return nil, err
 	}
-	log.Info("kproxy started", "listen", p.Addr(), "upstream", cfg.Upstream, "groups", string(cfg.Groups.Mode))
 	return s, nil
 }
 
