@@ -19,8 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
 // cutListener is a broker's listener that a test can cut as if the
@@ -188,29 +189,22 @@ func runBrokerKill(t *testing.T, throughProxy bool) outage {
 	defer c.Close()
 	seeds := c.ListenAddrs()
 	if throughProxy {
-		store, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+		k, err := kproxy.Start(context.Background(), kproxy.Config{
+			Upstream:  c.ListenAddrs(),
+			Proxy:     proxy.Config{Listen: "127.0.0.1:0", DialTimeout: 2 * time.Second},
+			Groups:    kproxy.GroupsConfig{Mode: kproxy.GroupsLocal, Engine: groupstate.Config{InitialRebalanceDelay: -1}},
+			Telemetry: tap.Config{Getenv: func(string) string { return "" }},
+			Logger:    testLogger(),
+		})
 		if err != nil {
-			t.Fatal(err)
-		}
-		defer store.Close()
-		eng, err := groupstate.New(groupstate.Config{Store: kafkastore.New(store), Logger: testLogger(), InitialRebalanceDelay: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer eng.Close()
-		p, err := proxy.New(proxy.Config{Upstreams: c.ListenAddrs(), Listen: "127.0.0.1:0", Coordinator: coordinator{eng}, Logger: testLogger(), DialTimeout: 2 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			p.Shutdown(ctx)
+			k.Shutdown(ctx)
 		}()
-		seeds = []string{p.Addr()}
+		seeds = []string{k.Addr()}
 	}
 
 	// The victim leads partitions of the topic and is not the cluster's

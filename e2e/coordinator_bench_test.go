@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
 // BenchmarkCoordinator runs one load generator against kfake's own group
@@ -25,7 +26,7 @@ import (
 func BenchmarkCoordinator(b *testing.B) {
 	var opts []stackOpt
 	if os.Getenv("KPROXY_BENCH_NO_PERSIST") != "" {
-		opts = append(opts, func(c *groupstate.Config) { c.Store = groupstate.WithoutGroupMetadata(c.Store) })
+		opts = append(opts, func(c *kproxy.Config) { c.Groups.WrapStore = groupstate.WithoutGroupMetadata })
 	}
 	s := newStack(b, opts...)
 	targets := map[string]string{"kfake": s.cluster.ListenAddrs()[0], "kproxy": s.addr()}

@@ -1,7 +1,9 @@
-// Package e2e holds kproxy's in-process end-to-end tests: an in-memory
-// cluster (kfake) behind a proxy whose consumer groups are served by the
-// coordinator engine, driven by real clients (franz-go, sarama,
-// confluent-kafka-go). Every test checks the invariants: no record lost,
-// no partition owned by two members at once, committed offsets survive
-// rebalances and restarts, and the brokers never see a group request.
+// Package e2e holds kproxy's end-to-end tests: an in-memory cluster
+// (kfake) behind kproxy, assembled in process by internal/kproxy as the
+// command assembles it (or run as kproxy processes for the fleet), whose
+// consumer groups are served by the coordinator engine, driven by real
+// clients (franz-go, sarama, confluent-kafka-go). Every test checks the
+// invariants: no record lost, no partition owned by two members at once,
+// committed offsets survive rebalances and restarts, and the brokers
+// never see a group request.
 package e2e

@@ -123,7 +123,7 @@ func TestOffsetsSurviveProxyRestart(t *testing.T) {
 	m.leave()
 
 	s.stop()
-	s.startEngineAndProxy()
+	s.start()
 
 	s.produceRange(ctx, topic, 200, 300)
 	again := newRecords()

@@ -9,7 +9,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/proxy"
 )
 
 // kip848Stack is a stack whose engine runs KIP-848 groups with short
@@ -102,12 +101,12 @@ func TestKIP848GroupLifecycle(t *testing.T) {
 
 // kip848Opts shortens the KIP-848 timeouts so that a killed member
 // expires within seconds.
-func kip848Opts(c *groupstate.Config) {
+var kip848Opts = engineOpt(func(c *groupstate.Config) {
 	c.ConsumerMinSessionTimeout = time.Second
 	c.ConsumerSessionTimeout = 3 * time.Second
 	c.ConsumerHeartbeatInterval = 300 * time.Millisecond
 	c.TopicRefreshInterval = time.Second
-}
+})
 
 // TestKIP848GroupSurvivesProxyRestart restarts kproxy (engine, proxy and
 // store client) under a stable KIP-848 group of two franz-go members. The
@@ -118,28 +117,7 @@ func TestKIP848GroupSurvivesProxyRestart(t *testing.T) {
 	s := kip848Stack(t)
 	// Move the proxy to a port block whose broker ports survive a
 	// restart (as newRestartableStack does for classic groups).
-	s.stop()
-	for attempt := 0; ; attempt++ {
-		base, err := freePortBlock(4)
-		var p *proxy.Proxy
-		if err == nil {
-			p, err = proxy.New(proxy.Config{Upstreams: s.cluster.ListenAddrs(), Listen: base, Coordinator: coordinator{s.engine}, Logger: testLogger()})
-		}
-		if err == nil {
-			err = p.Start(context.Background())
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			p.Shutdown(ctx)
-			cancel()
-		}
-		if err == nil {
-			s.proxy = p
-			break
-		}
-		if attempt == 20 {
-			t.Fatalf("no block of 4 free ports for the proxy: %v", err)
-		}
-	}
-	s.startEngineAndProxy(kip848Opts)
+	s.moveToPortBlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -167,7 +145,7 @@ func TestKIP848GroupSurvivesProxyRestart(t *testing.T) {
 	rebalances := len(s.eventsOf(groupstate.EventRebalanceStarted))
 
 	s.stop()
-	s.startEngineAndProxy(kip848Opts)
+	s.start()
 
 	s.produceRange(ctx, topic, 200, 400)
 	waitConsumed(t, recs, 400)

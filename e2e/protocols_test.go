@@ -25,7 +25,7 @@ import (
 func TestProtocolAgnosticGroups(t *testing.T) {
 	// The initial rebalance delay gathers the three joins into one
 	// generation, as it does for real groups starting together.
-	s := newStack(t, func(c *groupstate.Config) { c.InitialRebalanceDelay = 300 * time.Millisecond })
+	s := newStack(t, engineOpt(func(c *groupstate.Config) { c.InitialRebalanceDelay = 300 * time.Millisecond }))
 	for _, tc := range []struct {
 		protocolType, protocol string
 	}{

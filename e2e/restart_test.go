@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/proxy"
 )
 
 // TestGroupSurvivesProxyRestart restarts kproxy (engine, proxy and store
@@ -54,7 +53,7 @@ func TestGroupSurvivesProxyRestart(t *testing.T) {
 			rebalances := len(s.eventsOf(groupstate.EventRebalanceStarted))
 
 			s.stop()
-			s.startEngineAndProxy()
+			s.start()
 
 			s.produceRange(ctx, topic, 200, 400)
 			waitConsumed(t, recs, 400)
@@ -109,37 +108,31 @@ func TestGroupSurvivesProxyRestart(t *testing.T) {
 // P+1+N) keeps every broker address: the stack's first proxy serves its
 // brokers on ephemeral ports, which a restart would move, as
 // `kproxy serve --listen HOST:PORT` never does.
-func newRestartableStack(t *testing.T) *stack {
+func newRestartableStack(t *testing.T, opts ...stackOpt) *stack {
 	t.Helper()
-	s := newStack(t)
+	s := newStack(t, opts...)
+	s.moveToPortBlock()
+	return s
+}
+
+// moveToPortBlock restarts kproxy on a port P with P+1..P+3 free (see
+// newRestartableStack).
+func (s *stack) moveToPortBlock() {
+	s.t.Helper()
 	s.stop()
 	for attempt := 0; ; attempt++ {
 		base, err := freePortBlock(4)
-		var p *proxy.Proxy
 		if err == nil {
-			p, err = proxy.New(proxy.Config{
-				Upstreams:   s.cluster.ListenAddrs(),
-				Listen:      base,
-				Coordinator: coordinator{s.engine}, // closed: answers COORDINATOR_NOT_AVAILABLE
-				Logger:      testLogger(),
-			})
+			s.listen = base
+			err = s.tryStart()
 		}
 		if err == nil {
-			err = p.Start(context.Background())
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			p.Shutdown(ctx)
-			cancel()
-		}
-		if err == nil {
-			s.proxy = p
-			break
+			return
 		}
 		if attempt == 20 {
-			t.Fatalf("no block of 4 free ports for the proxy: %v", err)
+			s.t.Fatalf("no block of 4 free ports for the proxy: %v", err)
 		}
 	}
-	s.startEngineAndProxy()
-	return s
 }
 
 // freePortBlock returns 127.0.0.1:P where ports P to P+n-1 were free.

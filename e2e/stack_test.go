@@ -18,18 +18,22 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
-// stack is a cluster, an engine and a proxy wired as kproxy serve wires
-// them.
+// stack is an in-memory cluster with kproxy in front of it, assembled by
+// internal/kproxy as `kproxy dev --groups local` assembles it.
 type stack struct {
 	t       testing.TB
 	cluster *kfake.Cluster
-	engine  *groupstate.Engine
-	proxy   *proxy.Proxy
-	store   *kgo.Client
+	kproxy  *kproxy.Server     // nil while stopped
+	engine  *groupstate.Engine // kproxy's engine
+	opts    []stackOpt
+	// listen is the proxy's bootstrap address: 127.0.0.1:0 at first, a
+	// restart keeps the address so clients find it again.
+	listen string
 	// brokerGroupReqs counts the group requests the brokers received,
 	// by api key, to prove the engine served them all.
 	brokerGroupReqs [100]atomic.Int64
@@ -38,7 +42,13 @@ type stack struct {
 	events []groupstate.Event // guarded by mu
 }
 
-type stackOpt func(*groupstate.Config)
+// stackOpt tweaks the kproxy a stack assembles.
+type stackOpt func(*kproxy.Config)
+
+// engineOpt tweaks the engine's configuration.
+func engineOpt(f func(*groupstate.Config)) stackOpt {
+	return func(c *kproxy.Config) { f(&c.Groups.Engine) }
+}
 
 func testLogger() *slog.Logger {
 	if testing.Verbose() {
@@ -49,8 +59,8 @@ func testLogger() *slog.Logger {
 
 func newStack(t testing.TB, opts ...stackOpt) *stack {
 	t.Helper()
-	s := &stack{t: t}
-	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
+	s := &stack{t: t, opts: opts, listen: "127.0.0.1:0"}
+	c, err := kproxy.NewDevCluster(3, 0, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,76 +72,64 @@ func newStack(t testing.TB, opts ...stackOpt) *stack {
 			return nil, nil, false
 		})
 	}
-	s.startEngineAndProxy(opts...)
+	s.start()
 	return s
 }
 
-func (s *stack) startEngineAndProxy(opts ...stackOpt) {
-	t := s.t
-	store, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
+// start starts kproxy (again, after stop) in front of the cluster.
+func (s *stack) start() {
+	s.t.Helper()
+	if err := s.tryStart(); err != nil {
+		s.t.Fatal(err)
 	}
-	s.store = store
-	cfg := groupstate.Config{
-		Store:                 kafkastore.New(store),
-		Logger:                testLogger().With("component", "engine"),
-		InitialRebalanceDelay: -1,
-		MinSessionTimeout:     time.Second,
-		Events: func(ev groupstate.Event) {
-			s.mu.Lock()
-			s.events = append(s.events, ev)
-			s.mu.Unlock()
-		},
-	}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	eng, err := groupstate.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.engine = eng
-	listen := "127.0.0.1:0"
-	if s.proxy != nil {
-		// A restart keeps the address so clients find it again.
-		listen = s.proxy.Addr()
-	}
-	p, err := proxy.New(proxy.Config{
-		Upstreams:   s.cluster.ListenAddrs(),
-		Listen:      listen,
-		Coordinator: coordinator{eng},
-		Logger:      testLogger(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	s.proxy = p
-	t.Cleanup(s.stop)
 }
 
-// stop shuts the proxy, engine and store client down; safe to call twice.
+// tryStart starts kproxy on s.listen with the stack's options.
+func (s *stack) tryStart() error {
+	cfg := kproxy.Config{
+		Upstream: s.cluster.ListenAddrs(),
+		Proxy:    proxy.Config{Listen: s.listen},
+		Groups: kproxy.GroupsConfig{
+			Mode: kproxy.GroupsLocal,
+			Engine: groupstate.Config{
+				InitialRebalanceDelay: -1,
+				MinSessionTimeout:     time.Second,
+				Events: func(ev groupstate.Event) {
+					s.mu.Lock()
+					s.events = append(s.events, ev)
+					s.mu.Unlock()
+				},
+			},
+		},
+		Telemetry: tap.Config{Getenv: func(string) string { return "" }},
+		Logger:    testLogger(),
+	}
+	for _, o := range s.opts {
+		o(&cfg)
+	}
+	k, err := kproxy.Start(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	s.kproxy, s.engine = k, k.Engine()
+	s.listen = k.Addr()
+	s.t.Cleanup(s.stop)
+	return nil
+}
+
+// stop shuts kproxy down (proxy, engine, its upstream client); safe to
+// call twice. The cluster keeps running.
 func (s *stack) stop() {
-	if s.proxy == nil {
+	if s.kproxy == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.proxy.Shutdown(ctx)
-	s.engine.Close()
-	s.store.Close()
+	s.kproxy.Shutdown(ctx)
+	s.kproxy = nil
 }
 
-type coordinator struct{ e *groupstate.Engine }
-
-func (c coordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
-	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
-}
-
-func (s *stack) addr() string { return s.proxy.Addr() }
+func (s *stack) addr() string { return s.kproxy.Addr() }
 
 // assertBrokersSawNoGroupTraffic fails if any JoinGroup, SyncGroup,
 // Heartbeat or LeaveGroup reached the brokers.

@@ -16,7 +16,7 @@ import (
 )
 
 // engineCoordinator adapts groupstate.Engine to Coordinator, as
-// cmd/kproxy does.
+// internal/kproxy does.
 type engineCoordinator struct{ e *groupstate.Engine }
 
 func (c engineCoordinator) Handle(cl Client, req kmsg.Request, reply func(kmsg.Response)) {

@@ -223,7 +223,7 @@ func TestEngineRebalanceTraces(t *testing.T) {
 	wantAttr(t, "member_expired", expired[0].Attributes, "messaging.client.id", "client-m3")
 
 	// The metrics and admin API see the same engine.
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp, Groups: e}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Tap: tp, Groups: e}))
 	defer srv.Close()
 	_, body := get(t, srv, "/metrics")
 	for _, want := range []string{

@@ -111,7 +111,7 @@ func TestKadmOffsetSourceWithoutCommits(t *testing.T) {
 	m := member("m1")
 	m.Assignment = assignment("payments", 0, 1)
 	groups := &fakeGroups{groups: []groupstate.GroupSnapshot{{Group: "g", State: "Stable", ProtocolType: "consumer", Generation: 1, Members: []groupstate.Member{m}}}}
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Groups: groups, Offsets: src}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Groups: groups, Offsets: src}))
 	defer srv.Close()
 	code, body := get(t, srv, "/api/groups/g")
 	var d GroupDetail

@@ -1,9 +1,10 @@
 // Package tap makes the coordinator engine's rebalances visible. It turns
 // engine events into OpenTelemetry traces (one trace per rebalance) and
 // metrics (exposed in Prometheus format), keeps a live stream of the events
-// for the admin API, the web view and `kproxy tap`, and serves that admin
-// API. It consumes engine events and snapshots and never calls back into
-// the engine's state machines.
+// for the group API, the web view and `kproxy tap`, and serves them over
+// HTTP (NewHTTPHandler: health.go, api.go, api_fleet.go, webview.go; the
+// page itself is in webview/static). It consumes engine events and
+// snapshots and never calls back into the engine's state machines.
 package tap
 
 import (

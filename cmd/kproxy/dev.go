@@ -1,14 +1,11 @@
 package main
 
 import (
-	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
 func newDevCmd() *cobra.Command {
@@ -32,14 +29,9 @@ prints the bootstrap address. Nothing is written to disk.`,
 			cfg.AdminListen = "127.0.0.1:9644"
 		}
 		log := cfg.logger()
-		cluster, err := kfake.NewCluster(
-			kfake.NumBrokers(*brokers),
-			kfake.AllowAutoTopicCreation(),
-			kfake.DefaultNumPartitions(*partitions),
-			kfake.ListenFn(listenRetrying(log)),
-		)
+		cluster, err := kproxy.NewDevCluster(*brokers, *partitions, log)
 		if err != nil {
-			return fmt.Errorf("starting the in-memory cluster: %w", err)
+			return err
 		}
 		defer cluster.Close()
 		cfg.Upstream = cluster.ListenAddrs()
@@ -58,42 +50,4 @@ prints the bootstrap address. Nothing is written to disk.`,
 		})
 	}
 	return cmd
-}
-
-// listenRetrying returns a listen function for the in-memory brokers
-// whose listeners survive accept errors. kfake stops accepting for good
-// on any Accept error, so one EMFILE (out of file descriptors) would kill
-// a broker of the dev cluster; this listener backs off (5ms doubling to
-// 1s), logs, and keeps accepting until it is closed.
-func listenRetrying(log *slog.Logger) func(network, address string) (net.Listener, error) {
-	return func(network, address string) (net.Listener, error) {
-		ln, err := net.Listen(network, address)
-		if err != nil {
-			return nil, err
-		}
-		return &retryingListener{Listener: ln, log: log}, nil
-	}
-}
-
-// retryingListener is used by one kfake accept loop only.
-type retryingListener struct {
-	net.Listener
-	log   *slog.Logger
-	delay time.Duration // owned by the accept loop
-}
-
-func (l *retryingListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err == nil {
-			l.delay = 0
-			return c, nil
-		}
-		if errors.Is(err, net.ErrClosed) {
-			return nil, err
-		}
-		l.delay = min(max(2*l.delay, 5*time.Millisecond), time.Second)
-		l.log.Warn("in-memory broker: accept failed", "listen", l.Addr().String(), "err", err, "retry_in", l.delay)
-		time.Sleep(l.delay)
-	}
 }

@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
 )
 
@@ -47,18 +46,30 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 // with the bootstrap address once clients can connect.
 func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr string)) error {
 	raiseFileLimit(log)
-	tlsSrc, err := listenerTLS(cfg, log)
+	kcfg, err := assemblyConfig(cfg, log)
 	if err != nil {
 		return err
 	}
-	w, err := wire(ctx, cfg, log)
+	srv, err := kproxy.Start(ctx, kcfg)
 	if err != nil {
 		return err
 	}
-	p, err := proxy.New(proxy.Config{
-		TLS:                   tlsSrc,
-		UpstreamTLS:           w.upstreamSec.dataTLS,
-		UpstreamClientOpts:    w.upstreamSec.clientOpts,
+	log.Info("kproxy started", "listen", srv.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode,
+		"tls", cfg.TLS.Cert != "", "upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism)
+	if ready != nil {
+		ready(srv.Addr())
+	}
+	<-ctx.Done()
+	log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
+
+// proxyConfig is the proxy's part of cfg; the assembly sets its
+// coordinator and meter provider.
+func proxyConfig(cfg fileConfig, log *slog.Logger) proxy.Config {
+	return proxy.Config{
 		Upstreams:             cfg.Upstream,
 		Listen:                cfg.Listen,
 		AdvertiseHost:         cfg.AdvertiseHost,
@@ -75,56 +86,6 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		MaxConnectionsPerHost: cfg.MaxConnsPerHost,
 		DialTimeout:           cfg.DialTimeout,
 		MetadataInterval:      cfg.MetadataRefresh,
-		Coordinator:           w.coordinator,
 		Logger:                log,
-		MeterProvider:         w.meterProvider,
-	})
-	if err != nil {
-		w.close(context.Background())
-		return err
 	}
-	if err := p.Start(ctx); err != nil {
-		w.close(context.Background())
-		return err
-	}
-	if err := w.startAdmin(ctx, p, cfg.AdminListen, log); err != nil {
-		shutdown(p, w, cfg.ShutdownTimeout, log)
-		return err
-	}
-	log.Info("kproxy started", "listen", p.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode,
-		"tls", cfg.TLS.Cert != "", "upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism)
-	if ready != nil {
-		ready(p.Addr())
-	}
-	<-ctx.Done()
-	log.Info("shutting down: draining in-flight requests", "timeout", cfg.ShutdownTimeout)
-	return shutdown(p, w, cfg.ShutdownTimeout, log)
-}
-
-func shutdown(p *proxy.Proxy, w *wiring, timeout time.Duration, log *slog.Logger) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	drained := make(chan error, 1)
-	go func() { drained <- p.Shutdown(ctx) }()
-	var errP error
-	select {
-	case errP = <-drained:
-	case <-time.After(min(2*time.Second, timeout/2)):
-		// Requests parked in the engine (a JoinGroup waiting for a
-		// rebalance) would hold the drain until the deadline: closing
-		// the engine answers them, and the drain finishes.
-		log.Info("closing the coordinator to answer parked group requests")
-		if w.engine != nil {
-			w.engine.Close()
-		}
-		errP = <-drained
-	}
-	errW := w.close(ctx)
-	err := errors.Join(errP, errW)
-	if err != nil {
-		log.Warn("shutdown incomplete", "err", err)
-	} else {
-		log.Info("shutdown complete")
-	}
-	return err
 }

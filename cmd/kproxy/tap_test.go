@@ -62,7 +62,7 @@ func startTapServer(t *testing.T) (*httptest.Server, func(groupstate.Event)) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(tap.NewAdminHandler(tap.AdminConfig{Tap: tp}))
+	srv := httptest.NewServer(tap.NewHTTPHandler(tap.HTTPConfig{Tap: tp}))
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()

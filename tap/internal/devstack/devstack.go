@@ -1,16 +1,15 @@
 // Package devstack starts a whole kproxy in one process for tap's tests and
-// its browser test: an in-memory Kafka cluster (kfake), the coordinator
-// engine, the proxy in front of the cluster, a Tap fed by the engine and
-// the admin server. Real franz-go clients then connect to Bootstrap. It is
-// test infrastructure: kproxy itself is wired in cmd/kproxy.
+// its browser test: an in-memory Kafka cluster (kfake) and kproxy in front
+// of it, assembled by internal/kproxy as `kproxy dev` is, with local groups
+// and the admin server. Real franz-go clients then connect to Bootstrap.
+// It adds what those tests need around it: consumers, a producer, topic
+// creation and a wait for a group to settle.
 package devstack
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -22,7 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -51,24 +50,14 @@ type Options struct {
 // Start.
 type Stack struct {
 	Cluster   *kfake.Cluster
+	Kproxy    *kproxy.Server
 	Engine    *groupstate.Engine
 	Tap       *tap.Tap
-	Proxy     *proxy.Proxy
 	Admin     *kadm.Client // talks to the cluster through the proxy
 	Bootstrap string       // the proxy's bootstrap address
 	AdminURL  string       // http://host:port of the admin server
 
-	adminSrv *http.Server
-	adminCl  *kgo.Client
-	storeCl  *kgo.Client
-}
-
-// coordinator adapts the engine to the proxy's Coordinator interface.
-type coordinator struct{ e *groupstate.Engine }
-
-// Handle forwards a group request to the engine.
-func (c coordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
-	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+	adminCl *kgo.Client
 }
 
 // Start builds and starts the stack. Close releases it.
@@ -83,109 +72,56 @@ func Start(ctx context.Context, opt Options) (s *Stack, err error) {
 			s.Close(context.Background())
 		}
 	}()
-	s.Cluster, err = kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation())
+	s.Cluster, err = kproxy.NewDevCluster(3, 0, log)
 	if err != nil {
-		return nil, fmt.Errorf("devstack: kfake: %w", err)
+		return nil, fmt.Errorf("devstack: %w", err)
 	}
-	s.Tap, err = tap.New(ctx, tap.Config{
-		ServiceName:  "kproxy-devstack",
-		SpanExporter: opt.SpanExporter,
-		SyncExport:   opt.SpanExporter != nil,
-		Logger:       log,
+	addr := opt.AdminListen
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	s.Kproxy, err = kproxy.Start(ctx, kproxy.Config{
+		Upstream: s.Cluster.ListenAddrs(),
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+		Groups: kproxy.GroupsConfig{
+			Mode: kproxy.GroupsLocal,
+			Engine: groupstate.Config{
+				InitialRebalanceDelay: -1,
+				MinSessionTimeout:     100 * time.Millisecond,
+			},
+		},
+		Telemetry: tap.Config{
+			ServiceName:  "kproxy-devstack",
+			SpanExporter: opt.SpanExporter,
+			SyncExport:   opt.SpanExporter != nil,
+		},
+		AdminListen: addr,
+		AdminWrap:   opt.AdminWrap,
+		FleetView:   opt.Fleet,
+		Logger:      log,
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("devstack: %w", err)
 	}
-	// Offsets live in the cluster, as with kproxy serve.
-	s.storeCl, err = kgo.NewClient(kgo.SeedBrokers(s.Cluster.ListenAddrs()...))
-	if err != nil {
-		return nil, fmt.Errorf("devstack: store client: %w", err)
-	}
-	s.Engine, err = groupstate.New(groupstate.Config{
-		Store:                 kafkastore.New(s.storeCl),
-		Events:                s.Tap.OnEvent,
-		Logger:                log,
-		InitialRebalanceDelay: -1,
-		MinSessionTimeout:     100 * time.Millisecond,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("devstack: engine: %w", err)
-	}
-	s.Tap.SetGroupSource(s.Engine)
-	s.Proxy, err = proxy.New(proxy.Config{
-		Upstreams:     s.Cluster.ListenAddrs(),
-		Listen:        "127.0.0.1:0",
-		Coordinator:   coordinator{s.Engine},
-		Logger:        log,
-		MeterProvider: s.Tap.MeterProvider(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("devstack: proxy: %w", err)
-	}
-	if err := s.Proxy.Start(ctx); err != nil {
-		return nil, fmt.Errorf("devstack: starting proxy: %w", err)
-	}
-	s.Bootstrap = s.Proxy.Addr()
+	s.Engine, s.Tap = s.Kproxy.Engine(), s.Kproxy.Tap()
+	s.Bootstrap = s.Kproxy.Addr()
+	s.AdminURL = "http://" + s.Kproxy.AdminAddr()
 
 	s.adminCl, err = kgo.NewClient(kgo.SeedBrokers(s.Bootstrap), kgo.ClientID("kproxy-admin"), maxVersions)
 	if err != nil {
 		return nil, fmt.Errorf("devstack: admin client: %w", err)
 	}
 	s.Admin = kadm.NewClient(s.adminCl)
-
-	addr := opt.AdminListen
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("devstack: admin listen: %w", err)
-	}
-	var h http.Handler = tap.NewAdminHandler(tap.AdminConfig{
-		Tap:     s.Tap,
-		Groups:  s.Engine,
-		Offsets: tap.NewKadmOffsetSource(s.Admin),
-		Ready: func(ctx context.Context) error {
-			_, err := s.Admin.BrokerMetadata(ctx)
-			return err
-		},
-		Logger: log,
-		Fleet:  opt.Fleet,
-	})
-	if opt.AdminWrap != nil {
-		h = opt.AdminWrap(h)
-	}
-	s.adminSrv = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := s.adminSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("devstack: admin server", "err", err)
-		}
-	}()
-	s.AdminURL = "http://" + ln.Addr().String()
 	return s, nil
 }
 
 // Close stops everything Start started, in reverse order.
 func (s *Stack) Close(ctx context.Context) {
-	if s.adminSrv != nil {
-		// Live event streams never end on their own: close, not
-		// Shutdown.
-		_ = s.adminSrv.Close()
-	}
 	if s.adminCl != nil {
 		s.adminCl.Close()
 	}
-	if s.Proxy != nil {
-		_ = s.Proxy.Shutdown(ctx)
-	}
-	if s.Engine != nil {
-		s.Engine.Close()
-	}
-	if s.storeCl != nil {
-		s.storeCl.Close()
-	}
-	if s.Tap != nil {
-		_ = s.Tap.Shutdown(ctx)
+	if s.Kproxy != nil {
+		_ = s.Kproxy.Shutdown(ctx)
 	}
 	if s.Cluster != nil {
 		s.Cluster.Close()

@@ -85,7 +85,7 @@ func run(listen string, verbose bool) error {
 		return err
 	}
 	sc.st = st
-	local := tap.NewAdminHandler(tap.AdminConfig{
+	local := tap.NewHTTPHandler(tap.HTTPConfig{
 		Tap: st.Tap, Groups: st.Engine, Offsets: tap.NewKadmOffsetSource(st.Admin), Logger: log,
 	})
 	mux.Handle("/local/", http.StripPrefix("/local", local))

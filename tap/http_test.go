@@ -70,7 +70,7 @@ func TestMetricsScrape(t *testing.T) {
 	completedRebalance(tp, s, groupstate.CauseMemberExpired, 3, member("m1"))
 	flush(t, tp)
 
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp, Groups: groups}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Tap: tp, Groups: groups}))
 	defer srv.Close()
 	code, body := get(t, srv, "/metrics")
 	if code != http.StatusOK {
@@ -138,7 +138,7 @@ func (f *fakeOffsets) Lag(_ context.Context, qs []LagQuery) (map[string]GroupLag
 	return out, f.err
 }
 
-func TestAdminGroupsAndHealth(t *testing.T) {
+func TestHTTPGroupsAndHealth(t *testing.T) {
 	m1 := member("m1")
 	m1.Assignment = assignment("payments", 1, 0)
 	m2 := member("m2")
@@ -156,7 +156,7 @@ func TestAdminGroupsAndHealth(t *testing.T) {
 		"zeta":   {Err: errors.New("NOT_COORDINATOR")},
 	}}
 	var ready error
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{
 		Groups: groups, Offsets: offsets,
 		Ready: func(context.Context) error { return ready },
 	}))
@@ -306,7 +306,7 @@ func openSSE(t *testing.T, srv *httptest.Server, query string, lastID string) (*
 
 func TestEventStream(t *testing.T) {
 	tp, _ := newTestTap(t, Config{RecentEvents: 4})
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Tap: tp}))
 	defer srv.Close()
 
 	// Six events before anyone connects: the ring keeps the last four.
@@ -418,7 +418,7 @@ func TestSlowSubscriberLosesEventsWithoutBlocking(t *testing.T) {
 
 func TestStreamTellsSlowSubscriberHowManyItLost(t *testing.T) {
 	tp, _ := newTestTap(t, Config{SubscriberBuffer: 1, RecentEvents: 1})
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Tap: tp}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Tap: tp}))
 	defer srv.Close()
 	r, closeR := openSSE(t, srv, "", "")
 	defer closeR()
@@ -458,8 +458,8 @@ func TestStreamTellsSlowSubscriberHowManyItLost(t *testing.T) {
 	}
 }
 
-func TestAdminFleetNotDistributed(t *testing.T) {
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{}))
+func TestHTTPFleetNotDistributed(t *testing.T) {
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{}))
 	defer srv.Close()
 	code, body := get(t, srv, "/api/fleet")
 	if code != http.StatusNotFound || !strings.Contains(body, "groups are not distributed") {
@@ -485,9 +485,9 @@ func fleetOf() FleetView {
 	}
 }
 
-func TestAdminFleet(t *testing.T) {
+func TestHTTPFleet(t *testing.T) {
 	var calls atomic.Int32
-	srv := httptest.NewServer(NewAdminHandler(AdminConfig{Fleet: func() FleetView { calls.Add(1); return fleetOf() }}))
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Fleet: func() FleetView { calls.Add(1); return fleetOf() }}))
 	defer srv.Close()
 	code, body := get(t, srv, "/api/fleet")
 	if code != http.StatusOK {
@@ -523,12 +523,12 @@ func TestAdminFleet(t *testing.T) {
 	}
 }
 
-// TestAdminFleetJSONKeys pins /api/fleet's JSON keys (the web view, the
+// TestHTTPFleetJSONKeys pins /api/fleet's JSON keys (the web view, the
 // fleet e2e tests and scripts read them) and checks that no list is null,
 // even for a kproxy that has not joined its fleet yet.
-func TestAdminFleetJSONKeys(t *testing.T) {
+func TestHTTPFleetJSONKeys(t *testing.T) {
 	for name, v := range map[string]FleetView{"joined": fleetOf(), "not joined yet": {ID: "a", Partitions: 16}} {
-		srv := httptest.NewServer(NewAdminHandler(AdminConfig{Fleet: func() FleetView { return v }}))
+		srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Fleet: func() FleetView { return v }}))
 		code, body := get(t, srv, "/api/fleet")
 		srv.Close()
 		if code != http.StatusOK {

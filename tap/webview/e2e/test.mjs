@@ -39,7 +39,7 @@ function fatal(msg) {
 }
 
 if (!existsSync(executablePath)) fatal(`chromium not found at ${executablePath}: install Debian's chromium (apt-get install -y chromium)`);
-if (!serverBin || !existsSync(serverBin)) fatal(`E2E_SERVER (${serverBin}) is not a built e2e server binary; run tap/web/e2e/run.sh`);
+if (!serverBin || !existsSync(serverBin)) fatal(`E2E_SERVER (${serverBin}) is not a built e2e server binary; run tap/webview/e2e/run.sh`);
 
 // startServer runs the e2e server and resolves with its admin URL.
 function startServer() {

@@ -1,4 +1,4 @@
-package main
+package kproxy
 
 import (
 	"context"
@@ -9,10 +9,13 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
 
-// TestDistributedRefusesUpstreamWithoutTransactions starts kproxy's
-// wiring in distributed mode in front of a cluster that speaks Kafka
+// TestDistributedRefusesUpstreamWithoutTransactions starts kproxy in
+// distributed mode in front of a cluster that speaks Kafka
 // 0.10.2 (no transactions, so no way to fence a stale owner): it must
 // refuse to start and name the two modes that work there. The same
 // cluster at 0.11 (transactions) starts.
@@ -31,21 +34,30 @@ func TestDistributedRefusesUpstreamWithoutTransactions(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			cfg := defaultConfig()
-			cfg.Upstream = c.ListenAddrs()
-			cfg.Listen = "127.0.0.1:0"
+			cfg := Config{
+				Upstream: c.ListenAddrs(),
+				Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+				Groups: GroupsConfig{
+					Mode:  GroupsDistributed,
+					Fleet: FleetConfig{SessionTimeout: 10 * time.Second, HeartbeatInterval: time.Second},
+				},
+				Telemetry: tap.Config{Getenv: func(string) string { return "" }},
+				Logger:    slog.New(slog.DiscardHandler),
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			w, err := wire(ctx, cfg, slog.New(slog.DiscardHandler))
+			s, err := Start(ctx, cfg)
 			if !tc.refuse {
 				if err != nil {
 					t.Fatalf("distributed mode in front of a cluster with transactions: %v", err)
 				}
-				w.close(ctx)
+				if err := s.Shutdown(ctx); err != nil {
+					t.Errorf("shutdown: %v", err)
+				}
 				return
 			}
 			if err == nil {
-				w.close(ctx)
+				s.Shutdown(ctx)
 				t.Fatal("distributed mode started in front of a cluster without transactions")
 			}
 			for _, want := range []string{"transactions", "--groups local", "--groups forward"} {

@@ -2,7 +2,7 @@
 # Browser test of kproxy's web view: installs what it needs (Debian's
 # chromium, playwright-core from npm), builds the e2e server, and runs
 # test.mjs. Fails loudly when chromium cannot be had. Screenshots land in
-# tap/web/e2e/artifacts/.
+# tap/webview/e2e/artifacts/.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)

@@ -1,4 +1,4 @@
-package main
+package kproxy
 
 import (
 	"context"
@@ -115,7 +115,7 @@ func kproxyID() string {
 // transactional mode, the engine gated on ownership, the peer server,
 // the fleet member and the router. The returned coordinator is what the
 // proxy serves group requests through.
-func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstate.Config, log *slog.Logger) error {
+func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Config, log *slog.Logger) error {
 	fc := cfg.Groups.Fleet
 	if err := upstreamSupportsTransactions(ctx, w.upstream); err != nil {
 		return err
@@ -149,14 +149,14 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 
 	listen := fc.PeerListen
 	if listen == "" {
-		host, _, _ := net.SplitHostPort(cfg.Listen)
+		host, _, _ := net.SplitHostPort(cfg.Proxy.Listen)
 		listen = net.JoinHostPort(host, "0")
 	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
 		Listen:      listen,
 		Coordinator: engineCoordinator{eng},
 		Logger:      log.With("component", "peer"),
-		MaxFrame:    cfg.MaxFrameBytes,
+		MaxFrame:    cfg.Proxy.MaxFrame,
 	})
 	if err != nil {
 		return fmt.Errorf("peer listener: %w", err)
@@ -174,7 +174,7 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 		ID:                f.id,
 		PeerAddr:          advertise,
 		Partitions:        int32(n),
-		Owner:             fc.Role == "owner",
+		Owner:             !fc.Relay,
 		SessionTimeout:    fc.SessionTimeout,
 		HeartbeatInterval: fc.HeartbeatInterval,
 		Logger:            log.With("component", "fleet"),
@@ -212,8 +212,17 @@ func startFleet(ctx context.Context, w *wiring, cfg fileConfig, engCfg groupstat
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router
 	w.fleet = f
-	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fc.Role)
+	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fleetRole(fc))
 	return nil
+}
+
+// fleetRole names this kproxy's role in the fleet, as the command's
+// --fleet-role does.
+func fleetRole(fc FleetConfig) string {
+	if fc.Relay {
+		return "relay"
+	}
+	return "owner"
 }
 
 // partitionOf is the groups-topic partition holding group.

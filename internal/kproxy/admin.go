@@ -1,4 +1,4 @@
-package main
+package kproxy
 
 import (
 	"context"
@@ -12,19 +12,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
 
 // wireTelemetry sets up traces and metrics (tap) and registers its event
 // sink with the engine's publisher.
-func wireTelemetry(ctx context.Context, w *wiring, cfg fileConfig, log *slog.Logger) error {
-	t, err := tap.New(ctx, tap.Config{
-		ServiceName: cfg.Telemetry.ServiceName,
-		InstanceID:  w.id,
-		Traces:      cfg.Telemetry.Traces,
-		Logger:      log.With("component", "tap"),
-	})
+func wireTelemetry(ctx context.Context, w *Server, tcfg tap.Config, log *slog.Logger) error {
+	tcfg.InstanceID = w.id
+	if tcfg.Logger == nil {
+		tcfg.Logger = log.With("component", "tap")
+	}
+	t, err := tap.New(ctx, tcfg)
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
@@ -41,14 +39,16 @@ func wireTelemetry(ctx context.Context, w *wiring, cfg fileConfig, log *slog.Log
 // startAdmin starts the admin HTTP server when configured: health,
 // readiness, metrics, the group API, the live event stream and the web
 // view.
-func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy, addr string, log *slog.Logger) error {
+func (w *Server) startAdmin(ctx context.Context) error {
+	log := w.log
 	if w.engine != nil {
 		w.tap.SetGroupSource(w.engine)
 	}
+	addr := w.cfg.AdminListen
 	if addr == "" {
 		return nil
 	}
-	acfg := tap.AdminConfig{
+	acfg := tap.HTTPConfig{
 		Tap:     w.tap,
 		Offsets: tap.NewKadmOffsetSource(kadm.NewClient(w.upstream)),
 		Logger:  log.With("component", "admin"),
@@ -67,17 +67,25 @@ func (w *wiring) startAdmin(ctx context.Context, p *proxy.Proxy, addr string, lo
 	if w.fleet != nil {
 		acfg.Fleet = w.fleet.status
 	}
+	if w.cfg.FleetView != nil {
+		acfg.Fleet = w.cfg.FleetView
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	srv := &http.Server{Handler: w.adminWrap(tap.NewAdminHandler(acfg)), ReadHeaderTimeout: 10 * time.Second}
+	h := tap.NewHTTPHandler(acfg)
+	if w.cfg.AdminWrap != nil {
+		h = w.cfg.AdminWrap(h)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin server stopped", "err", err)
 		}
 	}()
-	log.Info("admin server listening", "addr", ln.Addr().String())
+	w.adminAddr = ln.Addr().String()
+	log.Info("admin server listening", "addr", w.adminAddr)
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		// Event streams never end on their own: give them a moment,
 		// then cut them.

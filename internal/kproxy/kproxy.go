@@ -1,0 +1,321 @@
+// Package kproxy assembles a running kproxy from one Config: kproxy's own
+// client of the upstream cluster, telemetry (tap), the offset store, the
+// coordinator engine (local, or distributed with the fleet runtime of
+// docs/fleet.md), the proxy's listeners and the admin HTTP server. The
+// command (serve, dev), the end-to-end tests and the browser test's
+// server all build kproxy here, so they run the same thing; the command
+// only turns its YAML file and flags into a Config.
+package kproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
+)
+
+// GroupsMode says who serves consumer groups.
+type GroupsMode string
+
+const (
+	// GroupsDistributed: the kproxies in front of the cluster serve
+	// groups, one owner per group (docs/fleet.md).
+	GroupsDistributed GroupsMode = "distributed"
+	// GroupsLocal: this kproxy alone serves the groups of its clients.
+	GroupsLocal GroupsMode = "local"
+	// GroupsForward: the brokers serve groups; kproxy forwards.
+	GroupsForward GroupsMode = "forward"
+)
+
+// Config is everything Start needs. The zero value of a field means the
+// default of the package it configures unless said otherwise.
+type Config struct {
+	// Upstream lists the cluster's bootstrap brokers.
+	Upstream []string
+	// DialTimeout bounds kproxy's own client's dials to the cluster;
+	// zero keeps franz-go's default.
+	DialTimeout time.Duration
+	// UpstreamOpts are further options of kproxy's own client of the
+	// cluster (the store's, the fleet's and the admin server's), after
+	// the seeds, DialTimeout and the client id "kproxy".
+	UpstreamOpts []kgo.Opt
+	// Proxy configures the listeners. Start sets Coordinator and
+	// MeterProvider; Upstreams defaults to Upstream and Logger to
+	// Logger.
+	Proxy proxy.Config
+	// Groups chooses who serves consumer groups and configures the
+	// engine.
+	Groups GroupsConfig
+	// Telemetry configures traces and metrics. Start sets InstanceID;
+	// Logger defaults to Logger.
+	Telemetry tap.Config
+	// AdminListen is the admin HTTP server's address (health,
+	// readiness, metrics, the group API, the event stream, the web
+	// view); empty runs none.
+	AdminListen string
+	// AdminWrap, when set, wraps the admin handler (the browser test's
+	// server adds its control endpoint this way).
+	AdminWrap func(http.Handler) http.Handler
+	// FleetView, when set, answers /api/fleet instead of the fleet
+	// runtime (the browser test serves a fixed fleet).
+	FleetView func() tap.FleetView
+	// ID names this process: its fleet member and the owner of its
+	// traces. Empty: host, pid and start time.
+	ID string
+	// Logger receives every component's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// GroupsConfig configures the serving of consumer groups.
+type GroupsConfig struct {
+	// Mode is distributed, local or forward.
+	Mode GroupsMode
+	// Engine configures the coordinator engine (local and distributed).
+	// Start sets Store and Owns; Logger defaults to Logger; Events, when
+	// set, receives every event after tap's sink.
+	Engine groupstate.Config
+	// WrapStore, when set, wraps the local mode's store before the
+	// engine gets it (a benchmark drops the group records this way).
+	WrapStore func(groupstate.OffsetStore) groupstate.OffsetStore
+	// Fleet configures distributed mode.
+	Fleet FleetConfig
+}
+
+// FleetConfig configures distributed groups (docs/fleet.md).
+type FleetConfig struct {
+	// Name keeps two fleets in front of one cluster apart: "" uses the
+	// fleet group __kproxy_fleet and the groups topic __kproxy_groups,
+	// NAME uses __kproxy_fleet.NAME and __kproxy_groups.NAME.
+	Name string
+	// Relay makes this kproxy own no groups and relay every group
+	// request to its owner; otherwise it is an owner.
+	Relay bool
+	// SessionTimeout is the fleet membership's session;
+	// HeartbeatInterval how often this kproxy heartbeats the fleet.
+	SessionTimeout    time.Duration
+	HeartbeatInterval time.Duration
+	// PeerListen is where other kproxies reach this one; empty uses the
+	// proxy's listen host on an ephemeral port.
+	PeerListen string
+	// PeerAdvertise is the peer address told to other kproxies, when it
+	// differs from PeerListen.
+	PeerAdvertise string
+}
+
+// Server is a running kproxy. It is built by Start and owned by its
+// caller; every field is written during Start only, except that
+// Shutdown runs the closers once.
+type Server struct {
+	cfg           Config
+	log           *slog.Logger
+	id            string             // this process's id: fleet member, traces
+	upstream      *kgo.Client        // kproxy's own client of the cluster
+	engine        *groupstate.Engine // nil with groups forwarded
+	fleet         *fleetRuntime      // nil unless groups are distributed
+	tap           *tap.Tap
+	coordinator   proxy.Coordinator
+	meterProvider metric.MeterProvider
+	events        []func(groupstate.Event)
+	proxy         *proxy.Proxy
+	adminAddr     string // "" without an admin server
+	// closers run in reverse order at shutdown.
+	closers []func(context.Context) error
+
+	shutdownOnce sync.Once
+	shutdownErr  error // written once by Shutdown
+}
+
+// Start builds kproxy from cfg and starts it: it returns once clients can
+// connect to Addr. Shutdown stops it. On error, everything started is
+// stopped again.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	s, err := wire(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	pcfg := cfg.Proxy
+	if len(pcfg.Upstreams) == 0 {
+		pcfg.Upstreams = cfg.Upstream
+	}
+	if pcfg.Logger == nil {
+		pcfg.Logger = log
+	}
+	pcfg.Coordinator = s.coordinator
+	pcfg.MeterProvider = s.meterProvider
+	p, err := proxy.New(pcfg)
+	if err != nil {
+		s.close(context.Background())
+		return nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		s.close(context.Background())
+		return nil, err
+	}
+	s.proxy = p
+	if err := s.startAdmin(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_ = s.Shutdown(sctx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// wire builds what runs around the proxy: the upstream client,
+// telemetry and, unless groups are forwarded, the engine (and in
+// distributed mode the fleet runtime). Closers run in reverse order.
+func wire(ctx context.Context, cfg Config) (*Server, error) {
+	log := cfg.Logger
+	w := &Server{cfg: cfg, log: log, id: cfg.ID}
+	if w.id == "" {
+		w.id = kproxyID()
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...), kgo.ClientID("kproxy")}
+	if cfg.DialTimeout > 0 {
+		opts = append(opts, kgo.DialTimeout(cfg.DialTimeout))
+	}
+	opts = append(opts, cfg.UpstreamOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("upstream client: %w", err)
+	}
+	w.upstream = cl
+	w.closers = append(w.closers, func(context.Context) error { cl.Close(); return nil })
+	if err := wireTelemetry(ctx, w, cfg.Telemetry, log); err != nil {
+		w.close(context.Background())
+		return nil, err
+	}
+	if cfg.Groups.Mode == GroupsForward {
+		return w, nil
+	}
+	engCfg := cfg.Groups.Engine
+	if engCfg.Logger == nil {
+		engCfg.Logger = log.With("component", "engine")
+	}
+	if extra := engCfg.Events; extra != nil {
+		w.events = append(w.events, extra)
+	}
+	engCfg.Events = w.publish
+	if cfg.Groups.Mode == GroupsDistributed {
+		if err := startFleet(ctx, w, cfg, engCfg, log); err != nil {
+			w.close(context.Background())
+			return nil, err
+		}
+		return w, nil
+	}
+	var store groupstate.OffsetStore = kafkastore.New(cl)
+	if cfg.Groups.WrapStore != nil {
+		store = cfg.Groups.WrapStore(store)
+	}
+	engCfg.Store = store
+	eng, err := groupstate.New(engCfg)
+	if err != nil {
+		w.close(context.Background())
+		return nil, fmt.Errorf("coordinator engine: %w", err)
+	}
+	w.engine = eng
+	w.coordinator = EngineCoordinator(eng)
+	// The engine closes before the upstream client it stores through.
+	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+	return w, nil
+}
+
+// publish fans an engine event out to the sinks registered at wiring
+// time (tap, then Config.Groups.Engine.Events). It runs on the engine's
+// loop goroutines and never blocks.
+func (w *Server) publish(ev groupstate.Event) {
+	for _, f := range w.events {
+		f(ev)
+	}
+}
+
+// EngineCoordinator adapts a groupstate.Engine to proxy.Coordinator: the
+// proxy's client becomes the engine's request context.
+func EngineCoordinator(e *groupstate.Engine) proxy.Coordinator { return engineCoordinator{e} }
+
+// engineCoordinator adapts groupstate.Engine to proxy.Coordinator.
+type engineCoordinator struct{ e *groupstate.Engine }
+
+func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+}
+
+// Addr is the proxy's bootstrap address.
+func (w *Server) Addr() string { return w.proxy.Addr() }
+
+// AdminAddr is the admin server's address, "" without one.
+func (w *Server) AdminAddr() string { return w.adminAddr }
+
+// Engine is the coordinator engine, nil with groups forwarded.
+func (w *Server) Engine() *groupstate.Engine { return w.engine }
+
+// Tap is kproxy's telemetry.
+func (w *Server) Tap() *tap.Tap { return w.tap }
+
+// Upstream is kproxy's own client of the cluster.
+func (w *Server) Upstream() *kgo.Client { return w.upstream }
+
+// Shutdown drains in-flight requests until ctx ends, then stops
+// everything Start started, in reverse order. Only the first call does
+// anything; later calls return its result.
+func (w *Server) Shutdown(ctx context.Context) error {
+	w.shutdownOnce.Do(func() { w.shutdownErr = w.shutdown(ctx) })
+	return w.shutdownErr
+}
+
+func (w *Server) shutdown(ctx context.Context) error {
+	log := w.log
+	grace := 2 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		grace = min(grace, time.Until(d)/2)
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- w.proxy.Shutdown(ctx) }()
+	var errP error
+	select {
+	case errP = <-drained:
+	case <-time.After(grace):
+		// Requests parked in the engine (a JoinGroup waiting for a
+		// rebalance) would hold the drain until the deadline: closing
+		// the engine answers them, and the drain finishes.
+		log.Info("closing the coordinator to answer parked group requests")
+		if w.engine != nil {
+			w.engine.Close()
+		}
+		errP = <-drained
+	}
+	errW := w.close(ctx)
+	err := errors.Join(errP, errW)
+	if err != nil {
+		log.Warn("shutdown incomplete", "err", err)
+	} else {
+		log.Info("shutdown complete")
+	}
+	return err
+}
+
+func (w *Server) close(ctx context.Context) error {
+	var err error
+	for i := len(w.closers) - 1; i >= 0; i-- {
+		if e := w.closers[i](ctx); e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}

@@ -1,0 +1,87 @@
+package tap
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// HTTPConfig configures tap's HTTP handler, which kproxy's admin server
+// (--admin-listen) serves. Every field may be nil; the endpoints that
+// need a missing piece answer 503.
+type HTTPConfig struct {
+	// Tap provides /metrics and /api/events.
+	Tap *Tap
+	// Groups provides /api/groups (usually the engine).
+	Groups GroupSource
+	// Ready reports whether kproxy can serve (upstream reachable, state
+	// loaded); /readyz answers 503 with its error. Nil means ready.
+	Ready func(context.Context) error
+	// Offsets provides committed offsets and lag: per partition in
+	// /api/groups/{id}, each group's total in /api/groups.
+	Offsets OffsetSource
+	// Logger receives request failures; discarded when nil.
+	Logger *slog.Logger
+	// Timeout bounds Ready and Offsets calls, 3s when zero.
+	Timeout time.Duration
+	// KeepAlive is the interval of SSE keep-alive comments, 15s when
+	// zero.
+	KeepAlive time.Duration
+	// Fleet provides /api/fleet (distributed groups: this kproxy's view
+	// of the fleet, who owns which partition); nil answers 404, which
+	// the web view shows as "groups are not distributed". It is called
+	// on every request and must be safe to call from any goroutine.
+	Fleet func() FleetView
+}
+
+// httpAPI serves the handler's endpoints. Immutable after
+// NewHTTPHandler.
+type httpAPI struct {
+	cfg HTTPConfig
+	log *slog.Logger
+}
+
+// NewHTTPHandler returns tap's HTTP handler: health and metrics
+// (/healthz, /readyz, /metrics; health.go), the group API and event
+// stream (/api/groups, /api/groups/{id}, /api/events; api.go), the fleet
+// (/api/fleet; api_fleet.go) and the web view at / (webview.go).
+func NewHTTPHandler(cfg HTTPConfig) http.Handler {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	a := &httpAPI{cfg: cfg, log: cfg.Logger}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", healthz)
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.Handle("GET /metrics", a.metrics())
+	mux.HandleFunc("GET /api/groups", a.groups)
+	mux.HandleFunc("GET /api/groups/{id...}", a.group)
+	mux.HandleFunc("GET /api/events", a.events)
+	mux.HandleFunc("GET /api/fleet", a.fleet)
+	mux.Handle("GET /", webView())
+	return mux
+}
+
+// unavailable answers 503 with msg.
+func unavailable(msg string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, msg, http.StatusServiceUnavailable)
+	}
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
