@@ -72,10 +72,10 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 		}
 	}
 	v10 := r.Version >= 10
-	ga := newGather(len(parts), func(res []any) { reply(buildFetchResponse(r, parts, res)) })
+	ga := newGather(len(parts), func(res []fetchResult) { reply(buildFetchResponse(r, parts, res)) })
 	for i, fg := range parts {
 		s := e.shardFor(fg.group)
-		set := func(v any) { ga.set(i, v) }
+		set := func(v fetchResult) { ga.set(i, v) }
 		if !s.post(func() {
 			if !e.owns(fg.group) {
 				set(fetchResult{code: errNotCoordinator})
@@ -91,7 +91,7 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 
 // fetchOffsets validates one group's fetch on its loop and queues the
 // store read.
-func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(any)) {
+func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(fetchResult)) {
 	if consumer, ok := s.consumerGroups[fg.group]; ok {
 		// KIP-848: no member id and a negative epoch fetch as an admin
 		// would; otherwise the member's epoch must match exactly.
@@ -129,7 +129,7 @@ func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(an
 	e := s.e
 	s.enqueue(fg.group, storeOp{
 		abort: func(cause error) any { return fetchResult{code: storeErrorCode(cause)} },
-		done:  set,
+		done:  func(v any) { set(v.(fetchResult)) },
 		run: func(ctx context.Context) (any, func()) {
 			return e.fetch(ctx, fg, requireStable, v10), nil
 		},
@@ -198,10 +198,10 @@ func (e *Engine) fetch(ctx context.Context, fg fetchGroup, requireStable, v10 bo
 
 // buildFetchResponse assembles the per-group results in the request's
 // version shape.
-func buildFetchResponse(r *kmsg.OffsetFetchRequest, parts []fetchGroup, res []any) *kmsg.OffsetFetchResponse {
+func buildFetchResponse(r *kmsg.OffsetFetchRequest, parts []fetchGroup, res []fetchResult) *kmsg.OffsetFetchResponse {
 	resp := kmsg.NewPtrOffsetFetchResponse()
 	if r.Version < 8 {
-		fr := res[0].(fetchResult)
+		fr := res[0]
 		if fr.code != errNone {
 			if r.Version >= 2 {
 				resp.ErrorCode = fr.code
@@ -213,7 +213,7 @@ func buildFetchResponse(r *kmsg.OffsetFetchRequest, parts []fetchGroup, res []an
 		return resp
 	}
 	for i, fg := range parts {
-		fr := res[i].(fetchResult)
+		fr := res[i]
 		rg := kmsg.NewOffsetFetchResponseGroup()
 		rg.Group = fg.group
 		rg.ErrorCode = fr.code

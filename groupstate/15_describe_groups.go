@@ -28,11 +28,11 @@ const groupOperations int32 = 1<<3 | 1<<6 | 1<<8
 
 // describeGroups fans a DescribeGroups out to the loops owning its groups.
 func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.Response)) {
-	finish := func(res []any) {
+	finish := func(res []*kmsg.DescribeGroupsResponseGroup) {
 		resp := kmsg.NewPtrDescribeGroupsResponse()
 		var missing []int
 		for i, v := range res {
-			dg, _ := v.(*kmsg.DescribeGroupsResponseGroup)
+			dg := v
 			if dg == nil {
 				missing = append(missing, i)
 				nd := kmsg.NewDescribeGroupsResponseGroup()

@@ -25,11 +25,10 @@ import (
 
 // listGroups gathers the groups of every loop and of the store.
 func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)) {
-	finish := func(res []any) {
+	finish := func(res [][]kmsg.ListGroupsResponseGroup) {
 		seen := make(map[string]bool)
 		var all []kmsg.ListGroupsResponseGroup
-		for _, v := range res {
-			gs, _ := v.([]kmsg.ListGroupsResponseGroup)
+		for _, gs := range res {
 			for _, g := range gs {
 				seen[g.Group] = true
 				all = append(all, g)
@@ -69,26 +68,28 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 			}
 			// Groups with offsets that this engine has not loaded since
 			// its start may have persisted metadata: load them.
-			lg := newGather(len(missing), func(parts []any) {
+			// A part is nil for a group this engine no longer owns.
+			lg := newGather(len(missing), func(parts []*kmsg.ListGroupsResponseGroup) {
 				extra := make([]kmsg.ListGroupsResponseGroup, 0, len(parts))
 				for _, p := range parts {
-					if g, ok := p.(kmsg.ListGroupsResponseGroup); ok {
-						extra = append(extra, g)
+					if p != nil {
+						extra = append(extra, *p)
 					}
 				}
 				complete(extra, code)
 			})
 			for i, id := range missing {
 				s := e.shardFor(id)
-				set := func(v any) { lg.set(i, v) }
+				set := func(v *kmsg.ListGroupsResponseGroup) { lg.set(i, v) }
 				if !s.post(func() {
 					if !e.owns(id) {
 						set(nil)
 						return
 					}
-					s.whenLoaded(id, func() { set(s.listOne(id)) }, func(int16) { set(simpleListEntry(id)) })
+					s.whenLoaded(id, func() { g := s.listOne(id); set(&g) }, func(int16) { g := simpleListEntry(id); set(&g) })
 				}) {
-					set(simpleListEntry(id))
+					g := simpleListEntry(id)
+					set(&g)
 				}
 			}
 		}

@@ -21,19 +21,19 @@ import (
 
 // deleteGroups fans a DeleteGroups out to the loops owning its groups.
 func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Response)) {
-	ga := newGather(len(r.Groups), func(res []any) {
+	ga := newGather(len(r.Groups), func(res []int16) {
 		resp := kmsg.NewPtrDeleteGroupsResponse()
 		for i, id := range r.Groups {
 			dg := kmsg.NewDeleteGroupsResponseGroup()
 			dg.Group = id
-			dg.ErrorCode = res[i].(int16)
+			dg.ErrorCode = res[i]
 			resp.Groups = append(resp.Groups, dg)
 		}
 		reply(resp)
 	})
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
-		set := func(v any) { ga.set(i, v) }
+		set := func(code int16) { ga.set(i, code) }
 		if !s.post(func() {
 			if !e.owns(id) {
 				set(errNotCoordinator)
@@ -47,7 +47,7 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 }
 
 // deleteGroup deletes one group on its loop.
-func (s *shard) deleteGroup(id string, set func(any)) {
+func (s *shard) deleteGroup(id string, set func(int16)) {
 	inEngine := false
 	if consumer, ok := s.consumerGroups[id]; ok {
 		if len(consumer.members) > 0 {
@@ -85,7 +85,7 @@ func (s *shard) deleteGroup(id string, set func(any)) {
 	e := s.e
 	s.enqueue(id, storeOp{
 		abort: func(cause error) any { return storeErrorCode(cause) },
-		done:  set,
+		done:  func(v any) { set(v.(int16)) },
 		run: func(ctx context.Context) (any, func()) {
 			err := e.cfg.Store.DeleteGroup(ctx, id)
 			if err == nil {

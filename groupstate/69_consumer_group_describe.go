@@ -18,16 +18,16 @@ import (
 
 // consumerGroupDescribe fans a ConsumerGroupDescribe out to the loops.
 func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, reply func(kmsg.Response)) {
-	ga := newGather(len(r.Groups), func(res []any) {
+	ga := newGather(len(r.Groups), func(res []kmsg.ConsumerGroupDescribeResponseGroup) {
 		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
 		for _, v := range res {
-			resp.Groups = append(resp.Groups, v.(kmsg.ConsumerGroupDescribeResponseGroup))
+			resp.Groups = append(resp.Groups, v)
 		}
 		reply(resp)
 	})
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
-		set := func(v any) { ga.set(i, v) }
+		set := func(v kmsg.ConsumerGroupDescribeResponseGroup) { ga.set(i, v) }
 		notFound := func(code int16) {
 			dg := kmsg.NewConsumerGroupDescribeResponseGroup()
 			dg.Group, dg.ErrorCode = id, code

@@ -180,16 +180,16 @@ func (e *Engine) goStore(fn func(ctx context.Context)) bool {
 
 // gather collects n partial results from any goroutines and calls finish
 // once with all of them.
-type gather struct {
-	mu     sync.Mutex
+type gather[T any] struct {
+	mu     sync.Mutex // guards left and parts
 	left   int
-	parts  []any
-	finish func(parts []any)
+	parts  []T
+	finish func(parts []T)
 }
 
 // newGather returns a gather for n parts; with n == 0 finish runs now.
-func newGather(n int, finish func(parts []any)) *gather {
-	g := &gather{left: n, parts: make([]any, n), finish: finish}
+func newGather[T any](n int, finish func(parts []T)) *gather[T] {
+	g := &gather[T]{left: n, parts: make([]T, n), finish: finish}
 	if n == 0 {
 		finish(g.parts)
 	}
@@ -197,7 +197,7 @@ func newGather(n int, finish func(parts []any)) *gather {
 }
 
 // set records part i.
-func (g *gather) set(i int, v any) {
+func (g *gather[T]) set(i int, v T) {
 	g.mu.Lock()
 	g.parts[i] = v
 	g.left--
