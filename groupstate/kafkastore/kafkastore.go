@@ -103,39 +103,29 @@ func (s *Store) refreshTopics(ctx context.Context) error {
 
 // TopicNames implements groupstate.TopicResolver.
 func (s *Store) TopicNames(ctx context.Context, ids [][16]byte) (map[[16]byte]string, error) {
-	lookup := func() (map[[16]byte]string, bool) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		out := make(map[[16]byte]string, len(ids))
-		for _, id := range ids {
-			if n, ok := s.names[id]; ok {
-				out[id] = n
-			}
-		}
-		return out, len(out) == len(ids)
-	}
-	if out, all := lookup(); all {
-		return out, nil
-	}
-	if err := s.refreshTopics(ctx); err != nil {
-		return nil, err
-	}
-	out, _ := lookup()
-	return out, nil
+	return cachedLookup(ctx, s, ids, func() map[[16]byte]string { return s.names })
 }
 
 // TopicIDs implements groupstate.TopicResolver.
 func (s *Store) TopicIDs(ctx context.Context, names []string) (map[string][16]byte, error) {
-	lookup := func() (map[string][16]byte, bool) {
+	return cachedLookup(ctx, s, names, func() map[string][16]byte { return s.ids })
+}
+
+// cachedLookup answers keys from the store's topic cache (the map that
+// table returns, read under s.mu), refreshing the cache once from the
+// cluster when a key is missing; keys still unknown are left out.
+func cachedLookup[K comparable, V any](ctx context.Context, s *Store, keys []K, table func() map[K]V) (map[K]V, error) {
+	lookup := func() (map[K]V, bool) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		out := make(map[string][16]byte, len(names))
-		for _, n := range names {
-			if id, ok := s.ids[n]; ok {
-				out[n] = id
+		t := table()
+		out := make(map[K]V, len(keys))
+		for _, k := range keys {
+			if v, ok := t[k]; ok {
+				out[k] = v
 			}
 		}
-		return out, len(out) == len(names)
+		return out, len(out) == len(keys)
 	}
 	if out, all := lookup(); all {
 		return out, nil
