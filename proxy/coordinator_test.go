@@ -51,15 +51,7 @@ func rawRequest(t *testing.T, conn net.Conn, req kmsg.Request, corr int32, clien
 // readResponse reads one response frame and decodes it for req.
 func readResponse(t *testing.T, conn net.Conn, req kmsg.Request) (int32, kmsg.Response) {
 	t.Helper()
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var size [4]byte
-	if _, err := io.ReadFull(conn, size[:]); err != nil {
-		t.Fatalf("reading response: %v", err)
-	}
-	b := make([]byte, int(uint32(size[0])<<24|uint32(size[1])<<16|uint32(size[2])<<8|uint32(size[3])))
-	if _, err := io.ReadFull(conn, b); err != nil {
-		t.Fatal(err)
-	}
+	b := readFrame(t, conn)
 	corr := int32(uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]))
 	b = b[4:]
 	resp := req.ResponseKind()
@@ -71,6 +63,21 @@ func readResponse(t *testing.T, conn net.Conn, req kmsg.Request) (int32, kmsg.Re
 		t.Fatalf("decoding %s response: %v", kmsg.NameForKey(req.Key()), err)
 	}
 	return corr, resp
+}
+
+// readFrame reads one response frame and returns it without its size.
+func readFrame(t *testing.T, conn net.Conn) []byte {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var size [4]byte
+	if _, err := io.ReadFull(conn, size[:]); err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	b := make([]byte, int(uint32(size[0])<<24|uint32(size[1])<<16|uint32(size[2])<<8|uint32(size[3])))
+	if _, err := io.ReadFull(conn, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // TestGroupRequestsStayInOrder pipelines forwarded requests around a slow
@@ -255,16 +262,7 @@ func TestApiVersionsNewerThanTheBroker(t *testing.T) {
 // correlation id.
 func readRawResponse(t *testing.T, conn net.Conn) []byte {
 	t.Helper()
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var size [4]byte
-	if _, err := io.ReadFull(conn, size[:]); err != nil {
-		t.Fatalf("reading response: %v", err)
-	}
-	b := make([]byte, int(uint32(size[0])<<24|uint32(size[1])<<16|uint32(size[2])<<8|uint32(size[3])))
-	if _, err := io.ReadFull(conn, b); err != nil {
-		t.Fatal(err)
-	}
-	return b[4:]
+	return readFrame(t, conn)[4:]
 }
 
 // TestApiVersionsErrorAnswersPassUntouched asks every ApiVersions version
