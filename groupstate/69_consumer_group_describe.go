@@ -20,9 +20,7 @@ import (
 func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, reply func(kmsg.Response)) {
 	ga := newGather(len(r.Groups), func(res []kmsg.ConsumerGroupDescribeResponseGroup) {
 		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
-		for _, v := range res {
-			resp.Groups = append(resp.Groups, v)
-		}
+		resp.Groups = append(resp.Groups, res...)
 		reply(resp)
 	})
 	for i, id := range r.Groups {
