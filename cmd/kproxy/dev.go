@@ -20,6 +20,7 @@ prints the bootstrap address. Nothing is written to disk.`,
 	f := bindFlags(cmd.Flags(), false)
 	brokers := cmd.Flags().Int("brokers", 3, "brokers in the in-memory cluster")
 	partitions := cmd.Flags().Int("partitions", 6, "partitions of auto-created topics")
+	telemetry := cmd.Flags().Bool("client-telemetry", false, "offer KIP-714 client telemetry (GetTelemetrySubscriptions, PushTelemetry) as kfake does; off like a broker without a client-metrics plugin, since kfake's 30 s push interval makes every franz-go client reconnect for each push")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := f.resolve()
 		if err != nil {
@@ -29,7 +30,7 @@ prints the bootstrap address. Nothing is written to disk.`,
 			cfg.AdminListen = "127.0.0.1:9644"
 		}
 		log := cfg.logger()
-		cluster, err := kproxy.NewDevCluster(*brokers, *partitions, log)
+		cluster, err := kproxy.NewDevCluster(*brokers, *partitions, log, devTelemetryOpts(*telemetry)...)
 		if err != nil {
 			return err
 		}

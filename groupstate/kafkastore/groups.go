@@ -254,8 +254,15 @@ func GroupPartition(group string, partitions int) int32 {
 	if partitions <= 0 {
 		return 0
 	}
-	return int32(kgo.StickyKeyPartitioner(nil).ForTopic("").Partition(&kgo.Record{Key: []byte(group)}, partitions))
+	return int32(groupKeyPartitioner.Partition(&kgo.Record{Key: []byte(group)}, partitions))
 }
+
+// groupKeyPartitioner is shared by every GroupPartition call and never
+// written after init: ForTopic allocates a math/rand source (about 5 KB)
+// for records without a key, and GroupPartition runs on every group
+// request; a record with a key only reads the hash function, so
+// concurrent calls are safe.
+var groupKeyPartitioner = kgo.StickyKeyPartitioner(nil).ForTopic("")
 
 // retriableLeaderError reports whether code means the leader moved or is
 // not there yet: the metadata is looked up again and the call retried.
