@@ -56,9 +56,6 @@ import (
 // $KPROXY_BENCH_COMMIT_FOR sets groups200's commit phase (default 5s);
 // with GODEBUG=gctrace=1 the kproxies' last GC lines are printed too.
 func BenchmarkFleet(b *testing.B) {
-	if testing.Short() {
-		b.Skip("multi-process fleet benchmark; run without -short")
-	}
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(benchTopicPartitions, benchTopic),
 		kfake.GroupMinSessionTimeout(500*time.Millisecond), kfake.AllowAutoTopicCreation())
 	if err != nil {

@@ -145,9 +145,6 @@ func generations(mems []*member) []int32 {
 // cooperative group does not rebalance when the owner it did not talk to
 // directly dies.
 func TestFleetOneOwnerPerGroup(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process fleet test; run without -short")
-	}
 	const topic, partitions, total = "fleet-t", 6, 3000
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
 		kfake.GroupMinSessionTimeout(500*time.Millisecond), kfake.AllowAutoTopicCreation())
@@ -403,9 +400,6 @@ func waitConsumedMore(t testing.TB, recs *records, within time.Duration) {
 // owner, consume every record and commit to the end, and the relay never
 // serves a partition.
 func TestFleetRelayOnly(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process fleet test; run without -short")
-	}
 	const topic, partitions, total = "relay-t", 4, 400
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic),
 		kfake.GroupMinSessionTimeout(500*time.Millisecond))
