@@ -5,6 +5,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // Error codes the engine answers with, as Kafka numbers them (a test
@@ -93,96 +95,7 @@ func storeErrorCode(err error) int16 {
 // Kafka broker would put a request-level error: at the top level, per
 // group, or per partition.
 func errorResponse(req kmsg.Request, code int16) kmsg.Response {
-	switch r := req.(type) {
-	case *kmsg.JoinGroupRequest:
-		return joinError(code, r.MemberID)
-	case *kmsg.SyncGroupRequest:
-		return syncError(code)
-	case *kmsg.HeartbeatRequest:
-		resp := kmsg.NewPtrHeartbeatResponse()
-		resp.ErrorCode = code
-		return resp
-	case *kmsg.LeaveGroupRequest:
-		resp := kmsg.NewPtrLeaveGroupResponse()
-		resp.ErrorCode = code
-		return resp
-	case *kmsg.OffsetCommitRequest:
-		return commitError(r, code)
-	case *kmsg.TxnOffsetCommitRequest:
-		resp := kmsg.NewPtrTxnOffsetCommitResponse()
-		for _, t := range r.Topics {
-			rt := kmsg.NewTxnOffsetCommitResponseTopic()
-			rt.Topic, rt.TopicID = t.Topic, t.TopicID
-			for _, p := range t.Partitions {
-				rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-				rp.Partition, rp.ErrorCode = p.Partition, code
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			resp.Topics = append(resp.Topics, rt)
-		}
-		return resp
-	case *kmsg.OffsetFetchRequest:
-		resp := kmsg.NewPtrOffsetFetchResponse()
-		if r.Version >= 8 {
-			for _, g := range r.Groups {
-				rg := kmsg.NewOffsetFetchResponseGroup()
-				rg.Group, rg.ErrorCode = g.Group, code
-				resp.Groups = append(resp.Groups, rg)
-			}
-		} else {
-			resp.ErrorCode = code
-			for _, t := range r.Topics {
-				rt := kmsg.NewOffsetFetchResponseTopic()
-				rt.Topic = t.Topic
-				for _, p := range t.Partitions {
-					rp := kmsg.NewOffsetFetchResponseTopicPartition()
-					rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, code
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
-			}
-		}
-		return resp
-	case *kmsg.DescribeGroupsRequest:
-		resp := kmsg.NewPtrDescribeGroupsResponse()
-		for _, g := range r.Groups {
-			rg := kmsg.NewDescribeGroupsResponseGroup()
-			rg.Group, rg.ErrorCode = g, code
-			resp.Groups = append(resp.Groups, rg)
-		}
-		return resp
-	case *kmsg.ListGroupsRequest:
-		resp := kmsg.NewPtrListGroupsResponse()
-		resp.ErrorCode = code
-		return resp
-	case *kmsg.DeleteGroupsRequest:
-		resp := kmsg.NewPtrDeleteGroupsResponse()
-		for _, g := range r.Groups {
-			rg := kmsg.NewDeleteGroupsResponseGroup()
-			rg.Group, rg.ErrorCode = g, code
-			resp.Groups = append(resp.Groups, rg)
-		}
-		return resp
-	case *kmsg.OffsetDeleteRequest:
-		resp := kmsg.NewPtrOffsetDeleteResponse()
-		resp.ErrorCode = code
-		return resp
-	case *kmsg.ConsumerGroupHeartbeatRequest:
-		resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
-		resp.ErrorCode = code
-		return resp
-	case *kmsg.ConsumerGroupDescribeRequest:
-		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
-		for _, g := range r.Groups {
-			rg := kmsg.NewConsumerGroupDescribeResponseGroup()
-			rg.Group, rg.ErrorCode = g, code
-			resp.Groups = append(resp.Groups, rg)
-		}
-		return resp
-	}
-	resp := req.ResponseKind()
-	resp.SetVersion(req.GetVersion())
-	return resp
+	return codec.GroupErrorResponse(req, code)
 }
 
 // commitError answers every partition of an OffsetCommit with code.

@@ -5,15 +5,13 @@ import (
 )
 
 // groupAPI is what the router needs to know about one group API: which
-// groups a request names, how to answer it with an error, and, for APIs
+// groups a request names (its error answer is codec.GroupErrorResponse)
+// and, for APIs
 // that name several groups, how to split a request by owner and merge
 // the answers.
 type groupAPI struct {
 	// groups names the groups req is for, in request order.
 	groups func(req kmsg.Request) []string
-	// errorResponse answers req with code in every slot where a broker
-	// puts a coordinator error (top level, per group or per partition).
-	errorResponse func(req kmsg.Request, code int16) kmsg.Response
 	// multi splits and merges requests naming several groups; nil for
 	// single-group APIs.
 	multi splitter
@@ -40,102 +38,36 @@ type part struct {
 var groupAPIs = map[int16]groupAPI{
 	8: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.OffsetCommitRequest).Group} },
-		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
-			q := r.(*kmsg.OffsetCommitRequest)
-			resp := kmsg.NewPtrOffsetCommitResponse()
-			for _, t := range q.Topics {
-				rt := kmsg.NewOffsetCommitResponseTopic()
-				rt.Topic, rt.TopicID = t.Topic, t.TopicID
-				for _, p := range t.Partitions {
-					rp := kmsg.NewOffsetCommitResponseTopicPartition()
-					rp.Partition, rp.ErrorCode = p.Partition, code
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
-			}
-			return resp
-		},
 	},
 	9: {
-		groups:        offsetFetchGroups,
-		errorResponse: offsetFetchError,
-		multi:         offsetFetchSplitter,
+		groups: offsetFetchGroups,
+		multi:  offsetFetchSplitter,
 	},
 	11: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.JoinGroupRequest).Group} },
-		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrJoinGroupResponse()
-			resp.ErrorCode, resp.MemberID = code, r.(*kmsg.JoinGroupRequest).MemberID
-			return resp
-		},
 	},
 	12: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.HeartbeatRequest).Group} },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrHeartbeatResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	13: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.LeaveGroupRequest).Group} },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrLeaveGroupResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	14: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.SyncGroupRequest).Group} },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrSyncGroupResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	15: describeGroupsAPI,
 	16: {
 		groups: func(kmsg.Request) []string { return nil },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrListGroupsResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	28: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.TxnOffsetCommitRequest).Group} },
-		errorResponse: func(r kmsg.Request, code int16) kmsg.Response {
-			q := r.(*kmsg.TxnOffsetCommitRequest)
-			resp := kmsg.NewPtrTxnOffsetCommitResponse()
-			for _, t := range q.Topics {
-				rt := kmsg.NewTxnOffsetCommitResponseTopic()
-				rt.Topic, rt.TopicID = t.Topic, t.TopicID
-				for _, p := range t.Partitions {
-					rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-					rp.Partition, rp.ErrorCode = p.Partition, code
-					rt.Partitions = append(rt.Partitions, rp)
-				}
-				resp.Topics = append(resp.Topics, rt)
-			}
-			return resp
-		},
 	},
 	42: deleteGroupsAPI,
 	47: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.OffsetDeleteRequest).Group} },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrOffsetDeleteResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	68: {
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.ConsumerGroupHeartbeatRequest).Group} },
-		errorResponse: func(_ kmsg.Request, code int16) kmsg.Response {
-			resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
-			resp.ErrorCode = code
-			return resp
-		},
 	},
 	69: consumerGroupDescribeAPI,
 }
@@ -153,7 +85,7 @@ type multiAPI[Q, S, G, I any] struct {
 }
 
 func (m multiAPI[Q, S, G, I]) api() groupAPI {
-	return groupAPI{groups: m.groups, errorResponse: m.errorResponse, multi: m}
+	return groupAPI{groups: m.groups, multi: m}
 }
 
 func (m multiAPI[Q, S, G, I]) groups(r kmsg.Request) []string {
@@ -163,15 +95,6 @@ func (m multiAPI[Q, S, G, I]) groups(r kmsg.Request) []string {
 		names[i] = m.reqName(g)
 	}
 	return names
-}
-
-func (m multiAPI[Q, S, G, I]) errorResponse(r kmsg.Request, code int16) kmsg.Response {
-	resp := m.newResp()
-	items := m.items(resp)
-	for _, g := range *m.reqItems(any(r).(*Q)) {
-		*items = append(*items, m.errItem(m.reqName(g), code))
-	}
-	return any(resp).(kmsg.Response)
 }
 
 func (m multiAPI[Q, S, G, I]) subset(r kmsg.Request, idx []int) kmsg.Request {
@@ -309,38 +232,4 @@ func offsetFetchGroups(r kmsg.Request) []string {
 		return []string{q.Group}
 	}
 	return offsetFetchV8.groups(r)
-}
-
-func offsetFetchError(r kmsg.Request, code int16) kmsg.Response {
-	q := r.(*kmsg.OffsetFetchRequest)
-	if q.Version >= 8 {
-		return offsetFetchV8.errorResponse(r, code)
-	}
-	// v2+ carry a top-level error; v0-1 only per-partition ones. Both
-	// are set, as Kafka does for the partitions asked for.
-	resp := kmsg.NewPtrOffsetFetchResponse()
-	resp.ErrorCode = code
-	for _, t := range q.Topics {
-		rt := kmsg.NewOffsetFetchResponseTopic()
-		rt.Topic = t.Topic
-		for _, p := range t.Partitions {
-			rp := kmsg.NewOffsetFetchResponseTopicPartition()
-			rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, code
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		resp.Topics = append(resp.Topics, rt)
-	}
-	return resp
-}
-
-// errorFor answers req with code, at req's version.
-func errorFor(req kmsg.Request, code int16) kmsg.Response {
-	var resp kmsg.Response
-	if api, ok := groupAPIs[req.Key()]; ok {
-		resp = api.errorResponse(req, code)
-	} else {
-		resp = req.ResponseKind()
-	}
-	resp.SetVersion(req.GetVersion())
-	return resp
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // Locator says which kproxy owns a group (docs/fleet.md, "Ownership"). It
@@ -189,7 +191,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		var d dest
 		if !r.await(func() (ok bool) { d, ok = r.locate(group); return ok }) {
 			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
-			done(errorFor(req, errCoordinatorNotAvailable))
+			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
 		r.send(d, c, req, done)
@@ -248,7 +250,7 @@ func (r *Router) fanOut(c Client, req kmsg.Request, sp splitter, dests []dest, h
 		parts[i].idx = byDest[d]
 	}
 	if len(orphans) > 0 {
-		parts = append(parts, part{idx: orphans, resp: errorFor(sp.subset(req, orphans), errCoordinatorNotAvailable)})
+		parts = append(parts, part{idx: orphans, resp: codec.GroupErrorResponse(sp.subset(req, orphans), errCoordinatorNotAvailable)})
 	}
 	var mu sync.Mutex
 	left := len(order)
@@ -335,7 +337,7 @@ func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
 func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
 	if d.local {
 		if r.cfg.Local == nil {
-			done(errorFor(req, errCoordinatorNotAvailable))
+			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
 		r.cfg.Local.Handle(c, req, done)
@@ -345,7 +347,7 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
 		r.metrics.record(req.Key(), o, time.Since(start))
 		if o != outcomeOK {
-			resp = errorFor(req, errCoordinatorNotAvailable)
+			resp = codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 		}
 		done(resp)
 	})

@@ -126,7 +126,7 @@ func (f *fakeEngine) answer(req kmsg.Request) kmsg.Response {
 		}
 		return resp
 	}
-	return errorFor(req, f.code(groupAPIs[req.Key()].groups(req)[0]))
+	return codec.GroupErrorResponse(req, f.code(groupAPIs[req.Key()].groups(req)[0]))
 }
 
 // testLocator is a Locator over prefixes: groups starting with local are

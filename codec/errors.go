@@ -1,0 +1,122 @@
+package codec
+
+import "github.com/twmb/franz-go/pkg/kmsg"
+
+// GroupErrorResponse is the answer to the group request req that carries
+// code everywhere a Kafka broker puts a coordinator error: at the top
+// level, per group, or per partition, at req's version. The engine
+// answers with it (NOT_COORDINATOR for a group it does not own, a store
+// error) and so does the fleet's router (COORDINATOR_NOT_AVAILABLE when a
+// group has no reachable owner). A request of another API gets its empty
+// response.
+func GroupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
+	resp := groupErrorResponse(req, code)
+	resp.SetVersion(req.GetVersion())
+	return resp
+}
+
+func groupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		resp := kmsg.NewPtrJoinGroupResponse()
+		resp.ErrorCode, resp.MemberID = code, r.MemberID
+		return resp
+	case *kmsg.SyncGroupRequest:
+		resp := kmsg.NewPtrSyncGroupResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.HeartbeatRequest:
+		resp := kmsg.NewPtrHeartbeatResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.LeaveGroupRequest:
+		resp := kmsg.NewPtrLeaveGroupResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.OffsetCommitRequest:
+		resp := kmsg.NewPtrOffsetCommitResponse()
+		for _, t := range r.Topics {
+			rt := kmsg.NewOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp
+	case *kmsg.TxnOffsetCommitRequest:
+		resp := kmsg.NewPtrTxnOffsetCommitResponse()
+		for _, t := range r.Topics {
+			rt := kmsg.NewTxnOffsetCommitResponseTopic()
+			rt.Topic, rt.TopicID = t.Topic, t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, code
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		return resp
+	case *kmsg.OffsetFetchRequest:
+		resp := kmsg.NewPtrOffsetFetchResponse()
+		if r.Version >= 8 {
+			for _, g := range r.Groups {
+				rg := kmsg.NewOffsetFetchResponseGroup()
+				rg.Group, rg.ErrorCode = g.Group, code
+				resp.Groups = append(resp.Groups, rg)
+			}
+		} else {
+			resp.ErrorCode = code
+			for _, t := range r.Topics {
+				rt := kmsg.NewOffsetFetchResponseTopic()
+				rt.Topic = t.Topic
+				for _, p := range t.Partitions {
+					rp := kmsg.NewOffsetFetchResponseTopicPartition()
+					rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, code
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+		}
+		return resp
+	case *kmsg.DescribeGroupsRequest:
+		resp := kmsg.NewPtrDescribeGroupsResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewDescribeGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	case *kmsg.ListGroupsRequest:
+		resp := kmsg.NewPtrListGroupsResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.DeleteGroupsRequest:
+		resp := kmsg.NewPtrDeleteGroupsResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewDeleteGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	case *kmsg.OffsetDeleteRequest:
+		resp := kmsg.NewPtrOffsetDeleteResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.ConsumerGroupDescribeRequest:
+		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewConsumerGroupDescribeResponseGroup()
+			rg.Group, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	}
+	return req.ResponseKind()
+}
