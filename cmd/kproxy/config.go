@@ -48,6 +48,9 @@ type fileConfig struct {
 	UpstreamTLS    upstreamTLSConfig  `yaml:"upstream_tls"`
 	UpstreamSASL   upstreamSASLConfig `yaml:"upstream_sasl"`
 	AdminTokenFile string             `yaml:"admin_token_file"`
+
+	// Group authorization (authz.go).
+	Authorization authorizationConfig `yaml:"group_authorization"`
 }
 
 type logConfig struct {
@@ -137,7 +140,8 @@ func defaultConfig() fileConfig {
 				HeartbeatInterval: time.Second,
 			},
 		},
-		Telemetry: telemetryConfig{ServiceName: "kproxy"},
+		Telemetry:     telemetryConfig{ServiceName: "kproxy"},
+		Authorization: defaultAuthorization(),
 	}
 }
 
@@ -213,6 +217,7 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.validateAuthorization()...)
 	switch c.Log.Format {
 	case "text", "json":
 	default:
@@ -266,6 +271,7 @@ type flagSet struct {
 	maxConns    int
 	maxPerHost  int
 	security    securityFlags
+	authz       authzFlags
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -301,6 +307,9 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.maxPerHost, "max-connections-per-host", 10000, "client connections from one IP address; more are closed at accept")
 	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
 	f.security.bind(fs, withUpstream)
+	if withUpstream {
+		f.authz.bind(fs)
+	}
 	return f
 }
 
@@ -346,5 +355,6 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("max-connections", func() { c.MaxConns = f.maxConns })
 	set("max-connections-per-host", func() { c.MaxConnsPerHost = f.maxPerHost })
 	f.security.apply(f.fs, &c)
+	f.authz.apply(f.fs, &c)
 	return c, nil
 }
