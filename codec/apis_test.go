@@ -3,6 +3,7 @@ package codec
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -100,4 +101,37 @@ func TestRouteForDoesNotAllocate(t *testing.T) {
 		t.Errorf("RouteFor allocates %v times per run", n)
 	}
 	_ = sink
+}
+
+// TestSASLRoutes: SaslHandshake and SaslAuthenticate are forwarded and
+// their responses read but never edited (the session learns the
+// client's principal from them); SaslHandshake v0, after which raw SASL
+// tokens without Kafka headers follow, is refused with a clear reason,
+// and ApiVersions advertises v1 as its lowest version.
+func TestSASLRoutes(t *testing.T) {
+	for _, key := range []int16{KeySaslHandshake, KeySaslAuthenticate} {
+		for v := int16(1); v <= MaxVersion(key); v++ {
+			d := RouteFor(key, v, true)
+			if d.Route != Rewrite || d.Edit != EditObserve {
+				t.Fatalf("%s v%d: %v/%v, want rewritten/observe", kmsg.NameForKey(key), v, d.Route, d.Edit)
+			}
+			resp := kmsg.RequestForKey(key).ResponseKind()
+			resp.SetVersion(v)
+			if edited, err := RewriteResponse(key, v, resp.AppendTo(nil), nil, true); edited != nil || err != nil {
+				t.Fatalf("%s v%d response edited: %v %v", kmsg.NameForKey(key), v, edited, err)
+			}
+		}
+	}
+	d := RouteFor(KeySaslHandshake, 0, true)
+	err := d.Refusal(KeySaslHandshake, 0)
+	if d.Route != Refuse || !errors.Is(err, ErrBadVersion) || !strings.Contains(err.Error(), "KIP-152") {
+		t.Fatalf("SaslHandshake v0: %v, %v; want refused with the reason", d.Route, err)
+	}
+	resp := kmsg.NewPtrApiVersionsResponse()
+	resp.ApiKeys = []kmsg.ApiVersionsResponseApiKey{{ApiKey: KeySaslHandshake, MinVersion: 0, MaxVersion: 1}}
+	MergeApiVersions(resp, true)
+	i := slices.IndexFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == KeySaslHandshake })
+	if i < 0 || resp.ApiKeys[i].MinVersion != 1 || resp.ApiKeys[i].MaxVersion != 1 {
+		t.Fatalf("advertised SaslHandshake: %+v", resp.ApiKeys)
+	}
 }

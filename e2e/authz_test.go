@@ -167,7 +167,9 @@ var authzPaths = []authzPath{
 	{"kproxy", func(e *authzEnv) []string { return []string{e.kproxy.Addr()} }},
 }
 
-func mechPlain(user, pass string) sasl.Mechanism { return plain.Auth{User: user, Pass: pass}.AsMechanism() }
+func mechPlain(user, pass string) sasl.Mechanism {
+	return plain.Auth{User: user, Pass: pass}.AsMechanism()
+}
 
 // commitCodes commits offset 1 of partition 0 of each topic for group
 // as a simple consumer (generation -1) and returns each topic's code;
@@ -219,7 +221,16 @@ func isGroupAuthFailed(code int16, err error) bool {
 // cluster decides for a principal on a direct connection is what kproxy
 // decides serving the group itself.
 func TestGroupAuthorization(t *testing.T) {
-	e := newAuthzEnv(t, kproxy.GroupsLocal)
+	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
+		t.Run(string(mode), func(t *testing.T) { testGroupAuthorization(t, mode) })
+	}
+}
+
+// testGroupAuthorization is TestGroupAuthorization with kproxy serving
+// groups in mode: alone (the engine behind the authorizer) or as a
+// fleet of one (the router behind it).
+func testGroupAuthorization(t *testing.T, mode kproxy.GroupsMode) {
+	e := newAuthzEnv(t, mode)
 	producer := e.client(t, e.cluster.ListenAddrs(), scram.Auth{User: "kproxy", Pass: authzKproxyPass}.AsSha256Mechanism(), kgo.DefaultProduceTopic(e.topics[0]))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
