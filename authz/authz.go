@@ -1,78 +1,92 @@
 // Package authz decides, from the cluster's own ACLs, whether a client's
 // principal may do what a group request it sends kproxy asks (issue 9:
 // "the client's own identity on every group request, the cluster's own
-// authorization"). It is not wired into the data path yet; this comment
-// is the design, and says which parts exist.
+// authorization"). kproxy serves the group APIs itself, so the broker
+// that would check a group request never sees it; this package makes the
+// broker's decision instead. It is wired by proxy.Authorizer (a
+// Coordinator in front of the engine or the fleet's Router) and
+// internal/kproxy (--group-authorization).
 //
 // # Who the client is
 //
-// kproxy serves group APIs itself, so the broker that would check a
-// group request never sees it. The client's identity is what its own
-// connection established with the cluster: its SASL exchange, which
-// passes through kproxy byte for byte to the broker that verifies it, or
-// its client certificate on an mTLS listener. A session learns:
+// The client's identity is what its own connection established with the
+// cluster: its SASL exchange, which passes through kproxy byte for byte
+// to the broker that verifies it, or its client certificate on an mTLS
+// listener. The session (proxy/sasl.go) learns:
 //
 //   - the mechanism, from the SaslHandshake request;
-//   - the claimed user, from the client's first SaslAuthenticate bytes
-//     (PLAIN: authzid NUL authcid NUL password; SCRAM: the client-first
-//     message's n= attribute), parsed by [SASLUser] (exists);
+//   - the claimed user, from the client's first SaslAuthenticate bytes:
+//     PLAIN's authcid and SCRAM's n= attribute ([SASLUser]),
+//     OAUTHBEARER's token "sub" claim ([OAuthBearerSubject], Kafka's
+//     default sasl.oauthbearer.sub.claim.name);
 //   - whether the broker accepted it: a SaslAuthenticate response with
-//     error code 0 that ends the exchange (PLAIN's first, SCRAM's second).
-//     Only then is "User:<user>" the principal; until then the session is
-//     unauthenticated.
+//     error code 0 that ends the exchange (PLAIN's first, SCRAM's second,
+//     OAUTHBEARER's first when it carries no error challenge, GSSAPI's
+//     last, the one without bytes). Only then is "User:<user>" the
+//     principal; until then the session is unauthenticated.
 //
-// OAUTHBEARER and GSSAPI principals cannot be read off the exchange
-// (the broker maps a token claim or a Kerberos name through its own
-// rules); for them only the authenticated/unauthenticated gate applies
-// (below), and groups fall back to the probe design (last section).
+// On an mTLS listener without SASL the principal is [CertPrincipal]:
+// "User:" and the certificate subject in the RFC 2253 form Kafka's
+// default ssl.principal.mapping.rules give. A connection with neither is
+// [Anonymous]. A GSSAPI principal is the broker's mapping of a Kerberos
+// name, which kproxy cannot reproduce: such a session is authenticated
+// with an unknown principal, and every group request it sends is denied
+// (fail closed). SaslHandshake v0, after which SASL tokens travel
+// without Kafka framing, is refused (codec.RouteFor).
 //
 // # Unauthenticated connections
 //
 // When the upstream requires SASL (kproxy's own client is configured
-// with it), a group request on a session that has not completed SASL
-// gets what a Kafka broker does: the broker's SaslServerAuthenticator
-// accepts only ApiVersions, SaslHandshake and SaslAuthenticate before
-// authentication and closes the connection on anything else
-// (IllegalSaslStateException). kproxy closes the session the same way,
-// touching no group state.
+// with it, proxy.Config.RequireSASL), a group request or FindCoordinator
+// on a session that has not completed SASL gets what a Kafka broker
+// does: the broker's SaslServerAuthenticator accepts only ApiVersions,
+// SaslHandshake and SaslAuthenticate before authentication and closes
+// the connection on anything else. kproxy closes the session the same
+// way, touching no group state.
 //
 // # Decisions
 //
 // [Cache] reads every ACL with DescribeAcls (resource ANY, pattern ANY)
 // through kproxy's own client (its principal needs DESCRIBE on the
-// CLUSTER resource) and keeps the set for a TTL (default 10s): a revoked
-// ACL stops being honoured at most a TTL later, an added one starts at
-// most a TTL later; a failed refresh keeps the last set for at most
-// three TTLs, then every decision is "deny" (fail closed). [Set.Allowed]
-// evaluates a (principal, host, resource, operation) as Kafka's
-// StandardAuthorizer does: a matching DENY wins; an ALLOW for the
-// operation, or for ALL, or (KIP-253) for READ/WRITE/DELETE/ALTER when
-// DESCRIBE is asked, or ALTER_CONFIGS when DESCRIBE_CONFIGS is asked,
-// allows; literal names match exactly or "*", prefixed names by prefix;
-// principals exactly or "User:*"; hosts exactly or "*".
+// CLUSTER resource) and keeps the set for a TTL (default 10s; the
+// assembly refreshes it ahead of expiry): a revoked ACL stops being
+// honoured at most a TTL later, an added one starts at most a TTL later;
+// a failed refresh keeps the last set for at most three TTLs, then every
+// decision is "deny" (fail closed). A cluster without an authorizer
+// answers SECURITY_DISABLED, and then everything is allowed
+// ([Set.NoAuthorizer]), as its brokers allow it. [Set.Allowed] evaluates
+// a (principal, host, resource, operation) as Kafka's StandardAuthorizer
+// does: a matching DENY wins; an ALLOW for the operation, or for ALL, or
+// (KIP-253) for READ/WRITE/DELETE/ALTER when DESCRIBE is asked, or
+// ALTER_CONFIGS when DESCRIBE_CONFIGS is asked, allows; literal names
+// match exactly or "*", prefixed names by prefix; principals exactly or
+// "User:*"; hosts exactly or "*".
 //
 // Not visible through DescribeAcls, so configured on kproxy: the
 // brokers' super.users and allow.everyone.if.no.acl.found. Without them
-// a superuser's group requests through kproxy are denied where the broker
-// would allow them. This is the weakness of this route; the probe route
-// below has none.
+// a superuser's group requests through kproxy are denied where the
+// broker would allow them. Custom authorizers and principal builders are
+// not reproduced either; the probe route below would see them.
 //
-// # Per API (what Kafka's KafkaApis checks)
+// # Per API (what Kafka's KafkaApis checks, [Authorize])
 //
 //	JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat: GROUP READ
-//	OffsetCommit, TxnOffsetCommit: GROUP READ, then TOPIC READ per topic
-//	  (TOPIC_AUTHORIZATION_FAILED on that topic's partitions)
-//	OffsetFetch: GROUP DESCRIBE, topics without TOPIC DESCRIBE are left out
-//	  (all-topics fetch) or answered TOPIC_AUTHORIZATION_FAILED
+//	OffsetCommit: GROUP READ, then TOPIC READ per topic
+//	  (TOPIC_AUTHORIZATION_FAILED on that topic's partitions; a commit
+//	  with no authorized topic left is answered without the coordinator)
+//	TxnOffsetCommit: TRANSACTIONAL_ID WRITE, GROUP READ, then as OffsetCommit
+//	OffsetFetch: GROUP DESCRIBE per group; topics without TOPIC DESCRIBE are
+//	  left out (all-topics fetch) or answered TOPIC_AUTHORIZATION_FAILED
 //	DescribeGroups, ConsumerGroupDescribe: GROUP DESCRIBE per group
+//	  (authorized_operations computed for the principal when asked)
 //	ListGroups: only groups with GROUP DESCRIBE (or all with CLUSTER DESCRIBE)
 //	DeleteGroups: GROUP DELETE per group; OffsetDelete: GROUP DELETE, TOPIC READ
-//	FindCoordinator (group key): GROUP DESCRIBE
+//	FindCoordinator (group key): GROUP DESCRIBE ([FindCoordinatorCode])
 //
-// The check belongs in a proxy.Coordinator wrapper in front of the
-// Router (so relayed requests are checked by the kproxy the client is
-// connected to, which alone knows its identity), answering the error
-// response itself and filtering ListGroups/OffsetFetch answers.
+// A whole request denied is answered with codec.GroupErrorResponse;
+// multi-group requests are authorized per group and the answers merged
+// in request order. Topics given by id (v10) are named through the
+// cluster's metadata; an id that cannot be named is denied.
 //
 // # The probe route (alternative, not built)
 //
@@ -81,8 +95,8 @@
 // else and that changes nothing: Heartbeat{group, member "", generation
 // -1} answers GROUP_AUTHORIZATION_FAILED or, authorized, an error about
 // the member or the coordinator; OffsetFetch{group, topics} shows topic
-// DESCRIBE. It sees super.users, custom authorizers and OAUTHBEARER or
-// GSSAPI principals exactly as the broker does, at the cost of injecting
+// DESCRIBE. It sees super.users, custom authorizers and GSSAPI
+// principals exactly as the broker does, at the cost of injecting
 // requests into the session's upstream stream (a correlation id of
 // kproxy's own, a response consumed rather than forwarded) in the
 // session's reader and writer.

@@ -73,7 +73,9 @@ func testCan() Can {
 		{Principal: "User:p", Host: "*", ResourceType: topic, ResourceName: "t-ok", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: read, Permission: kmsg.ACLPermissionTypeAllow},
 		{Principal: "User:p", Host: "*", ResourceType: kmsg.ACLResourceTypeTransactionalId, ResourceName: "tx", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationWrite, Permission: kmsg.ACLPermissionTypeAllow},
 	}}
-	return func(rt kmsg.ACLResourceType, name string, op kmsg.ACLOperation) bool { return s.Allowed("User:p", "10.0.0.1", rt, name, op) }
+	return func(rt kmsg.ACLResourceType, name string, op kmsg.ACLOperation) bool {
+		return s.Allowed("User:p", "10.0.0.1", rt, name, op)
+	}
 }
 
 var (

@@ -19,4 +19,9 @@
 // multiplexed peer connection to the owner's PeerServer (peer.go
 // describes the wire). Requests naming several groups are split by owner
 // and merged (relay_apis.go holds the per-API table).
+//
+// The session reads the client's SASL exchange as it passes through and
+// knows its principal (sasl.go); an Authorizer in front of the
+// coordinator authorizes each group request for it with the cluster's
+// ACLs (authorize.go, package authz).
 package proxy
