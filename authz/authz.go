@@ -242,11 +242,12 @@ type Cache struct {
 	ttl   time.Duration                        // immutable
 	base  Set                                  // immutable: super users, allow-if-no-ACL
 
-	mu      sync.Mutex
-	set     *Set      // guarded by mu: nil until the first fetch succeeds
-	fetched time.Time // guarded by mu: when set was read
-	tried   time.Time // guarded by mu: last fetch attempt
-	lastErr error     // guarded by mu
+	mu       sync.Mutex
+	set      *Set          // guarded by mu: nil until the first fetch succeeds
+	fetched  time.Time     // guarded by mu: when set was read
+	tried    time.Time     // guarded by mu: last fetch attempt
+	lastErr  error         // guarded by mu
+	inflight chan struct{} // guarded by mu: closed when the running fetch ends; nil when none runs
 }
 
 // NewCache returns a cache over cl's view of the ACLs; base carries the
@@ -263,33 +264,59 @@ func newCache(fetch func(context.Context) ([]ACL, error), base Set, ttl time.Dur
 }
 
 // ErrStale says the ACLs could not be read for three TTLs: every
-// decision is a denial until they can.
+// decision is a denial until they can. It wraps the last read's error.
 var ErrStale = errors.New("authz: cluster ACLs unavailable")
 
 // Set returns the current ACL set, reading it again when older than the
-// TTL. Concurrent callers share one read (the lock is held across it).
+// TTL. One read runs at a time, outside the lock: while it runs, callers
+// get the previous set if it is still usable (under three TTLs old) and
+// otherwise wait for the read (or ctx).
 func (c *Cache) Set(ctx context.Context) (*Set, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := time.Now()
-	if c.set != nil && now.Sub(c.fetched) < c.ttl {
-		return c.set, nil
-	}
-	if now.Sub(c.tried) >= c.ttl/4 || c.set == nil {
-		c.tried = now
-		acls, err := c.fetch(ctx)
-		if err == nil || errors.Is(err, kerr.SecurityDisabled) {
-			s := c.base
-			s.ACLs, s.NoAuthorizer = acls, err != nil
-			c.set, c.fetched, c.lastErr = &s, now, nil
-			return c.set, nil
+	for {
+		now := time.Now()
+		if c.set != nil && now.Sub(c.fetched) < c.ttl {
+			s := c.set
+			c.mu.Unlock()
+			return s, nil
 		}
-		c.lastErr = err
+		usable := c.set != nil && now.Sub(c.fetched) < 3*c.ttl
+		if c.inflight == nil && (c.set == nil || now.Sub(c.tried) >= c.ttl/4) {
+			done := make(chan struct{})
+			c.inflight, c.tried = done, now
+			c.mu.Unlock()
+			acls, err := c.fetch(ctx)
+			c.mu.Lock()
+			c.inflight = nil
+			close(done)
+			if err == nil || errors.Is(err, kerr.SecurityDisabled) {
+				s := c.base
+				s.ACLs, s.NoAuthorizer = acls, err != nil
+				c.set, c.fetched, c.lastErr = &s, time.Now(), nil
+				c.mu.Unlock()
+				return &s, nil
+			}
+			c.lastErr = err
+		} else if c.inflight != nil && !usable {
+			wait := c.inflight
+			c.mu.Unlock()
+			select {
+			case <-wait:
+				c.mu.Lock()
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w: %w", ErrStale, ctx.Err())
+			}
+		}
+		if usable {
+			s := c.set
+			c.mu.Unlock()
+			return s, nil
+		}
+		err := c.lastErr
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w", ErrStale, err)
 	}
-	if c.set != nil && now.Sub(c.fetched) < 3*c.ttl {
-		return c.set, nil
-	}
-	return nil, fmt.Errorf("%w: %v", ErrStale, c.lastErr)
 }
 
 // Allowed is Set(ctx).Allowed, failing closed.

@@ -36,6 +36,7 @@ const (
 	authzBobPass    = "bob-Secret-pw-3"   // SCRAM-SHA-256
 	authzCarolPass  = "carol-Secret-pw-4" // SCRAM-SHA-512: group DESCRIBE only
 	authzDavePass   = "dave-Secret-pw-5"  // PLAIN: group READ, one topic of two
+	authzOpsPass    = "ops-Secret-pw-6"   // PLAIN: CLUSTER DESCRIBE only
 )
 
 // lockedBuffer is a log sink safe for concurrent writers.
@@ -74,6 +75,7 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 		kfake.User("SCRAM-SHA-256", "bob", authzBobPass),
 		kfake.User("SCRAM-SHA-512", "carol", authzCarolPass),
 		kfake.User("PLAIN", "dave", authzDavePass),
+		kfake.User("PLAIN", "ops", authzOpsPass),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +98,8 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 		kadm.NewACLs().Allow("User:carol").AllowHosts().ResourcePatternType(kadm.ACLPatternPrefixed).Groups("carol-").Operations(kadm.OpDescribe),
 		// dave: his group, the first topic only.
 		kadm.NewACLs().Allow("User:dave").AllowHosts().ResourcePatternType(kadm.ACLPatternPrefixed).Groups("dave-").Operations(kadm.OpRead),
+		// ops: lists every group (KafkaApis: CLUSTER DESCRIBE), nothing else.
+		kadm.NewACLs().Allow("User:ops").AllowHosts().Clusters().Operations(kadm.OpDescribe),
 	}
 	for _, b := range acls {
 		res, err := adm.CreateACLs(ctx, b)
@@ -368,6 +372,19 @@ func testGroupAuthorization(t *testing.T, mode kproxy.GroupsMode) {
 			if !slices.Contains(all.Groups(), theirs) {
 				t.Fatalf("the superuser lists %v, without %s", all.Groups(), theirs)
 			}
+			// CLUSTER DESCRIBE lists every group on a Kafka broker
+			// (KafkaApis.handleListGroupsRequest). kfake gap: its
+			// ListGroups filters by group DESCRIBE only, so directly
+			// ops sees none of them; kproxy answers as Kafka does.
+			ops := e.client(t, p.seeds(e), mechPlain("ops", authzOpsPass))
+			opsList, err := kadm.NewClient(ops).ListGroups(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantAll := p.name == "kproxy"
+			if got := slices.Contains(opsList.Groups(), mine) && slices.Contains(opsList.Groups(), theirs); got != wantAll {
+				t.Fatalf("ops (CLUSTER DESCRIBE) lists %v: every group listed = %v, want %v", opsList.Groups(), got, wantAll)
+			}
 		}},
 	}
 	for _, tc := range cases {
@@ -376,12 +393,70 @@ func testGroupAuthorization(t *testing.T, mode kproxy.GroupsMode) {
 		}
 	}
 	logs := e.logs.String()
-	for _, secret := range []string{authzKproxyPass, authzAlicePass, authzBobPass, authzCarolPass, authzDavePass} {
+	for _, secret := range []string{authzKproxyPass, authzAlicePass, authzBobPass, authzCarolPass, authzDavePass, authzOpsPass} {
 		if strings.Contains(logs, secret) {
 			t.Fatalf("a password reached kproxy's log")
 		}
 	}
 	if !strings.Contains(logs, "principal=User:alice") || !strings.Contains(logs, "principal=User:bob") {
 		t.Fatalf("kproxy did not learn the SASL principals (no 'client authenticated' lines):\n%s", logs)
+	}
+}
+
+// TestGroupAuthorizationRevocation: an ACL deleted on the cluster stops
+// being honoured through kproxy within the ACL cache TTL (1s here),
+// immediately on a direct connection.
+func TestGroupAuthorizationRevocation(t *testing.T) {
+	e := newAuthzEnv(t, kproxy.GroupsLocal)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	admin := kadm.NewClient(e.client(t, e.cluster.ListenAddrs(), scram.Auth{User: "kproxy", Pass: authzKproxyPass}.AsSha256Mechanism()))
+	dave := e.client(t, []string{e.kproxy.Addr()}, mechPlain("dave", authzDavePass))
+	if codes, err := commitCodes(ctx, dave, "dave-revoked", e.topics[0]); err != nil || codes[e.topics[0]] != 0 {
+		t.Fatalf("commit before revocation: %v %v", codes, err)
+	}
+	res, err := admin.DeleteACLs(ctx, kadm.NewACLs().Allow("User:dave").AllowHosts().ResourcePatternType(kadm.ACLPatternPrefixed).Groups("dave-").Operations(kadm.OpRead))
+	if err != nil || len(res) != 1 || res[0].Err != nil {
+		t.Fatalf("delete acl: %v %+v", err, res)
+	}
+	revoked := time.Now()
+	for {
+		codes, err := commitCodes(ctx, dave, "dave-revoked", e.topics[0])
+		if err == nil && codes[e.topics[0]] == kerr.GroupAuthorizationFailed.Code {
+			break
+		}
+		if time.Since(revoked) > 3*time.Second {
+			t.Fatalf("commit still %v %v %v after the ACL was deleted (TTL 1s)", codes, err, time.Since(revoked))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("revocation honoured through kproxy after %v", time.Since(revoked).Round(time.Millisecond))
+}
+
+// TestGroupAuthorizationNeedsDescribeAcls: a kproxy whose own principal
+// may not read the cluster's ACLs refuses to start, saying why, rather
+// than denying every group request.
+func TestGroupAuthorizationNeedsDescribeAcls(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("SCRAM-SHA-256", "root", "root-pw"), kfake.User("PLAIN", "weak", "weak-pw"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m := kgo.SASL(plain.Auth{User: "weak", Pass: "weak-pw"}.AsMechanism())
+	k, err := kproxy.Start(context.Background(), kproxy.Config{
+		Upstream:      c.ListenAddrs(),
+		UpstreamOpts:  []kgo.Opt{m},
+		Proxy:         proxy.Config{Listen: "127.0.0.1:0", RequireSASL: true, UpstreamClientOpts: []kgo.Opt{m}},
+		Groups:        kproxy.GroupsConfig{Mode: kproxy.GroupsLocal},
+		Authorization: kproxy.AuthorizationConfig{Mode: kproxy.AuthorizationAuto},
+		Telemetry:     tap.Config{Getenv: func(string) string { return "" }},
+	})
+	if err == nil {
+		k.Shutdown(context.Background())
+		t.Fatal("kproxy started without the right to read the cluster's ACLs")
+	}
+	if !errors.Is(err, kerr.ClusterAuthorizationFailed) || !strings.Contains(err.Error(), "DESCRIBE on the CLUSTER resource") {
+		t.Fatalf("start: %v", err)
 	}
 }

@@ -100,14 +100,16 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		base.SuperUsers[u] = true
 	}
 	cache := authz.NewCache(w.upstream, base, ttl)
+	// The first read, which also fills the cache.
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	acls, ferr := authz.Fetch(fctx, w.upstream)
+	set, ferr := cache.Set(fctx)
 	cancel()
+	noAuthorizer := ferr == nil && set.NoAuthorizer
 	log := w.log.With("component", "authz")
 	switch {
-	case errors.Is(ferr, kerr.SecurityDisabled) && mode == AuthorizationClusterACLs:
+	case noAuthorizer && mode == AuthorizationClusterACLs:
 		return errors.New("group authorization cluster-acls: the cluster has no authorizer (DescribeAcls answered SECURITY_DISABLED); use --group-authorization auto or off")
-	case errors.Is(ferr, kerr.SecurityDisabled):
+	case noAuthorizer:
 		log.Info("group authorization auto: the cluster has no authorizer, so every group request is allowed, as its brokers allow it")
 	case errors.Is(ferr, kerr.ClusterAuthorizationFailed):
 		return fmt.Errorf("group authorization %s: kproxy's own principal may not read the cluster's ACLs (it needs DESCRIBE on the CLUSTER resource), or use --group-authorization off: %w", mode, ferr)
@@ -115,7 +117,7 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are denied until they can", "err", ferr)
 	default:
 		log.Info("group authorization on: group requests are authorized with the cluster's ACLs",
-			"mode", mode, "acls", len(acls), "super_users", ac.SuperUsers, "allow_everyone_if_no_acl_found", ac.AllowEveryoneIfNoACL, "acl_cache_ttl", ttl)
+			"mode", mode, "acls", len(set.ACLs), "super_users", ac.SuperUsers, "allow_everyone_if_no_acl_found", ac.AllowEveryoneIfNoACL, "acl_cache_ttl", ttl)
 	}
 	names := kafkastore.New(w.upstream)
 	w.coordinator = proxy.NewAuthorizer(w.coordinator, proxy.AuthorizerConfig{
