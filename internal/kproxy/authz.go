@@ -115,6 +115,9 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		return fmt.Errorf("group authorization %s: kproxy's own principal may not read the cluster's ACLs (it needs DESCRIBE on the CLUSTER resource), or use --group-authorization off: %w", mode, ferr)
 	case ferr != nil:
 		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are denied until they can", "err", ferr)
+	case len(set.ACLs) == 0 && !ac.AllowEveryoneIfNoACL:
+		log.Warn("group authorization on, but the cluster has no ACLs: only super users' group requests are allowed (a cluster without an authorizer would have answered SECURITY_DISABLED; an in-memory kfake cluster without ACLs needs --group-authorization off)",
+			"mode", mode, "super_users", ac.SuperUsers, "acl_cache_ttl", ttl)
 	default:
 		log.Info("group authorization on: group requests are authorized with the cluster's ACLs",
 			"mode", mode, "acls", len(set.ACLs), "super_users", ac.SuperUsers, "allow_everyone_if_no_acl_found", ac.AllowEveryoneIfNoACL, "acl_cache_ttl", ttl)
