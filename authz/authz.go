@@ -172,6 +172,38 @@ type Set struct {
 	// answered SECURITY_DISABLED): a broker then allows everything, and
 	// so does Allowed.
 	NoAuthorizer bool
+
+	// idx, when built (Cache builds it for every set it reads), narrows
+	// Allowed to the ACLs that can name the resource; nil scans them
+	// all. Immutable once built.
+	idx *aclIndex
+}
+
+// aclIndex groups a set's ACLs by what they name.
+type aclIndex struct {
+	literal  map[resourceKey][]int32          // literal names, "*" included, by type and name
+	prefixed map[kmsg.ACLResourceType][]int32 // prefixed names, by type
+}
+
+type resourceKey struct {
+	rt   kmsg.ACLResourceType
+	name string
+}
+
+// indexed returns s with its index built.
+func (s Set) indexed() Set {
+	idx := &aclIndex{literal: map[resourceKey][]int32{}, prefixed: map[kmsg.ACLResourceType][]int32{}}
+	for i, a := range s.ACLs {
+		switch a.Pattern {
+		case kmsg.ACLResourcePatternTypeLiteral:
+			k := resourceKey{a.ResourceType, a.ResourceName}
+			idx.literal[k] = append(idx.literal[k], int32(i))
+		case kmsg.ACLResourcePatternTypePrefixed:
+			idx.prefixed[a.ResourceType] = append(idx.prefixed[a.ResourceType], int32(i))
+		}
+	}
+	s.idx = idx
+	return s
 }
 
 // Allowed says whether principal, connecting from host, may perform op
@@ -184,14 +216,14 @@ func (s *Set) Allowed(principal, host string, rt kmsg.ACLResourceType, name stri
 		return true
 	}
 	allowed, named := false, false
-	for i := range s.ACLs {
-		a := &s.ACLs[i]
+	// check evaluates one ACL; false means a DENY matched.
+	check := func(a *ACL) bool {
 		if a.ResourceType == rt && (a.Pattern == kmsg.ACLResourcePatternTypePrefixed && strings.HasPrefix(name, a.ResourceName) ||
 			a.Pattern == kmsg.ACLResourcePatternTypeLiteral && (a.ResourceName == name || a.ResourceName == "*")) {
 			named = true
 		}
 		if !a.matches(principal, host, rt, name) {
-			continue
+			return true
 		}
 		switch a.Permission {
 		case kmsg.ACLPermissionTypeDeny:
@@ -201,6 +233,22 @@ func (s *Set) Allowed(principal, host string, rt kmsg.ACLResourceType, name stri
 		case kmsg.ACLPermissionTypeAllow:
 			if a.grants(op) {
 				allowed = true
+			}
+		}
+		return true
+	}
+	if s.idx == nil {
+		for i := range s.ACLs {
+			if !check(&s.ACLs[i]) {
+				return false
+			}
+		}
+		return allowed || (!named && s.AllowIfNoACL)
+	}
+	for _, list := range [3][]int32{s.idx.literal[resourceKey{rt, name}], s.idx.literal[resourceKey{rt, "*"}], s.idx.prefixed[rt]} {
+		for _, i := range list {
+			if !check(&s.ACLs[i]) {
+				return false
 			}
 		}
 	}
@@ -292,6 +340,7 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 			if err == nil || errors.Is(err, kerr.SecurityDisabled) {
 				s := c.base
 				s.ACLs, s.NoAuthorizer = acls, err != nil
+				s = s.indexed()
 				c.set, c.fetched, c.lastErr = &s, time.Now(), nil
 				c.mu.Unlock()
 				return &s, nil

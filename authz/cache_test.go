@@ -68,3 +68,38 @@ func TestCacheNoAuthorizer(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexedDecisionsMatchTheScan: the index a Cache builds changes no
+// decision: over literal, "*", prefixed, ALLOW and DENY entries of
+// several resource types, with and without allow.everyone.if.no.acl.found.
+func TestIndexedDecisionsMatchTheScan(t *testing.T) {
+	lit, pre := kmsg.ACLResourcePatternTypeLiteral, kmsg.ACLResourcePatternTypePrefixed
+	allow, deny := kmsg.ACLPermissionTypeAllow, kmsg.ACLPermissionTypeDeny
+	g, tp := kmsg.ACLResourceTypeGroup, kmsg.ACLResourceTypeTopic
+	acls := []ACL{
+		{"User:a", "*", g, "g1", lit, kmsg.ACLOperationRead, allow},
+		{"User:*", "*", g, "shared", lit, kmsg.ACLOperationDescribe, allow},
+		{"User:a", "*", g, "pre-", pre, kmsg.ACLOperationAll, allow},
+		{"User:a", "*", g, "pre-no", pre, kmsg.ACLOperationRead, deny},
+		{"User:b", "10.0.0.2", g, "*", lit, kmsg.ACLOperationRead, allow},
+		{"User:a", "*", tp, "t", lit, kmsg.ACLOperationWrite, allow},
+		{"User:a", "*", tp, "*", lit, kmsg.ACLOperationDescribe, deny},
+	}
+	for _, ifNone := range []bool{false, true} {
+		scan := Set{ACLs: acls, AllowIfNoACL: ifNone}
+		idx := scan.indexed()
+		for _, p := range []string{"User:a", "User:b", "User:c"} {
+			for _, h := range []string{"10.0.0.1", "10.0.0.2"} {
+				for _, rt := range []kmsg.ACLResourceType{g, tp, kmsg.ACLResourceTypeCluster} {
+					for _, n := range []string{"g1", "shared", "pre-x", "pre-no-x", "t", "other", "*"} {
+						for _, op := range []kmsg.ACLOperation{kmsg.ACLOperationRead, kmsg.ACLOperationDescribe, kmsg.ACLOperationDelete, kmsg.ACLOperationWrite} {
+							if a, b := scan.Allowed(p, h, rt, n, op), idx.Allowed(p, h, rt, n, op); a != b {
+								t.Fatalf("%s@%s %v %s %v (allow if none %v): scan %v, indexed %v", p, h, rt, n, op, ifNone, a, b)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
