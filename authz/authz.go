@@ -154,6 +154,10 @@ type Set struct {
 	// AllowIfNoACL allows a resource no ACL names (the brokers'
 	// allow.everyone.if.no.acl.found).
 	AllowIfNoACL bool
+	// NoAuthorizer says the cluster has no authorizer (DescribeAcls
+	// answered SECURITY_DISABLED): a broker then allows everything, and
+	// so does Allowed.
+	NoAuthorizer bool
 }
 
 // Allowed says whether principal, connecting from host, may perform op
@@ -162,7 +166,7 @@ func (s *Set) Allowed(principal, host string, rt kmsg.ACLResourceType, name stri
 	if s == nil {
 		return false
 	}
-	if s.SuperUsers[principal] {
+	if s.NoAuthorizer || s.SuperUsers[principal] {
 		return true
 	}
 	allowed, named := false, false
@@ -260,9 +264,9 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 	if now.Sub(c.tried) >= c.ttl/4 || c.set == nil {
 		c.tried = now
 		acls, err := c.fetch(ctx)
-		if err == nil {
+		if err == nil || errors.Is(err, kerr.SecurityDisabled) {
 			s := c.base
-			s.ACLs = acls
+			s.ACLs, s.NoAuthorizer = acls, err != nil
 			c.set, c.fetched, c.lastErr = &s, now, nil
 			return c.set, nil
 		}

@@ -61,6 +61,11 @@ const (
 	// endpoints (Produce v10+, KIP-951); one without them, the usual
 	// case, passes as the broker sent it.
 	EditIfEndpoints
+	// EditObserve reads every response whole so that the session can
+	// learn from it (the broker's verdict on a client's SASL exchange,
+	// which gives the session its principal) and passes it on exactly
+	// as the broker sent it.
+	EditObserve
 )
 
 // String names the edit for logs and tests.
@@ -74,6 +79,8 @@ func (e Edit) String() string {
 		return "if_no_error"
 	case EditIfEndpoints:
 		return "if_endpoints"
+	case EditObserve:
+		return "observe"
 	}
 	return "unknown"
 }
@@ -93,6 +100,7 @@ const (
 	KeySyncGroup              = 14
 	KeyDescribeGroups         = 15
 	KeyListGroups             = 16
+	KeySaslHandshake          = 17
 	KeyApiVersions            = 18
 	KeyTxnOffsetCommit        = 28
 	KeyDeleteGroups           = 42
@@ -101,6 +109,7 @@ const (
 	KeyDescribeCluster        = 60
 	KeyConsumerGroupHeartbeat = 68
 	KeyConsumerGroupDescribe  = 69
+	KeySaslAuthenticate       = 36
 )
 
 // Decision is what happens to one request: where it goes, the highest
@@ -155,6 +164,15 @@ var apis = map[int16]apiRow{
 	KeyDescribeCluster: {Rewrite, MaxVersion(KeyDescribeCluster), EditAlways, 0, "carries every broker's address"},
 	KeyDescribeQuorum:  {Forward, 1, EditNone, 0, "v2 responses carry controller endpoints"},
 
+	// SASL passes through byte for byte; the session reads the
+	// mechanism and the client's first bytes from the requests, and the
+	// broker's verdict from the responses, to learn the principal its
+	// group requests are authorized as (package authz).
+	KeySaslHandshake: {Rewrite, MaxVersion(KeySaslHandshake), EditObserve, 0,
+		"observed, not edited: the client's SASL mechanism (its principal for group authorization); v0 refused: raw SASL tokens without Kafka framing follow it"},
+	KeySaslAuthenticate: {Rewrite, MaxVersion(KeySaslAuthenticate), EditObserve, 0,
+		"observed, not edited: the broker's verdict on the client's SASL exchange (its principal for group authorization)"},
+
 	KeyOffsetCommit:    {Local, MaxVersion(KeyOffsetCommit), EditNone, 0, "coordinator engine"},
 	KeyOffsetFetch:     {Local, MaxVersion(KeyOffsetFetch), EditNone, 0, "coordinator engine"},
 	KeyJoinGroup:       {Local, MaxVersion(KeyJoinGroup), EditNone, 0, "coordinator engine"},
@@ -202,6 +220,15 @@ func RouteFor(key, version int16, groupsLocal bool) Decision {
 		if a.edit != EditNone {
 			d.Route = Rewrite
 		}
+	}
+	if key == KeySaslHandshake && version == 0 {
+		// After a v0 handshake the SASL tokens follow as raw frames
+		// without Kafka headers, which the session cannot tell from
+		// requests. Every client since Kafka 1.0 (KIP-152) sends v1,
+		// and MergeApiVersions advertises v1 as the lowest.
+		d.Route, d.Edit, d.badVersion = Refuse, EditNone, true
+		d.Why = "SASL without Kafka framing (SaslHandshake v0) cannot be proxied; clients since Kafka 1.0 use v1 (KIP-152)"
+		return d
 	}
 	switch d.Route {
 	case Rewrite:
@@ -303,6 +330,9 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 			}
 			if localGroups && IsGroupKey(k.ApiKey) {
 				k.MinVersion, k.MaxVersion = 0, info.maxVersion
+			}
+			if k.ApiKey == KeySaslHandshake && k.MinVersion < 1 {
+				k.MinVersion = 1 // v0 is refused (RouteFor)
 			}
 			if k.MinVersion > k.MaxVersion {
 				continue

@@ -27,7 +27,7 @@ type AddrMap interface {
 func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups bool) (kmsg.Response, error) {
 	edit := RouteFor(key, version, localGroups).Edit
 	switch edit {
-	case EditNone:
+	case EditNone, EditObserve:
 		return nil, nil
 	case EditIfEndpoints:
 		// Skimmed without decoding: most Produce responses carry none.

@@ -27,6 +27,26 @@ type Coordinator interface {
 type Client struct {
 	ID   string // client id from the request header
 	Host string // peer IP address
+	// Principal is the client's Kafka principal, as the brokers name
+	// it: "User:<name>" once the broker accepted the client's SASL
+	// exchange (PLAIN, SCRAM, OAUTHBEARER's sub claim), or from the
+	// subject of its verified certificate on an mTLS listener without
+	// SASL (sasl.go). Empty when unknown: no SASL and no client
+	// certificate, or a mechanism whose principal only the broker can
+	// map (GSSAPI).
+	Principal string
+	// Authenticated says the broker accepted the client's SASL exchange
+	// or the client presented a verified certificate.
+	Authenticated bool
+}
+
+// FindCoordinatorAuthorizer is implemented by a Coordinator that
+// authorizes group requests (package authz): the proxy answers
+// FindCoordinator for groups itself and asks it for each group key.
+// The answer is 0 or the error code the key gets
+// (GROUP_AUTHORIZATION_FAILED).
+type FindCoordinatorAuthorizer interface {
+	AuthorizeFindCoordinator(c Client, group string) int16
 }
 
 // Config configures a Proxy. The zero value of every field but Upstreams
@@ -103,6 +123,13 @@ type Config struct {
 	// Coordinator serves group APIs. Nil forwards them to the brokers
 	// (FindCoordinator responses are then rewritten like any other).
 	Coordinator Coordinator
+	// RequireSASL says the cluster requires SASL (kproxy's own client
+	// is configured with it): a group request, or FindCoordinator, on a
+	// connection that has not completed a SASL exchange the broker
+	// accepted closes the connection, as a broker closes one that sends
+	// anything but ApiVersions, SaslHandshake and SaslAuthenticate
+	// before authenticating. No group state is touched.
+	RequireSASL bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records request, byte and connection metrics; nil

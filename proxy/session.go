@@ -84,7 +84,8 @@ type session struct {
 	id   uint64
 	node int32 // listener's node id; -1 for bootstrap. Immutable.
 	log  *slog.Logger
-	rc   Client // Host immutable; ID owned by the reader
+	rc   Client    // Host immutable; ID, Principal, Authenticated owned by the reader
+	sasl saslState // the client's SASL exchange (sasl.go)
 
 	conn net.Conn      // client socket: *net.TCPConn, or *tls.Conn on a TLS listener
 	br   *bufio.Reader // client reads; owned by the reader goroutine
@@ -120,7 +121,7 @@ func newSession(p *Proxy, c net.Conn, node int32) *session {
 		id:         id,
 		node:       node,
 		log:        p.log.With("conn", id, "remote", c.RemoteAddr().String(), "node", node),
-		rc:         Client{Host: host},
+		rc:         clientFor(c, host),
 		conn:       c,
 		br:         getReader(c),
 		bw:         getWriter(c),
@@ -292,6 +293,9 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	d := codec.RouteFor(h.Key, h.Version, s.p.cfg.Coordinator != nil)
 	switch d.Route {
 	case codec.Forward, codec.Rewrite:
+		if d.Edit == codec.EditObserve {
+			s.observeSASLRequest(h, head, total)
+		}
 		return s.forward(h, d.Route, start, head, total)
 	case codec.Refuse:
 		return d.Refusal(h.Key, h.Version)
@@ -311,6 +315,9 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		k.ApiKey, k.MaxVersion = codec.KeyApiVersions, codec.MaxVersion(codec.KeyApiVersions)
 		resp.ApiKeys = append(resp.ApiKeys, k)
 		return s.queueLocal(h, start, resp)
+	}
+	if err := s.authGate(h); err != nil {
+		return err
 	}
 	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
 		s.p.metrics.refused(refusedTooLarge)
@@ -416,12 +423,18 @@ func (s *session) findCoordinator(req *kmsg.FindCoordinatorRequest) *kmsg.FindCo
 		node, host, port, code = -1, "", -1, kerr.CoordinatorNotAvailable.Code
 	}
 	if req.Version < 4 {
+		if denied := s.findCoordinatorCode(req.CoordinatorKey); denied != 0 {
+			node, host, port, code = -1, "", -1, denied
+		}
 		resp.NodeID, resp.Host, resp.Port, resp.ErrorCode = node, host, port, code
 		return resp
 	}
 	for _, key := range req.CoordinatorKeys {
 		c := kmsg.NewFindCoordinatorResponseCoordinator()
 		c.Key, c.NodeID, c.Host, c.Port, c.ErrorCode = key, node, host, port, code
+		if denied := s.findCoordinatorCode(key); denied != 0 {
+			c.NodeID, c.Host, c.Port, c.ErrorCode = -1, "", -1, denied
+		}
 		resp.Coordinators = append(resp.Coordinators, c)
 	}
 	return resp
@@ -674,6 +687,7 @@ func (s *session) writeForwarded(sl slot) error {
 	if err != nil {
 		return err
 	}
+	s.observeSASLResponse(sl.key, sl.version, body)
 	resp, err := codec.RewriteResponse(sl.key, sl.version, body, s.p, s.p.cfg.Coordinator != nil)
 	if err != nil {
 		return err

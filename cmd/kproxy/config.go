@@ -50,6 +50,9 @@ type fileConfig struct {
 	AdminTokenFile string             `yaml:"admin_token_file"`
 	// TLS on the peer and admin listeners (security_listeners.go).
 	listenerSecurity `yaml:",inline"`
+
+	// Group authorization (authz.go).
+	Authorization authorizationConfig `yaml:"group_authorization"`
 }
 
 type logConfig struct {
@@ -139,7 +142,8 @@ func defaultConfig() fileConfig {
 				HeartbeatInterval: time.Second,
 			},
 		},
-		Telemetry: telemetryConfig{ServiceName: "kproxy"},
+		Telemetry:     telemetryConfig{ServiceName: "kproxy"},
+		Authorization: defaultAuthorization(),
 	}
 }
 
@@ -216,6 +220,7 @@ func (c *fileConfig) validate() error {
 	}
 	errs = append(errs, c.validateSecurity()...)
 	errs = append(errs, c.validateListenerSecurity()...)
+	errs = append(errs, c.validateAuthorization()...)
 	switch c.Log.Format {
 	case "text", "json":
 	default:
@@ -270,6 +275,7 @@ type flagSet struct {
 	maxPerHost  int
 	security    securityFlags
 	listenerSec listenerSecurityFlags
+	authz       authzFlags
 }
 
 func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
@@ -306,6 +312,9 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
 	f.security.bind(fs, withUpstream)
 	f.listenerSec.bind(fs)
+	if withUpstream {
+		f.authz.bind(fs)
+	}
 	return f
 }
 
@@ -352,5 +361,6 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("max-connections-per-host", func() { c.MaxConnsPerHost = f.maxPerHost })
 	f.security.apply(f.fs, &c)
 	f.listenerSec.apply(f.fs, &c)
+	f.authz.apply(f.fs, &c)
 	return c, nil
 }

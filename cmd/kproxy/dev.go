@@ -36,6 +36,10 @@ prints the bootstrap address. Nothing is written to disk.`,
 		}
 		defer cluster.Close()
 		cfg.Upstream = cluster.ListenAddrs()
+		// The in-memory cluster has no authorizer, yet answers
+		// DescribeAcls with an empty list rather than SECURITY_DISABLED:
+		// auto would deny every group request.
+		cfg.Authorization.Mode = string(kproxy.AuthorizationOff)
 		if err := cfg.validate(); err != nil {
 			return err
 		}

@@ -323,4 +323,3 @@ func TestListenerSecurityValidation(t *testing.T) {
 		t.Errorf("config file: peer_tls %+v, admin_tls %+v", c.PeerTLS, c.AdminTLS)
 	}
 }
-

@@ -85,6 +85,11 @@ func TestServeSASLSSLUpstream(t *testing.T) {
 		"--group-initial-rebalance-delay", "0s",
 		"--fleet-session-timeout", "3s", "--fleet-heartbeat-interval", "500ms",
 		"--log-level", "debug",
+		// kfake without ACLs answers DescribeAcls with an empty list,
+		// not SECURITY_DISABLED as a broker without an authorizer does,
+		// so auto would deny the app's group (e2e/authz_test.go covers
+		// authorization).
+		"--group-authorization", "off",
 	}
 	if err := cmd.Flags().Parse(args); err != nil {
 		t.Fatal(err)

@@ -55,7 +55,8 @@ func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr 
 		return err
 	}
 	log.Info("kproxy started", "listen", srv.Addr(), "upstream", cfg.Upstream, "groups", cfg.Groups.Mode,
-		"tls", cfg.TLS.Cert != "", "upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism)
+		"tls", cfg.TLS.Cert != "", "upstream_tls", cfg.UpstreamTLS.Enabled, "upstream_sasl", cfg.UpstreamSASL.Mechanism,
+		"group_authorization", cfg.Authorization.Mode)
 	if ready != nil {
 		ready(srv.Addr())
 	}

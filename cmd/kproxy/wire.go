@@ -33,6 +33,9 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 	pcfg.TLS = tlsSrc
 	pcfg.UpstreamTLS = sec.dataTLS
 	pcfg.UpstreamClientOpts = sec.clientOpts
+	// A cluster that requires SASL of kproxy requires it of clients:
+	// their group requests need a completed exchange (issue 9).
+	pcfg.RequireSASL = cfg.UpstreamSASL.Mechanism != ""
 	delay := cfg.Groups.InitialRebalanceDelay
 	if delay == 0 {
 		delay = -1 // the engine's zero value means Kafka's 3s default
@@ -76,9 +79,10 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 			ServiceName: cfg.Telemetry.ServiceName,
 			Traces:      cfg.Telemetry.Traces,
 		},
-		AdminListen: cfg.AdminListen,
-		AdminWrap:   adminWrap,
-		AdminTLS:    adminTLS,
-		Logger:      log,
+		Authorization: authorizationFor(cfg),
+		AdminListen:   cfg.AdminListen,
+		AdminWrap:     adminWrap,
+		AdminTLS:      adminTLS,
+		Logger:        log,
 	}, nil
 }

@@ -58,6 +58,11 @@ type Config struct {
 	// Groups chooses who serves consumer groups and configures the
 	// engine.
 	Groups GroupsConfig
+	// Authorization authorizes the group requests kproxy serves itself
+	// with the cluster's ACLs (authz.go); the zero value is off.
+	// Proxy.RequireSASL closes unauthenticated connections that send
+	// them.
+	Authorization AuthorizationConfig
 	// Telemetry configures traces and metrics. Start sets InstanceID;
 	// Logger defaults to Logger.
 	Telemetry tap.Config
@@ -159,6 +164,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s, err := wire(ctx, cfg)
 	if err != nil {
+		return nil, err
+	}
+	if err := wireAuthz(ctx, s, cfg); err != nil {
+		s.close(context.Background())
 		return nil, err
 	}
 	log := cfg.Logger

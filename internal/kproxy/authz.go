@@ -1,0 +1,148 @@
+package kproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+
+	"github.com/kproxy/kproxy/authz"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// AuthorizationMode says how group requests kproxy serves itself are
+// authorized (package authz).
+type AuthorizationMode string
+
+const (
+	// AuthorizationOff serves every group request to anyone who can
+	// connect (and, with Proxy.RequireSASL, has authenticated). The
+	// assembly's zero value: the in-memory dev cluster has no ACLs.
+	AuthorizationOff AuthorizationMode = "off"
+	// AuthorizationAuto authorizes with the cluster's ACLs read with
+	// DescribeAcls; a cluster without an authorizer (SECURITY_DISABLED)
+	// allows everything, as its brokers do. The command's default.
+	AuthorizationAuto AuthorizationMode = "auto"
+	// AuthorizationClusterACLs is auto that requires the cluster to
+	// have an authorizer: Start fails without one, and a cluster that
+	// later answers SECURITY_DISABLED gets every group request denied.
+	AuthorizationClusterACLs AuthorizationMode = "cluster-acls"
+)
+
+// ParseAuthorizationMode checks a mode's name; "" is off.
+func ParseAuthorizationMode(s string) (AuthorizationMode, error) {
+	switch m := AuthorizationMode(s); m {
+	case "", AuthorizationOff:
+		return AuthorizationOff, nil
+	case AuthorizationAuto, AuthorizationClusterACLs:
+		return m, nil
+	}
+	return "", fmt.Errorf("group authorization %q: want auto, cluster-acls or off", s)
+}
+
+// AuthorizationConfig configures the authorization of group requests.
+type AuthorizationConfig struct {
+	// Mode is off (""), auto or cluster-acls.
+	Mode AuthorizationMode
+	// SuperUsers are the brokers' super.users ("User:admin"), which
+	// DescribeAcls cannot show.
+	SuperUsers []string
+	// AllowEveryoneIfNoACL is the brokers'
+	// allow.everyone.if.no.acl.found.
+	AllowEveryoneIfNoACL bool
+	// CacheTTL is how long a read of the ACLs is used: a revoked or
+	// added ACL takes effect at most this long later. Default 10s.
+	CacheTTL time.Duration
+}
+
+// ParseSuperUsers splits the brokers' super.users syntax,
+// "User:a;User:b".
+func ParseSuperUsers(s string) ([]string, error) {
+	var out []string
+	for _, p := range strings.Split(s, ";") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if kind, name, ok := strings.Cut(p, ":"); !ok || kind == "" || name == "" {
+			return nil, fmt.Errorf("super user %q: want PrincipalType:name, such as User:admin", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// wireAuthz puts group authorization in front of w's coordinator (the
+// engine, or the fleet's router) when cfg asks for it. kproxy's own
+// principal needs DESCRIBE on the CLUSTER resource to read the ACLs.
+func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
+	ac := cfg.Authorization
+	mode, err := ParseAuthorizationMode(string(ac.Mode))
+	if err != nil {
+		return err
+	}
+	if mode == AuthorizationOff || w.coordinator == nil {
+		if w.coordinator != nil {
+			w.log.Info("group authorization off: every group request kproxy serves is allowed")
+		}
+		return nil
+	}
+	ttl := ac.CacheTTL
+	if ttl <= 0 {
+		ttl = 10 * time.Second
+	}
+	base := authz.Set{AllowIfNoACL: ac.AllowEveryoneIfNoACL, SuperUsers: map[string]bool{}}
+	for _, u := range ac.SuperUsers {
+		base.SuperUsers[u] = true
+	}
+	cache := authz.NewCache(w.upstream, base, ttl)
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	acls, ferr := authz.Fetch(fctx, w.upstream)
+	cancel()
+	log := w.log.With("component", "authz")
+	switch {
+	case errors.Is(ferr, kerr.SecurityDisabled) && mode == AuthorizationClusterACLs:
+		return errors.New("group authorization cluster-acls: the cluster has no authorizer (DescribeAcls answered SECURITY_DISABLED); use --group-authorization auto or off")
+	case errors.Is(ferr, kerr.SecurityDisabled):
+		log.Info("group authorization auto: the cluster has no authorizer, so every group request is allowed, as its brokers allow it")
+	case errors.Is(ferr, kerr.ClusterAuthorizationFailed):
+		return fmt.Errorf("group authorization %s: kproxy's own principal may not read the cluster's ACLs (it needs DESCRIBE on the CLUSTER resource), or use --group-authorization off: %w", mode, ferr)
+	case ferr != nil:
+		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are denied until they can", "err", ferr)
+	default:
+		log.Info("group authorization on: group requests are authorized with the cluster's ACLs",
+			"mode", mode, "acls", len(acls), "super_users", ac.SuperUsers, "allow_everyone_if_no_acl_found", ac.AllowEveryoneIfNoACL, "acl_cache_ttl", ttl)
+	}
+	names := kafkastore.New(w.upstream)
+	w.coordinator = proxy.NewAuthorizer(w.coordinator, proxy.AuthorizerConfig{
+		ACLs:              cache,
+		RequireAuthorizer: mode == AuthorizationClusterACLs,
+		TopicNames:        names.TopicNames,
+		Logger:            log,
+	})
+	// Refresh ahead of expiry so that requests rarely wait for
+	// DescribeAcls.
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(ttl / 2)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+				sctx, cancel := context.WithTimeout(rctx, ttl)
+				_, _ = cache.Set(sctx)
+				cancel()
+			}
+		}
+	}()
+	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
+	return nil
+}
