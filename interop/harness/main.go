@@ -198,6 +198,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		if err != nil {
 			return err
 		}
+		if err := h.warmCoordinator(ctx); err != nil {
+			return err
+		}
 	}
 
 	goclient := filepath.Join(h.logDir, "goclient")

@@ -119,7 +119,7 @@ public final class Client {
     long offset = Long.parseLong(args.getOrDefault("start", "0"));
     try (KafkaConsumer<String, String> c = new KafkaConsumer<>(p)) {
       c.commitSync(Map.of(new TopicPartition(arg("topic"), 0), new OffsetAndMetadata(offset)),
-          Duration.ofSeconds(30));
+          Duration.ofSeconds(60));
     } catch (Exception e) {
       error(e);
       return 1;
