@@ -3,7 +3,7 @@
 # on 127.0.0.1 for the kproxy interop tier. The broker jars come from Maven
 # Central through interop/broker/pom.xml and are cached under $KPROXY_CACHE.
 #
-#   interop/kafka.sh start  [--brokers 1|3] [--port 9092]
+#   interop/kafka.sh start  [--brokers 1|3] [--port 9092] [--security sasl_ssl]
 #   interop/kafka.sh stop
 #   interop/kafka.sh status
 #   interop/kafka.sh fetch            # only download the jars
@@ -19,6 +19,11 @@
 # the controller quorum. Every request the broker serves is logged by
 # kafka.request.logger at DEBUG into $STATE/node-N/request.log so the harness
 # can count the API keys the broker saw.
+#
+# --security sasl_ssl (one node only): the client port is a SASL_SSL
+# listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
+# is on; see write_security below for the users and the files written
+# into $STATE/security for clients.
 set -euo pipefail
 
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
@@ -123,14 +128,17 @@ java_opts() {
 
 probe() {
 	# Succeeds when a Kafka broker on 127.0.0.1:$1 answers an ApiVersions v0
-	# request (written by hand so no client library is needed here).
-	python3 - "$1" <<'PY'
-import socket, struct, sys
+	# request (written by hand so no client library is needed here); over
+	# TLS when a CA file is given as $2 (ApiVersions needs no SASL).
+	python3 - "$1" "${2:-}" <<'PY'
+import socket, ssl, struct, sys
 port = int(sys.argv[1])
 cid = b"kafka.sh-probe"
 body = struct.pack(">hhih", 18, 0, 7, len(cid)) + cid
 try:
     s = socket.create_connection(("127.0.0.1", port), timeout=3)
+    if sys.argv[2]:
+        s = ssl.create_default_context(cafile=sys.argv[2]).wrap_socket(s, server_hostname="127.0.0.1")
     s.sendall(struct.pack(">i", len(body)) + body)
     hdr = s.recv(4)
     size = struct.unpack(">i", hdr)[0]
@@ -200,16 +208,92 @@ cmd_restart() {
 	log "node $n: back on port $p"
 }
 
+# SCRAM users of --security sasl_ssl: admin is the super user (kproxy's
+# own upstream identity and the harness's ACL writer); the others get
+# their ACLs from the harness. Each one's password is NAME-secret.
+SECURITY_USERS="admin alice bob carol"
+
+# write_security DIR PORT makes a CA and a broker certificate for
+# 127.0.0.1/localhost with openssl (into $STATE/security), switches node
+# 1's config to a SASL_SSL client listener with the standard authorizer,
+# and writes what clients need: ca.pem, security.json (the harness) and
+# admin.properties (Java tools). The controller listener stays
+# PLAINTEXT on loopback: KRaft's controller cannot authenticate SCRAM
+# (the credentials live in the metadata it serves), so its principal,
+# User:ANONYMOUS, is a super user.
+write_security() {
+	local dir=$1 port=$2 sec="$STATE/security"
+	command -v openssl >/dev/null || die "openssl not found (--security needs it for the certificates)"
+	mkdir -p "$sec"
+	(
+		cd "$sec"
+		openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=kproxy interop CA" \
+			-keyout ca.key -out ca.pem
+		openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout broker.key -out broker.csr
+		printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >broker.ext
+		openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+			-extfile broker.ext -out broker.crt
+		openssl pkcs12 -export -in broker.crt -inkey broker.key -certfile ca.pem \
+			-name broker -passout pass:keystore-secret -out broker.p12
+	) >"$sec/openssl.log" 2>&1 || { cat "$sec/openssl.log" >&2; die "openssl failed"; }
+	local conf="$dir/server.properties"
+	sed -i -e "s|^listeners=PLAINTEXT://|listeners=SASL_SSL://|" \
+		-e "s|^advertised.listeners=PLAINTEXT://|advertised.listeners=SASL_SSL://|" \
+		-e "s|^listener.security.protocol.map=.*|listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT|" \
+		-e "s|^inter.broker.listener.name=.*|inter.broker.listener.name=SASL_SSL|" "$conf"
+	cat >>"$conf" <<EOF
+# --security sasl_ssl
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="admin-secret";
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$sec/broker.p12
+ssl.keystore.password=keystore-secret
+ssl.truststore.type=PEM
+ssl.truststore.location=$sec/ca.pem
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin;User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+EOF
+	local u users=""
+	for u in $SECURITY_USERS; do users+="${users:+, }\"$u\": \"$u-secret\""; done
+	cat >"$sec/security.json" <<EOF
+{"bootstrap": "127.0.0.1:$port", "ca": "$sec/ca.pem", "mechanisms": ["SCRAM-SHA-256", "SCRAM-SHA-512"],
+ "admin": "admin", "passwords": {$users}}
+EOF
+	cat >"$sec/admin.properties" <<EOF
+security.protocol=SASL_SSL
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="admin-secret";
+ssl.truststore.type=PEM
+ssl.truststore.location=$sec/ca.pem
+EOF
+}
+
+# scram_args prints the StorageTool arguments adding every SCRAM user.
+scram_args() {
+	local u m
+	for u in $SECURITY_USERS; do
+		for m in SCRAM-SHA-256 SCRAM-SHA-512; do
+			printf '%s\n' --add-scram "$m=[name=$u,password=$u-secret]"
+		done
+	done
+}
+
 cmd_start() {
-	local brokers=1 port=9092
+	local brokers=1 port=9092 security=""
 	while (($#)); do
 		case "$1" in
 		--brokers) brokers=$2; shift 2 ;;
 		--port) port=$2; shift 2 ;;
+		--security) security=$2; shift 2 ;;
 		*) die "unknown flag $1" ;;
 		esac
 	done
 	[[ "$brokers" == 1 || "$brokers" == 3 ]] || die "--brokers must be 1 or 3"
+	[[ -z "$security" || "$security" == sasl_ssl ]] || die "--security: only sasl_ssl"
+	[[ -z "$security" || "$brokers" == 1 ]] || die "--security sasl_ssl runs one node only"
 	command -v java >/dev/null || die "java not found (Java 17+ is needed)"
 	if [[ -n "$(running_pids)" ]]; then
 		die "a broker started by kafka.sh is already running (interop/kafka.sh stop first)"
@@ -230,9 +314,14 @@ EOF
 	for ((n = 1; n <= brokers; n++)); do
 		local dir="$STATE/node-$n"
 		write_node_config "$n" "$brokers" "$port" "$dir"
+		local -a scram=()
+		if [[ -n "$security" ]]; then
+			write_security "$dir" "$port"
+			mapfile -t scram < <(scram_args)
+		fi
 		java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$(classpath)" \
 			-Dlog4j2.configurationFile="$STATE/probe-log4j2.xml" \
-			kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$dir/server.properties" \
+			kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$dir/server.properties" "${scram[@]}" \
 			>"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed for node $n"; }
 		launch_node "$n" "$port"
 	done
@@ -248,7 +337,7 @@ EOF
 			sleep 0.3
 		done
 	done
-	until probe "$port"; do
+	until probe "$port" ${security:+"$STATE/security/ca.pem"}; do
 		((SECONDS < deadline)) || die "broker on port $port did not answer ApiVersions within 90s"
 		sleep 0.5
 	done
@@ -311,5 +400,5 @@ fetch) fetch_libs ;;
 request-log) cmd_request_log ;;
 kill) shift; cmd_kill "$@" ;;
 restart) shift; cmd_restart "$@" ;;
-*) die "usage: $0 start [--brokers 1|3] [--port P] | stop | status | fetch | request-log | kill N | restart N" ;;
+*) die "usage: $0 start [--brokers 1|3] [--port P] [--security sasl_ssl] | stop | status | fetch | request-log | kill N | restart N" ;;
 esac

@@ -13,6 +13,8 @@
 #                                 need 3 (franz-brokerkill) run afterwards against
 #                                 a 3-broker cluster of their own
 #   KPROXY_INTEROP_MULTIBROKER    0 = skip that 3-broker phase
+#   KPROXY_INTEROP_SECURITY       0 = skip the security phase (the SASL_SSL rows
+#                                 against a broker with ACLs of their own)
 #   KPROXY_INTEROP_LOGS           where member logs go (default a new temp dir)
 #   KPROXY_INTEROP_EXPECT_ENGINE  1 = the broker must see no JoinGroup/SyncGroup/
 #                                 Heartbeat during kproxy rows
@@ -31,8 +33,8 @@ cd "$ROOT"
 say() { printf 'interop: %s\n' "$*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
 
-for tool in go java mvn node npm python3; do
-	command -v "$tool" >/dev/null || die "$tool is not installed (the interop tier needs Go, Java 17+, Maven, Node.js and Python 3)"
+for tool in go java mvn node npm python3 openssl; do
+	command -v "$tool" >/dev/null || die "$tool is not installed (the interop tier needs Go, Java 17+, Maven, Node.js, Python 3 and openssl)"
 done
 mkdir -p "$KPROXY_CACHE" "$LOGS"
 LOGS="$(cd "$LOGS" && pwd)" # absolute: the harness is built from interop/
@@ -78,13 +80,17 @@ go -C interop build -o "$LOGS/harness" ./harness || die "harness build failed"
 # stop it whatever happens next.
 bash interop/kafka.sh stop >/dev/null 2>&1 || true
 trap 'bash interop/kafka.sh stop || true' EXIT
-bash interop/kafka.sh start --brokers "$BROKERS" --port "$PORT"
-reqlogs=$(bash interop/kafka.sh request-log | paste -sd, -)
+rc=0
+# When -rows selects only security rows, the main phase has nothing to do.
+if [[ -n "$("$LOGS/harness" -list "$@")" || -z "$("$LOGS/harness" -list -security - "$@")" ]]; then
+	bash interop/kafka.sh start --brokers "$BROKERS" --port "$PORT"
+	reqlogs=$(bash interop/kafka.sh request-log | paste -sd, -)
 
-set +e
-"$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -request-log "$reqlogs" -logs "$LOGS" -cache "$KPROXY_CACHE" "$@"
-rc=$?
-set -e
+	set +e
+	"$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -request-log "$reqlogs" -logs "$LOGS" -cache "$KPROXY_CACHE" "$@"
+	rc=$?
+	set -e
+fi
 
 # Rows that need three brokers (franz-brokerkill kills one) run against a
 # cluster of their own when the main run had one broker.
@@ -103,6 +109,25 @@ if [[ "$BROKERS" == 1 && "${KPROXY_INTEROP_MULTIBROKER:-1}" != 0 ]] &&
 	set -e
 	say "3-broker phase took $((SECONDS - phase))s"
 	((rc != 0)) || rc=$rc2
+fi
+
+# The security rows (SASL_SSL, SCRAM, ACLs: harness/security.go) run
+# against a secured broker of their own.
+if [[ "${KPROXY_INTEROP_SECURITY:-1}" != 0 ]] &&
+	[[ -n "$("$LOGS/harness" -list -security - "$@")" ]]; then
+	say "security phase: $("$LOGS/harness" -list -security - "$@" | paste -sd' ' -)"
+	phase=$SECONDS
+	bash interop/kafka.sh stop >/dev/null 2>&1 || true
+	bash interop/kafka.sh start --port "$PORT" --security sasl_ssl
+	mkdir -p "$LOGS/security"
+	cp "$LOGS/kproxy-bin" "$LOGS/security/" 2>/dev/null || true
+	set +e
+	"$LOGS/harness" -root "$ROOT" -broker "127.0.0.1:$PORT" -logs "$LOGS/security" -cache "$KPROXY_CACHE" "$@" \
+		-security "${KPROXY_INTEROP_STATE:-$KPROXY_CACHE/run}/security/security.json"
+	rc3=$?
+	set -e
+	say "security phase took $((SECONDS - phase))s"
+	((rc != 0)) || rc=$rc3
 fi
 say "total time $((SECONDS - began))s; member logs in $LOGS"
 exit $rc

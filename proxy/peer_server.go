@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +31,10 @@ type PeerServerConfig struct {
 	// MaxFrame is the largest envelope frame accepted; default
 	// codec.DefaultMaxFrame.
 	MaxFrame int32
+	// TLS, when set, makes the peer listener serve mutual TLS
+	// (peer_tls.go): its ClientCAFile is required, and a peer must
+	// present a certificate chaining to it.
+	TLS *TLSSource
 }
 
 // PeerServer is the owner's side of the peer wire (peer.go): it accepts
@@ -43,6 +48,9 @@ type PeerServer struct {
 	log *slog.Logger     // immutable
 	ln  net.Listener     // immutable
 	wg  sync.WaitGroup   // the accept loop and every connection goroutine
+	// ctx ends when Close starts: it aborts TLS handshakes in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	mu     sync.Mutex
 	conns  map[*peerServerConn]struct{} // guarded by mu
@@ -60,6 +68,9 @@ func NewPeerServer(cfg PeerServerConfig) (*PeerServer, error) {
 	if cfg.Coordinator == nil {
 		errs = append(errs, errors.New("peer server: no coordinator"))
 	}
+	if cfg.TLS != nil && cfg.TLS.cfg.ClientCAFile == "" {
+		errs = append(errs, errors.New("peer server: TLS without a CA bundle (peers must present a certificate it signed)"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -74,6 +85,7 @@ func NewPeerServer(cfg PeerServerConfig) (*PeerServer, error) {
 		return nil, fmt.Errorf("peer listener: %w", err)
 	}
 	s := &PeerServer{cfg: cfg, log: cfg.Logger.With("component", "peer_server"), ln: ln, conns: make(map[*peerServerConn]struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -93,6 +105,7 @@ func (s *PeerServer) Close() {
 		return
 	}
 	s.closed = true
+	s.cancel()
 	conns := make([]*peerServerConn, 0, len(s.conns))
 	for c := range s.conns {
 		conns = append(conns, c)
@@ -119,25 +132,53 @@ func (s *PeerServer) acceptLoop() {
 			continue
 		}
 		ids++
-		c := &peerServerConn{
-			s:    s,
-			conn: conn,
-			log:  s.log.With("peer_conn", ids, "remote", conn.RemoteAddr().String()),
-			wake: make(chan struct{}, 1),
-			done: make(chan struct{}),
+		if s.cfg.TLS == nil {
+			if !s.serveConn(conn, ids) {
+				return
+			}
+			continue
 		}
+		// The handshake runs on its own goroutine, so a peer stuck in
+		// it holds up no other.
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			conn.Close()
 			return
 		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(2)
+		s.wg.Add(1)
 		s.mu.Unlock()
-		go c.readLoop()
-		go c.writeLoop()
+		go func(id uint64) {
+			defer s.wg.Done()
+			if tc, ok := s.peerHandshake(conn); ok {
+				s.serveConn(tc, id)
+			}
+		}(ids)
 	}
+}
+
+// serveConn starts the reader and writer of an accepted (and, with TLS,
+// handshaken) connection; false once the server closed.
+func (s *PeerServer) serveConn(conn net.Conn, id uint64) bool {
+	c := &peerServerConn{
+		s:    s,
+		conn: conn,
+		log:  s.log.With("peer_conn", id, "remote", conn.RemoteAddr().String()),
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		conn.Close()
+		return false
+	}
+	s.conns[c] = struct{}{}
+	s.wg.Add(2)
+	s.mu.Unlock()
+	go c.readLoop()
+	go c.writeLoop()
+	return true
 }
 
 // peerServerConn is one connection from a relaying kproxy: a reader that

@@ -38,6 +38,11 @@ type TLSConfig struct {
 	// ClientCAFile, when set, holds the CA bundle (PEM) client
 	// certificates must chain to: clients must present one (mTLS).
 	ClientCAFile string
+	// OptionalClientCert, with ClientCAFile, lets clients connect
+	// without a certificate (one that is presented must still chain to
+	// the CA): the server then decides per request, as the admin server
+	// does for everything but its health probes.
+	OptionalClientCert bool
 	// MinVersion is the lowest TLS version accepted; default TLS 1.2.
 	MinVersion uint16
 	// HandshakeTimeout drops a client that has not completed its
@@ -145,6 +150,9 @@ func (s *TLSSource) load() (*tls.Config, []byte, error) {
 		}
 		conf.ClientCAs = pool
 		conf.ClientAuth = tls.RequireAndVerifyClientCert
+		if s.cfg.OptionalClientCert {
+			conf.ClientAuth = tls.VerifyClientCertIfGiven
+		}
 	}
 	return conf, cert.Certificate[0], nil
 }

@@ -48,6 +48,8 @@ type fileConfig struct {
 	UpstreamTLS    upstreamTLSConfig  `yaml:"upstream_tls"`
 	UpstreamSASL   upstreamSASLConfig `yaml:"upstream_sasl"`
 	AdminTokenFile string             `yaml:"admin_token_file"`
+	// TLS on the peer and admin listeners (security_listeners.go).
+	listenerSecurity `yaml:",inline"`
 
 	// Group authorization (authz.go).
 	Authorization authorizationConfig `yaml:"group_authorization"`
@@ -217,6 +219,7 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.validateSecurity()...)
+	errs = append(errs, c.validateListenerSecurity()...)
 	errs = append(errs, c.validateAuthorization()...)
 	switch c.Log.Format {
 	case "text", "json":
@@ -271,6 +274,7 @@ type flagSet struct {
 	maxConns    int
 	maxPerHost  int
 	security    securityFlags
+	listenerSec listenerSecurityFlags
 	authz       authzFlags
 }
 
@@ -307,6 +311,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.IntVar(&f.maxPerHost, "max-connections-per-host", 10000, "client connections from one IP address; more are closed at accept")
 	fs.Int64Var(&f.frameMemory, "frame-memory-bytes", 256<<20, "process-wide limit on bytes of frames held whole at once; a frame that does not fit closes its connection")
 	f.security.bind(fs, withUpstream)
+	f.listenerSec.bind(fs)
 	if withUpstream {
 		f.authz.bind(fs)
 	}
@@ -355,6 +360,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("max-connections", func() { c.MaxConns = f.maxConns })
 	set("max-connections-per-host", func() { c.MaxConnsPerHost = f.maxPerHost })
 	f.security.apply(f.fs, &c)
+	f.listenerSec.apply(f.fs, &c)
 	f.authz.apply(f.fs, &c)
 	return c, nil
 }

@@ -48,7 +48,7 @@ prints the bootstrap address. Nothing is written to disk.`,
 			fmt.Fprintf(out, "kproxy dev: an in-memory %d-broker Kafka cluster behind kproxy\n", *brokers)
 			fmt.Fprintf(out, "  bootstrap: %s\n", addr)
 			if cfg.AdminListen != "" {
-				fmt.Fprintf(out, "  admin:     http://%s/ (groups, rebalance timeline, /metrics)\n", cfg.AdminListen)
+				fmt.Fprintf(out, "  admin:     %s://%s/ (groups, rebalance timeline, /metrics)\n", adminScheme(cfg), cfg.AdminListen)
 			}
 			fmt.Fprintf(out, "  try:       kcat -b %s -P -t demo <<< hello && kcat -b %s -G demo-group demo\n", addr, addr)
 			fmt.Fprintln(out, "Ctrl-C stops it.")

@@ -315,9 +315,9 @@ func adminAuth(token secret, next http.Handler) http.Handler {
 // warning when the admin server is reachable beyond loopback).
 func adminWrapper(c fileConfig, log *slog.Logger) (func(http.Handler) http.Handler, error) {
 	if c.AdminTokenFile == "" {
-		if host, _, err := net.SplitHostPort(c.AdminListen); err == nil {
+		if host, _, err := net.SplitHostPort(c.AdminListen); err == nil && c.AdminTLS.ClientCA == "" {
 			if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-				log.Warn("admin server listens beyond loopback without --admin-token-file: anyone who reaches it can read group state", "admin_listen", c.AdminListen)
+				log.Warn("admin server listens beyond loopback without --admin-token-file or --admin-tls-client-ca: anyone who reaches it can read group state", "admin_listen", c.AdminListen)
 			}
 		}
 		return func(h http.Handler) http.Handler { return h }, nil

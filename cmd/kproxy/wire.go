@@ -21,7 +21,11 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 	if err != nil {
 		return kproxy.Config{}, err
 	}
-	adminWrap, err := adminWrapper(cfg, log)
+	adminWrap, err := adminHandlerWrap(cfg, log)
+	if err != nil {
+		return kproxy.Config{}, err
+	}
+	peerTLS, adminTLS, err := listenerSecuritySources(cfg, log)
 	if err != nil {
 		return kproxy.Config{}, err
 	}
@@ -67,6 +71,8 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 				HeartbeatInterval: fc.HeartbeatInterval,
 				PeerListen:        fc.PeerListen,
 				PeerAdvertise:     fc.PeerAdvertise,
+				PeerTLS:           peerTLS,
+				PeerTLSServerName: cfg.PeerTLS.ServerName,
 			},
 		},
 		Telemetry: tap.Config{
@@ -76,6 +82,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 		Authorization: authorizationFor(cfg),
 		AdminListen:   cfg.AdminListen,
 		AdminWrap:     adminWrap,
+		AdminTLS:      adminTLS,
 		Logger:        log,
 	}, nil
 }

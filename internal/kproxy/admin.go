@@ -2,6 +2,7 @@ package kproxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -74,18 +75,27 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)
 	}
+	scheme := "http"
+	if w.cfg.AdminTLS != nil {
+		// http.Server runs each connection's handshake within
+		// ReadHeaderTimeout.
+		ln = tls.NewListener(ln, w.cfg.AdminTLS.ServerConfig())
+		scheme = "https"
+	}
 	h := tap.NewHTTPHandler(acfg)
 	if w.cfg.AdminWrap != nil {
 		h = w.cfg.AdminWrap(h)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+		// net/http's own complaints (TLS handshake errors) go to the log.
+		ErrorLog: slog.NewLogLogger(log.With("component", "admin").Handler(), slog.LevelWarn)}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin server stopped", "err", err)
 		}
 	}()
 	w.adminAddr = ln.Addr().String()
-	log.Info("admin server listening", "addr", w.adminAddr)
+	log.Info("admin server listening", "addr", w.adminAddr, "scheme", scheme)
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		// Event streams never end on their own: give them a moment,
 		// then cut them.

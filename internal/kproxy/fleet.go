@@ -157,6 +157,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Coordinator: engineCoordinator{eng},
 		Logger:      log.With("component", "peer"),
 		MaxFrame:    cfg.Proxy.MaxFrame,
+		TLS:         fc.PeerTLS,
 	})
 	if err != nil {
 		return fmt.Errorf("peer listener: %w", err)
@@ -203,7 +204,14 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		<-done
 		return err
 	})
+	var dialer proxy.Dialer // nil: plaintext
+	if fc.PeerTLS != nil {
+		if dialer, err = proxy.PeerTLSDialer(fc.PeerTLS, fc.PeerTLSServerName); err != nil {
+			return err
+		}
+	}
 	router := proxy.NewRouter(proxy.RouterConfig{
+		Dialer:        dialer,
 		Local:         engineCoordinator{eng},
 		Locator:       f,
 		Logger:        log.With("component", "router"),

@@ -73,6 +73,10 @@ type Config struct {
 	// AdminWrap, when set, wraps the admin handler (the browser test's
 	// server adds its control endpoint this way).
 	AdminWrap func(http.Handler) http.Handler
+	// AdminTLS, when set, makes the admin server HTTPS with the
+	// source's certificate (client certificates as the source says;
+	// AdminWrap decides what needs one).
+	AdminTLS *proxy.TLSSource
 	// FleetView, when set, answers /api/fleet instead of the fleet
 	// runtime (the browser test serves a fixed fleet).
 	FleetView func() tap.FleetView
@@ -117,6 +121,15 @@ type FleetConfig struct {
 	// PeerAdvertise is the peer address told to other kproxies, when it
 	// differs from PeerListen.
 	PeerAdvertise string
+	// PeerTLS, when set, makes the peer wire mutual TLS: the peer
+	// listener requires a certificate chaining to the source's CA
+	// bundle (its ClientCAFile, required), and this kproxy presents the
+	// source's certificate to the owners it relays to and verifies
+	// theirs against the same CA.
+	PeerTLS *proxy.TLSSource
+	// PeerTLSServerName is the name an owner's certificate must carry;
+	// empty: the host of the peer address it advertises.
+	PeerTLSServerName string
 }
 
 // Server is a running kproxy. It is built by Start and owned by its

@@ -84,7 +84,7 @@ func launchKproxy(ctx context.Context, h *harness, bin, logPath string, port int
 		if !p.alive() {
 			return nil, fmt.Errorf("kproxy exited during startup: %s", tail(logPath, 600))
 		}
-		lastErr = probeMetadata(ctx, addr)
+		lastErr = probeMetadata(ctx, addr, h.probeOpts...)
 		if lastErr == nil {
 			h.log.Info("kproxy up", "addr", addr, "log", logPath)
 			return p, nil
@@ -99,8 +99,8 @@ func launchKproxy(ctx context.Context, h *harness, bin, logPath string, port int
 // request versions at Kafka 4.0's, so it tests that kproxy is up and
 // forwarding; whether kproxy handles newer client versions is left to the
 // rows themselves.
-func probeMetadata(ctx context.Context, addr string) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.RetryTimeout(2*time.Second), kgo.MaxVersions(kversion.V4_0_0()))
+func probeMetadata(ctx context.Context, addr string, opts ...kgo.Opt) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addr), kgo.RetryTimeout(2 * time.Second), kgo.MaxVersions(kversion.V4_0_0())}, opts...)...)
 	if err != nil {
 		return err
 	}

@@ -42,6 +42,12 @@ type harness struct {
 	adm            *kadm.Client
 	cl             *kgo.Client // adm's client, for raw requests
 	log            *slog.Logger
+	// sec is the secured broker's configuration (security.go); nil
+	// unless -security is given.
+	sec *securityConfig
+	// probeOpts are the kgo options of the probe that waits for kproxy
+	// to serve metadata (TLS and SASL in the security phase).
+	probeOpts []kgo.Opt
 }
 
 func main() {
@@ -56,6 +62,7 @@ func main() {
 		cacheDir    string
 		multiBroker bool
 		list        bool
+		security    string
 	)
 	home, _ := os.UserHomeDir()
 	defCache := os.Getenv("KPROXY_CACHE")
@@ -80,6 +87,7 @@ func main() {
 	flag.StringVar(&cacheDir, "cache", defCache, "cache directory (python venv)")
 	flag.StringVar(&h.logDir, "logs", "", "directory for per-member logs (default a temp dir)")
 	flag.BoolVar(&multiBroker, "multibroker", false, "run only the rows that need a cluster of 3 brokers (franz-brokerkill) and the ApiVersions check (every broker's port); without it the former run only when the cluster has 3")
+	flag.StringVar(&security, "security", "", "security.json written by `kafka.sh start --security sasl_ssl`: run only the security rows (security.go) against that broker, as its super user")
 	flag.BoolVar(&list, "list", false, "print the names of the rows -rows and -multibroker select, and exit")
 	flag.Parse()
 	if list {
@@ -89,7 +97,7 @@ func main() {
 			os.Exit(2)
 		}
 		for _, r := range h.rows(cacheDir, "goclient") {
-			if filter.MatchString(r.name) && (!multiBroker || r.brokerKill || r.apiVersions) {
+			if filter.MatchString(r.name) && (!multiBroker || r.brokerKill || r.apiVersions) && (security != "") == r.security {
 				fmt.Println(r.name)
 			}
 		}
@@ -98,7 +106,7 @@ func main() {
 
 	h.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	h.kproxyArgs = strings.Fields(kproxyArgs)
-	if err := run(&h, rowsFilter, pathsFlag, requestLogs, kproxyBin, kproxyPort, cacheDir, multiBroker); err != nil {
+	if err := run(&h, rowsFilter, pathsFlag, requestLogs, kproxyBin, kproxyPort, cacheDir, multiBroker, security); err != nil {
 		h.log.Error("harness failed", "err", err)
 		os.Exit(1)
 	}
@@ -137,10 +145,14 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
 			producer: goc("franz")},
+		// security.go: alice, bob and carol with their ACLs over
+		// SASL_SSL; only with -security (run.sh's security phase).
+		{name: "java-sasl-acls", client: java, security: true},
+		{name: "py-confluent-sasl-acls", client: append(append([]string(nil), py...), "--client", "confluent"), security: true},
 	}
 }
 
-func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kproxyPort int, cacheDir string, multiBroker bool) error {
+func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kproxyPort int, cacheDir string, multiBroker bool, security string) error {
 	ctx := context.Background()
 	began := time.Now()
 	var err error
@@ -159,7 +171,13 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	if h.logDir, err = filepath.Abs(h.logDir); err != nil {
 		return fmt.Errorf("log dir: %w", err)
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(h.broker))
+	var secOpts []kgo.Opt
+	if security != "" {
+		if secOpts, err = h.setupSecurity(ctx, security); err != nil {
+			return err
+		}
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(h.broker)}, secOpts...)...)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}
@@ -171,6 +189,17 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		cancel()
 		if err != nil {
 			return fmt.Errorf("broker %s does not answer (is interop/kafka.sh start running?): %w", h.broker, err)
+		}
+	}
+	if h.sec != nil {
+		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := h.securityACLs(actx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if err := h.warmCoordinator(ctx); err != nil {
+			return err
 		}
 	}
 
@@ -237,6 +266,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		if multiBroker && !r.brokerKill && !r.apiVersions {
 			continue // the ApiVersions check runs on both clusters: every broker's port
 		}
+		if r.security != (h.sec != nil) {
+			continue // the security rows run against the secured broker, alone
+		}
 		if r.brokerKill && !multiBroker && brokers < 3 {
 			skipped = append(skipped, r.name)
 			continue
@@ -284,6 +316,8 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				if path == "direct" {
 					killPrior = o
 				}
+			} else if r.security {
+				res = s.runSecurity(ctx)
 			} else if r.apiVersions {
 				res = s.runApiVersions(ctx)
 				res.notes = append(res.notes, "runs on the kproxy path only and compares it with the direct path itself")

@@ -34,6 +34,9 @@ type row struct {
 	brokerKill bool
 	// sessionMS overrides the harness's member session timeout when > 0.
 	sessionMS int
+	// security: the row runs three principals against a SASL_SSL broker
+	// with ACLs (security.go); only in a run with -security.
+	security bool
 }
 
 // result is one printed line of the table.

@@ -6,7 +6,10 @@ and prints the harness's JSON-lines protocol on stdout: assignment events
 carrying the member's full owned partition set, consumed records, commits,
 errors and "closed". --mode produce writes --count records with ids
 id-<start>..; --mode consume joins --group, commits after every batch and
-closes cleanly on SIGTERM.
+closes cleanly on SIGTERM. --mode commit (confluent only) commits --start
+for partition 0 of --topic as --group from outside the group, then exits.
+--client-props FILE adds librdkafka properties (key=value lines:
+security.protocol, sasl.*, ssl.*) to every confluent-kafka client.
 """
 import argparse
 import faulthandler
@@ -32,7 +35,8 @@ def emit(member, ev, **fields):
 def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--client", required=True, choices=["confluent", "kafka-python"])
-    p.add_argument("--mode", default="consume", choices=["produce", "consume"])
+    p.add_argument("--mode", default="consume", choices=["produce", "consume", "commit"])
+    p.add_argument("--client-props", default="")
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
     p.add_argument("--topic", required=True)
     p.add_argument("--group", default="")
@@ -60,9 +64,40 @@ class Stopper:
 
 # ---------------------------------------------------------------- confluent-kafka
 
+def client_props(a):
+    """The key=value properties of --client-props, or none."""
+    props = {}
+    if a.client_props:
+        with open(a.client_props) as f:
+            for line in f:
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    k, _, v = line.partition("=")
+                    props[k.strip()] = v.strip()
+    return props
+
+
+def confluent_commit(a):
+    from confluent_kafka import Consumer, TopicPartition
+    conf = client_props(a)
+    conf.update({"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.member,
+                 "enable.auto.commit": False})
+    c = Consumer(conf)
+    try:
+        res = c.commit(offsets=[TopicPartition(a.topic, 0, a.start)], asynchronous=False)
+        for tp in res or []:
+            if tp.error is not None:
+                raise RuntimeError("commit: %s" % tp.error)
+    finally:
+        c.close()
+    emit(a.member, "commit", offsets={"0": a.start})
+
+
 def confluent_produce(a):
     from confluent_kafka import Producer
-    p = Producer({"bootstrap.servers": a.bootstrap, "client.id": a.member, "acks": "all", "linger.ms": 5})
+    conf = client_props(a)
+    conf.update({"bootstrap.servers": a.bootstrap, "client.id": a.member, "acks": "all", "linger.ms": 5})
+    p = Producer(conf)
     failures = []
 
     def done(err, _msg):
@@ -87,7 +122,8 @@ def confluent_consume(a, stopper):
     COMMIT_RETRY_CODES = (KafkaError._TIMED_OUT, KafkaError._WAIT_COORD, KafkaError._TRANSPORT,
                           KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR,
                           KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT)
-    conf = {
+    conf = client_props(a)
+    conf.update({
         "bootstrap.servers": a.bootstrap,
         "group.id": a.group,
         "client.id": a.member,
@@ -98,7 +134,7 @@ def confluent_consume(a, stopper):
         "max.poll.interval.ms": 20000,
         "partition.assignment.strategy": a.assignor,
         "group.protocol": "classic",
-    }
+    })
     if a.instance_id:
         conf["group.instance.id"] = a.instance_id
     c = Consumer(conf)
@@ -266,7 +302,9 @@ def main():
     a = parse_args()
     stopper = Stopper()
     try:
-        if a.client == "confluent":
+        if a.client == "confluent" and a.mode == "commit":
+            confluent_commit(a)
+        elif a.client == "confluent":
             confluent_produce(a) if a.mode == "produce" else confluent_consume(a, stopper)
         else:
             kp_produce(a) if a.mode == "produce" else kp_consume(a, stopper)

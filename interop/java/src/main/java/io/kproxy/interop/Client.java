@@ -30,8 +30,11 @@ import org.apache.kafka.common.serialization.StringSerializer;
 /**
  * Client is the Java member of the kproxy interop harness. It speaks the
  * harness's JSON-lines protocol on stdout (one object per line) and runs in
- * one of three modes: produce, consume (classic group protocol, commits after
- * every batch) and txn (consume-process-produce with transactional offsets).
+ * one of four modes: produce, consume (classic group protocol, commits after
+ * every batch), txn (consume-process-produce with transactional offsets) and
+ * commit (one OffsetCommit for partition 0 of --topic at --start, as a
+ * client outside the group, then exit). --client-props FILE adds client
+ * properties (security.protocol, sasl.*, ssl.*) to every client it makes.
  * SIGTERM closes the client cleanly.
  */
 public final class Client {
@@ -77,6 +80,8 @@ public final class Client {
         return consume(false);
       case "txn":
         return consume(true);
+      case "commit":
+        return commitOnce();
       default:
         throw new IllegalArgumentException("unknown mode " + mode);
     }
@@ -90,8 +95,41 @@ public final class Client {
     return v;
   }
 
-  private int produce() {
+  /** props returns the properties of --client-props, or none. */
+  private Properties props() throws java.io.IOException {
     Properties p = new Properties();
+    String file = args.get("client-props");
+    if (file != null && !file.isEmpty()) {
+      try (java.io.Reader r = java.nio.file.Files.newBufferedReader(java.nio.file.Path.of(file))) {
+        p.load(r);
+      }
+    }
+    return p;
+  }
+
+  /** commitOnce commits --start for partition 0 of --topic as --group, outside the group. */
+  private int commitOnce() throws java.io.IOException {
+    Properties p = props();
+    p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
+    p.put(ConsumerConfig.GROUP_ID_CONFIG, arg("group"));
+    p.put(ConsumerConfig.CLIENT_ID_CONFIG, member);
+    p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+    p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+    long offset = Long.parseLong(args.getOrDefault("start", "0"));
+    try (KafkaConsumer<String, String> c = new KafkaConsumer<>(p)) {
+      c.commitSync(Map.of(new TopicPartition(arg("topic"), 0), new OffsetAndMetadata(offset)),
+          Duration.ofSeconds(60));
+    } catch (Exception e) {
+      error(e);
+      return 1;
+    }
+    emit("{\"ev\":\"commit\",\"offsets\":{\"0\":" + offset + "}}");
+    return 0;
+  }
+
+  private int produce() throws java.io.IOException {
+    Properties p = props();
     p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
     p.put(ProducerConfig.CLIENT_ID_CONFIG, member);
     p.put(ProducerConfig.ACKS_CONFIG, "all");
@@ -119,8 +157,8 @@ public final class Client {
     return 0;
   }
 
-  private int consume(boolean txn) {
-    Properties p = new Properties();
+  private int consume(boolean txn) throws java.io.IOException {
+    Properties p = props();
     p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
     p.put(ConsumerConfig.GROUP_ID_CONFIG, arg("group"));
     p.put(ConsumerConfig.CLIENT_ID_CONFIG, member);
@@ -161,7 +199,7 @@ public final class Client {
     if (txn) {
       p.put(ConsumerConfig.ISOLATION_LEVEL_CONFIG, "read_committed");
       outTopic = arg("out-topic");
-      Properties pp = new Properties();
+      Properties pp = props();
       pp.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, arg("bootstrap"));
       pp.put(ProducerConfig.CLIENT_ID_CONFIG, member + "-txn");
       pp.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, arg("group") + "-" + member);
