@@ -172,6 +172,17 @@ type Set struct {
 	// answered SECURITY_DISABLED): a broker then allows everything, and
 	// so does Allowed.
 	NoAuthorizer bool
+	// AnonymousCluster says kproxy's own client reaches the cluster
+	// without SASL and without a client certificate, so the cluster
+	// knows it, and every client of that listener, as User:ANONYMOUS.
+	// Then an empty ACL list read successfully allows everything: the
+	// read itself shows that ANONYMOUS is a super user, that the
+	// brokers allow everyone where no ACL is found, or that the cluster
+	// enforces nothing while answering DescribeAcls (kfake without
+	// ACLs, some Kafka-compatible brokers); in each case a direct
+	// client's group request would be served. Once an ACL exists, the
+	// ACLs decide as usual.
+	AnonymousCluster bool
 
 	// idx, when built (Cache builds it for every set it reads), narrows
 	// Allowed to the ACLs that can name the resource; nil scans them
@@ -212,7 +223,7 @@ func (s *Set) Allowed(principal, host string, rt kmsg.ACLResourceType, name stri
 	if s == nil {
 		return false
 	}
-	if s.NoAuthorizer || s.SuperUsers[principal] {
+	if s.NoAuthorizer || s.SuperUsers[principal] || s.AnonymousCluster && len(s.ACLs) == 0 {
 		return true
 	}
 	allowed, named := false, false

@@ -191,6 +191,14 @@ func TestSetSemantics(t *testing.T) {
 			t.Errorf("%s@%s %v %s: %v, want %v", tc.p, tc.h, tc.op, tc.name, got, tc.want)
 		}
 	}
+	anon := &Set{AnonymousCluster: true}
+	if !anon.Allowed(Anonymous, "h", g, "any", kmsg.ACLOperationRead) {
+		t.Error("anonymous cluster without ACLs: denied, though the cluster would serve the request")
+	}
+	anon.ACLs = s.ACLs
+	if anon.Allowed(Anonymous, "h", g, "secret", kmsg.ACLOperationRead) {
+		t.Error("anonymous cluster with ACLs: allowed a group no ACL grants ANONYMOUS")
+	}
 	open := &Set{AllowIfNoACL: true, ACLs: s.ACLs}
 	if !open.Allowed("User:z", "h", kmsg.ACLResourceTypeTopic, "t", kmsg.ACLOperationRead) {
 		t.Error("allow-if-no-ACL: an unnamed resource is denied")

@@ -69,12 +69,12 @@ var adminLine = regexp.MustCompile(`msg="admin server listening" addr=(\S+)`)
 func startKproxy(t testing.TB, name string, upstream []string, args ...string) *kproxyProc {
 	t.Helper()
 	all := append([]string{"serve", "--upstream", strings.Join(upstream, ","), "--listen", "127.0.0.1:0",
-		"--admin-listen", "127.0.0.1:0", "--log-level", "info",
-		// kfake without ACLs answers DescribeAcls with an empty list, not
-		// SECURITY_DISABLED as a broker without an authorizer does: the
-		// default (auto) would deny every group (e2e/authz_test.go tests
-		// authorization).
-		"--group-authorization", "off"}, args...)
+		// Group authorization stays at its default (auto): kfake without
+		// ACLs answers DescribeAcls with an empty list to an anonymous
+		// kproxy, which then allows every group request, as the cluster
+		// does (authz.Set.AnonymousCluster; e2e/authz_test.go tests
+		// authorization with ACLs).
+		"--admin-listen", "127.0.0.1:0", "--log-level", "info"}, args...)
 	k := &kproxyProc{name: name, cmd: exec.Command(kproxyBinary(t), all...), exited: make(chan struct{})}
 	stdout, err := k.cmd.StdoutPipe()
 	if err != nil {

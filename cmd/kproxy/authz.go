@@ -88,6 +88,9 @@ func authorizationFor(c fileConfig) kproxy.AuthorizationConfig {
 		Mode:                 mode,
 		SuperUsers:           users,
 		AllowEveryoneIfNoACL: c.Authorization.AllowEveryoneIfNoACLFound,
-		CacheTTL:             c.Authorization.ACLCacheTTL,
+		// Without SASL or a client certificate kproxy, like every
+		// client of that listener, is User:ANONYMOUS to the cluster.
+		AnonymousCluster: c.UpstreamSASL.Mechanism == "" && c.UpstreamTLS.Cert == "",
+		CacheTTL:         c.Authorization.ACLCacheTTL,
 	}
 }

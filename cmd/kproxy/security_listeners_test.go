@@ -101,10 +101,6 @@ func TestPeerMutualTLS(t *testing.T) {
 		"--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0",
 		"--fleet-name", "mtls", "--fleet-session-timeout", "3s", "--fleet-heartbeat-interval", "500ms",
 		"--group-initial-rebalance-delay", "0s", "--peer-tls-ca", caFile,
-		// The peer wire is the subject here, not authorization: with
-		// the default (auto), the relay refused this kfake's
-		// unauthenticated client GROUP_AUTHORIZATION_FAILED.
-		"--group-authorization", "off",
 	}
 	owner := startServe(t, append(common, "--peer-tls-cert", ownerCert, "--peer-tls-key", ownerKey)...)
 	relay := startServe(t, append(common, "--fleet-role", "relay", "--peer-tls-cert", relayCert, "--peer-tls-key", relayKey)...)

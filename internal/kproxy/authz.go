@@ -54,6 +54,11 @@ type AuthorizationConfig struct {
 	// AllowEveryoneIfNoACL is the brokers'
 	// allow.everyone.if.no.acl.found.
 	AllowEveryoneIfNoACL bool
+	// AnonymousCluster says kproxy's own client reaches the cluster
+	// without SASL and without a client certificate
+	// (authz.Set.AnonymousCluster: an empty ACL list then allows
+	// everything, as the cluster would).
+	AnonymousCluster bool
 	// CacheTTL is how long a read of the ACLs is used: a revoked or
 	// added ACL takes effect at most this long later. Default 10s.
 	CacheTTL time.Duration
@@ -95,7 +100,7 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 	if ttl <= 0 {
 		ttl = 10 * time.Second
 	}
-	base := authz.Set{AllowIfNoACL: ac.AllowEveryoneIfNoACL, SuperUsers: map[string]bool{}}
+	base := authz.Set{AllowIfNoACL: ac.AllowEveryoneIfNoACL, AnonymousCluster: ac.AnonymousCluster, SuperUsers: map[string]bool{}}
 	for _, u := range ac.SuperUsers {
 		base.SuperUsers[u] = true
 	}
@@ -115,6 +120,9 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		return fmt.Errorf("group authorization %s: kproxy's own principal may not read the cluster's ACLs (it needs DESCRIBE on the CLUSTER resource), or use --group-authorization off: %w", mode, ferr)
 	case ferr != nil:
 		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are denied until they can", "err", ferr)
+	case len(set.ACLs) == 0 && ac.AnonymousCluster:
+		log.Info("group authorization on: the cluster has no ACLs and kproxy reaches it as User:ANONYMOUS, so every group request is allowed until an ACL exists, as the cluster allows it",
+			"mode", mode, "acl_cache_ttl", ttl)
 	case len(set.ACLs) == 0 && !ac.AllowEveryoneIfNoACL:
 		log.Warn("group authorization on, but the cluster has no ACLs: only super users' group requests are allowed (a cluster without an authorizer would have answered SECURITY_DISABLED; an in-memory kfake cluster without ACLs needs --group-authorization off)",
 			"mode", mode, "super_users", ac.SuperUsers, "acl_cache_ttl", ttl)
