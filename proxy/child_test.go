@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -55,6 +56,9 @@ func childProxyMain() int {
 		Upstreams:        []string{os.Getenv(childUpstreamEnv)},
 		Listen:           "127.0.0.1:0",
 		MetadataInterval: time.Hour,
+	}
+	if os.Getenv(childEnv+"_LOG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	if files := os.Getenv(childTLSEnv); files != "" {
 		cert, key, _ := strings.Cut(files, ",")

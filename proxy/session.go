@@ -382,6 +382,16 @@ func (s *session) push(sl slot) error {
 		return nil
 	default:
 	}
+	// The queue is full: the writer waits for the responses to requests
+	// still in the upstream buffer, so send them before blocking (a
+	// client pipelining more than MaxInFlight small requests would
+	// otherwise stall for good).
+	if s.upW != nil && s.upW.Buffered() > 0 {
+		if err := s.upW.Flush(); err != nil {
+			s.inflight.Add(-1)
+			return fmt.Errorf("writing upstream: %w", err)
+		}
+	}
 	select {
 	case s.slots <- sl:
 		// The client waited on our queue, not the other way round:
