@@ -1,7 +1,10 @@
+//go:build linux
+
 package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -15,10 +18,14 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/kproxy/kproxy/codec"
 )
@@ -30,7 +37,9 @@ import (
 const (
 	childEnv         = "KPROXY_TEST_CHILD"
 	childUpstreamEnv = "KPROXY_TEST_CHILD_UPSTREAM"
-	childTLSEnv      = "KPROXY_TEST_CHILD_TLS" // "certfile,keyfile": TLS listeners
+	childTLSEnv      = "KPROXY_TEST_CHILD_TLS"    // "certfile,keyfile": TLS listeners
+	childLogEnv      = "KPROXY_TEST_CHILD_LOG"    // "debug" or "warn": log to stderr at that level
+	childNofileEnv   = "KPROXY_TEST_CHILD_NOFILE" // n: once started, lower the open-file limit to n more than are open
 )
 
 func TestMain(m *testing.M) {
@@ -46,6 +55,8 @@ type childMem struct {
 	StackInuse uint64 `json:"stack_inuse"`
 	Goroutines int    `json:"goroutines"`
 	Sessions   int    `json:"sessions"`
+	// AcceptFDErrors is kproxy.accept.errors{reason=file_descriptors}.
+	AcceptFDErrors int64 `json:"accept_fd_errors"`
 }
 
 // childProxyMain runs a proxy in front of the upstream named in the
@@ -57,9 +68,14 @@ func childProxyMain() int {
 		Listen:           "127.0.0.1:0",
 		MetadataInterval: time.Hour,
 	}
-	if os.Getenv(childEnv+"_LOG") != "" {
+	switch os.Getenv(childLogEnv) {
+	case "debug":
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	case "warn":
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	reader := sdkmetric.NewManualReader()
+	cfg.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	if files := os.Getenv(childTLSEnv); files != "" {
 		cert, key, _ := strings.Cut(files, ",")
 		src, err := NewTLSSource(TLSConfig{CertFile: cert, KeyFile: key}, nil)
@@ -77,6 +93,21 @@ func childProxyMain() int {
 	if err := p.Start(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "child start:", err)
 		return 1
+	}
+	if extra := os.Getenv(childNofileEnv); extra != "" {
+		n, _ := strconv.Atoi(extra)
+		fds, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "child fds:", err)
+			return 1
+		}
+		var lim syscall.Rlimit
+		syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+		lim.Cur = uint64(len(fds) + n)
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+			fmt.Fprintln(os.Stderr, "child rlimit:", err)
+			return 1
+		}
 	}
 	fmt.Printf("addr %s\n", p.Addr())
 	sc := bufio.NewScanner(os.Stdin)
@@ -96,7 +127,8 @@ func childProxyMain() int {
 		p.mu.Lock()
 		n := len(p.sessions)
 		p.mu.Unlock()
-		b, _ := json.Marshal(childMem{HeapInuse: ms.HeapInuse, StackInuse: ms.StackInuse, Goroutines: runtime.NumGoroutine(), Sessions: n})
+		b, _ := json.Marshal(childMem{HeapInuse: ms.HeapInuse, StackInuse: ms.StackInuse, Goroutines: runtime.NumGoroutine(), Sessions: n,
+			AcceptFDErrors: acceptFDErrors(reader)})
 		fmt.Printf("mem %s\n", b)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -105,9 +137,34 @@ func childProxyMain() int {
 	return 0
 }
 
+// acceptFDErrors reads kproxy.accept.errors{reason=file_descriptors}.
+func acceptFDErrors(r *sdkmetric.ManualReader) int64 {
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		return -1
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "kproxy.accept.errors" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				if v, _ := dp.Attributes.Value("reason"); v.AsString() == "file_descriptors" {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
 // proxyChild is a proxy running in a child process.
 type proxyChild struct {
-	addr  string
+	pid    int
+	stderr *lockedBuffer // the child's log, also copied to the test's stderr under -v
+	addr   string
 	in    io.WriteCloser
 	lines chan string // the child's stdout, line by line
 }
@@ -118,7 +175,11 @@ func startProxyChild(t testing.TB, upstream string, env ...string) *proxyChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), append([]string{childEnv + "=proxy", childUpstreamEnv + "=" + upstream}, env...)...)
-	cmd.Stderr = os.Stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if testing.Verbose() {
+		cmd.Stderr = io.MultiWriter(stderr, os.Stderr)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +191,7 @@ func startProxyChild(t testing.TB, upstream string, env ...string) *proxyChild {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting the proxy child: %v", err)
 	}
-	c := &proxyChild{in: in, lines: make(chan string, 16)}
+	c := &proxyChild{pid: cmd.Process.Pid, stderr: stderr, in: in, lines: make(chan string, 16)}
 	go func() {
 		// Owns out until the child exits.
 		sc := bufio.NewScanner(out)
@@ -282,6 +343,24 @@ func (k *kafkaConn) idleHandshake() (*kmsg.MetadataResponse, error) {
 		return nil, err
 	}
 	return resp.(*kmsg.MetadataResponse), nil
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and other readers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer // guarded by mu
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func kib(n float64) string { return strconv.FormatFloat(n/1024, 'f', 1, 64) + " KiB" }

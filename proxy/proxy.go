@@ -46,6 +46,9 @@ type Proxy struct {
 	open      int                   // client connections accepted and not closed, handshaking ones included; guarded by mu
 	lastLimit atomic.Int64          // nanotime of the last connection-limit log line
 	limited   atomic.Int64          // connections refused by a limit since that line
+	// lastAcceptLog is the nanotime of the last failed-accept log line,
+	// acceptFails the failures since (see acceptFailed).
+	lastAcceptLog, acceptFails atomic.Int64
 	closing   bool                  // guarded by mu
 
 	wg   sync.WaitGroup // accept loops, sessions, discovery
@@ -257,10 +260,11 @@ func (p *Proxy) accept(l *listener, ln net.Listener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of file descriptors and similar: back off, keep going.
-			p.metrics.acceptError()
+			// Out of file descriptors and similar: back off, keep
+			// going (the pending connection keeps the listener
+			// readable, so retrying at once would spin).
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			p.log.Warn("accept failed", "node", l.node, "err", err, "retry_in", delay)
+			p.acceptFailed(l.node, err, delay)
 			time.Sleep(delay)
 			continue
 		}
