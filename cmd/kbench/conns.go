@@ -53,7 +53,7 @@ type connsOptions struct {
 func addConnsFlags(fs *flag.FlagSet, o *connsOptions) {
 	fs.IntVar(&o.total, "conns-total", 10000, "conns mode: client connections in all, active ones included")
 	fs.IntVar(&o.active, "conns-active", 300, "conns mode: connections producing and fetching (half each), one request at a time")
-	fs.DurationVar(&o.heartbeat, "conns-heartbeat", 5*time.Second, "conns mode: interval of each idle connection's small request (ApiVersions)")
+	fs.DurationVar(&o.heartbeat, "conns-heartbeat", 5*time.Second, "conns mode: interval of each idle connection's small request (ApiVersions); 0: quiet after connecting")
 	fs.DurationVar(&o.phase, "conns-phase", 10*time.Second, "conns mode: measured time of each phase (without, with, and again without the idle connections)")
 	fs.IntVar(&o.perIP, "conns-per-ip", 4000, "conns mode: connections dialled from each loopback source address (127.0.0.2, .3, ...)")
 }
@@ -62,8 +62,8 @@ func (o connsOptions) validate() error {
 	if o.active < 1 || o.total < o.active || o.total > 200000 {
 		return errors.New("--conns-active must be positive and at most --conns-total (<= 200000)")
 	}
-	if o.heartbeat < 100*time.Millisecond || o.phase < time.Second || o.phase > time.Hour || o.perIP < 1 || o.perIP > 20000 {
-		return errors.New("--conns-heartbeat must be >= 100ms, --conns-phase in [1s, 1h], --conns-per-ip in [1, 20000]")
+	if (o.heartbeat != 0 && o.heartbeat < 100*time.Millisecond) || o.phase < time.Second || o.phase > time.Hour || o.perIP < 1 || o.perIP > 20000 {
+		return errors.New("--conns-heartbeat must be 0 or >= 100ms, --conns-phase in [1s, 1h], --conns-per-ip in [1, 20000]")
 	}
 	return nil
 }
@@ -248,8 +248,12 @@ func (r *connsResult) ratios() {
 
 // print writes the conns mode's table.
 func (r *connsResult) print(w io.Writer) {
-	fmt.Fprintf(w, "conns: %d connections, %d active (produce+fetch, one request at a time each), %d idle (ApiVersions every %.0fs); open-file limit %d\n",
-		r.Total, r.Active, r.Idle, r.HeartbeatSec, r.FileLimit)
+	hb := "quiet"
+	if r.HeartbeatSec > 0 {
+		hb = fmt.Sprintf("ApiVersions every %gs", r.HeartbeatSec)
+	}
+	fmt.Fprintf(w, "conns: %d connections, %d active (produce+fetch, one request at a time each), %d idle (%s); open-file limit %d\n",
+		r.Total, r.Active, r.Idle, hb, r.FileLimit)
 	if r.CappedFrom > 0 {
 		fmt.Fprintf(w, "(%d connections asked: the open-file limit allows kproxy, at two descriptors each, %d)\n", r.CappedFrom, r.Total)
 	}
@@ -582,7 +586,7 @@ func procRSS(pid int) (float64, int) {
 }
 
 // idleLoad is the idle connections: each sends ApiVersions every
-// interval, from a random phase.
+// interval (never when it is 0), from a random phase.
 type idleLoad struct {
 	every time.Duration
 	wg    sync.WaitGroup
@@ -641,6 +645,10 @@ func (l *idleLoad) open(ctx context.Context, addr string, from, to, perIP int) e
 
 func (l *idleLoad) heartbeat(ctx context.Context, c *rawConn) {
 	defer c.c.Close()
+	if l.every == 0 {
+		<-ctx.Done()
+		return
+	}
 	req := apiVersionsReq()
 	t := time.NewTimer(rand.N(l.every))
 	defer t.Stop()
