@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"io"
 	"net"
 	"sync"
 )
@@ -144,13 +143,7 @@ func (s *session) upstreamReader() (*bufio.Reader, error) {
 				return nil, err
 			}
 		}
-		s.upR = getReaderFrom(&s.upIn)
+		s.upR = getReader(&s.upIn)
 	}
 	return s.upR, nil
-}
-
-func getReaderFrom(r io.Reader) *bufio.Reader {
-	b := readerPool.Get().(*bufio.Reader)
-	b.Reset(r)
-	return b
 }

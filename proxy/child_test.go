@@ -165,8 +165,8 @@ type proxyChild struct {
 	pid    int
 	stderr *lockedBuffer // the child's log, also copied to the test's stderr under -v
 	addr   string
-	in    io.WriteCloser
-	lines chan string // the child's stdout, line by line
+	in     io.WriteCloser
+	lines  chan string // the child's stdout, line by line
 }
 
 // startProxyChild starts a proxy child in front of upstream; env adds to

@@ -49,7 +49,7 @@ type Proxy struct {
 	// lastAcceptLog is the nanotime of the last failed-accept log line,
 	// acceptFails the failures since (see acceptFailed).
 	lastAcceptLog, acceptFails atomic.Int64
-	closing   bool                  // guarded by mu
+	closing                    bool // guarded by mu
 
 	wg   sync.WaitGroup // accept loops, sessions, discovery
 	stop chan struct{}  // closed by Shutdown

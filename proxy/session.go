@@ -38,9 +38,9 @@ var (
 	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
 )
 
-func getReader(c net.Conn) *bufio.Reader {
+func getReader(rd io.Reader) *bufio.Reader {
 	r := readerPool.Get().(*bufio.Reader)
-	r.Reset(c)
+	r.Reset(rd)
 	return r
 }
 
@@ -246,7 +246,7 @@ func (s *session) readLoop() error {
 		}
 		s.idle.Store(false)
 		if s.br == nil {
-			s.br = getReaderFrom(&s.in)
+			s.br = getReader(&s.in)
 		}
 		if s.draining.Load() {
 			// drain may have set the read deadline after the request
