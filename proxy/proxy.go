@@ -46,10 +46,11 @@ type Proxy struct {
 	open      int                   // client connections accepted and not closed, handshaking ones included; guarded by mu
 	lastLimit atomic.Int64          // nanotime of the last connection-limit log line
 	limited   atomic.Int64          // connections refused by a limit since that line
+	closing   bool                  // guarded by mu
+
 	// lastAcceptLog is the nanotime of the last failed-accept log line,
 	// acceptFails the failures since (see acceptFailed).
 	lastAcceptLog, acceptFails atomic.Int64
-	closing                    bool // guarded by mu
 
 	wg   sync.WaitGroup // accept loops, sessions, discovery
 	stop chan struct{}  // closed by Shutdown
