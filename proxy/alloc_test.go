@@ -8,6 +8,8 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +47,7 @@ type fakeUpstream struct {
 	responses map[uint32][]byte // key<<16|version -> whole response frame; guarded by mu
 	conns     []net.Conn        // guarded by mu
 	wg        sync.WaitGroup
+	served    atomic.Int64 // requests answered from responses
 }
 
 func startFakeUpstream(t testing.TB) *fakeUpstream {
@@ -90,7 +93,10 @@ func (u *fakeUpstream) accept() {
 		go func() {
 			defer u.wg.Done()
 			defer c.Close()
-			if err := u.serve(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			// A proxy closing its upstream connection mid-response
+			// (its client went away) is no failure of the broker.
+			if err := u.serve(c); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) &&
+				!errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
 				u.t.Errorf("fake upstream: %v", err)
 			}
 		}()
@@ -143,6 +149,7 @@ func (u *fakeUpstream) serve(c net.Conn) error {
 			if !ok {
 				return fmt.Errorf("no response registered for %s v%d", kmsg.NameForKey(key), version)
 			}
+			u.served.Add(1)
 			out = append(out[:0], fixed...)
 			binary.BigEndian.PutUint32(out[4:], uint32(corr))
 			frame = out

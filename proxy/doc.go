@@ -11,7 +11,12 @@
 // arrives. Large bodies move between the two sockets without being copied
 // through user space (TCPConn.ReadFrom splices from an io.LimitedReader
 // over a TCPConn); with TLS on either side they go through a pooled
-// buffer (tls.go).
+// buffer (tls.go). A session holds its socket buffers only while a frame
+// is in flight: between requests it waits in a stash of a few hundred
+// bytes, so an idle connection costs about 20 KiB (buffers.go). A client
+// that stops reading its responses stops its own session, and no other:
+// the writer blocks on its socket, at most Config.MaxInFlight requests
+// queue, then the reader stops reading that client.
 //
 // In a fleet of kproxies (docs/fleet.md) the coordinator is a Router: it
 // serves a group request locally when the group's partition is owned

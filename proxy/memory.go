@@ -9,8 +9,8 @@ import (
 // Frames kproxy must hold whole: a request it serves itself (group APIs,
 // FindCoordinator) is decoded from memory, and a response that carries
 // broker addresses is decoded, rewritten and encoded again. Every other
-// frame streams through the sockets' fixed buffers. Held frames are
-// bounded three ways:
+// frame streams through the session's pooled socket buffers (buffers.go).
+// Held frames are bounded three ways:
 //
 //   - per API: a group request larger than Config.MaxGroupRequest, or a
 //     response to rewrite larger than Config.MaxRewriteResponse, closes
@@ -24,10 +24,11 @@ import (
 //     so a frame that announces 8 MiB and stalls after 64 KiB holds
 //     about 64 KiB, and the read timeout (Config.RequestTimeout) ends it.
 //
-// Buffers larger than retainMax are dropped after use rather than kept
-// by the session, so the memory of a burst goes back to the runtime.
+// Rewrite buffers go back to a pool once the session's writer has nothing
+// to answer; those larger than retainMax are dropped instead, so the
+// memory of a burst goes back to the runtime.
 
-// retainMax is the largest frame buffer a session keeps for reuse.
+// retainMax is the largest frame buffer kept for reuse.
 const retainMax = 1 << 20
 
 // budget is the process-wide count of bytes reserved by held frames.

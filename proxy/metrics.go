@@ -51,6 +51,7 @@ type metrics struct {
 	refusals metric.Int64Counter
 	acceptEr metric.Int64Counter
 	refOpts  [numRefusals][]metric.AddOption
+	accOpts  [2][]metric.AddOption // acceptEr by reason: other, file_descriptors
 
 	// Bytes are counted in atomics and read by observable counters at
 	// collection time: one atomic add per request instead of an SDK call.
@@ -87,7 +88,10 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
 	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
 	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts."))
-	x.acceptEr, _ = m.Int64Counter("kproxy.accept.errors", metric.WithDescription("Failed accepts (such as EMFILE, out of file descriptors); the listener backs off from 5ms to 1s and keeps accepting."))
+	x.acceptEr, _ = m.Int64Counter("kproxy.accept.errors", metric.WithDescription("Failed accepts, by reason: file_descriptors (EMFILE, ENFILE: out of file descriptors) or other; the listener backs off from 5ms to 1s and keeps accepting."))
+	for i, reason := range []string{"other", "file_descriptors"} {
+		x.accOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))}
+	}
 	for r := range numRefusals {
 		x.refOpts[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", refusalNames[r])))}
 	}
@@ -126,4 +130,10 @@ func (x *metrics) brokerDown(n int64) { x.down.Add(context.Background(), n) }
 
 func (x *metrics) refused(r refusal) { x.refusals.Add(context.Background(), 1, x.refOpts[r]...) }
 
-func (x *metrics) acceptError() { x.acceptEr.Add(context.Background(), 1) }
+func (x *metrics) acceptError(fds bool) {
+	i := 0
+	if fds {
+		i = 1
+	}
+	x.acceptEr.Add(context.Background(), 1, x.accOpts[i]...)
+}

@@ -48,6 +48,10 @@ type Proxy struct {
 	limited   atomic.Int64          // connections refused by a limit since that line
 	closing   bool                  // guarded by mu
 
+	// lastAcceptLog is the nanotime of the last failed-accept log line,
+	// acceptFails the failures since (see acceptFailed).
+	lastAcceptLog, acceptFails atomic.Int64
+
 	wg   sync.WaitGroup // accept loops, sessions, discovery
 	stop chan struct{}  // closed by Shutdown
 }
@@ -257,10 +261,11 @@ func (p *Proxy) accept(l *listener, ln net.Listener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of file descriptors and similar: back off, keep going.
-			p.metrics.acceptError()
+			// Out of file descriptors and similar: back off, keep
+			// going (the pending connection keeps the listener
+			// readable, so retrying at once would spin).
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			p.log.Warn("accept failed", "node", l.node, "err", err, "retry_in", delay)
+			p.acceptFailed(l.node, err, delay)
 			time.Sleep(delay)
 			continue
 		}

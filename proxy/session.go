@@ -38,9 +38,9 @@ var (
 	writerPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
 )
 
-func getReader(c net.Conn) *bufio.Reader {
+func getReader(rd io.Reader) *bufio.Reader {
 	r := readerPool.Get().(*bufio.Reader)
-	r.Reset(c)
+	r.Reset(rd)
 	return r
 }
 
@@ -88,17 +88,19 @@ type session struct {
 	sasl saslState // the client's SASL exchange (sasl.go)
 
 	conn net.Conn      // client socket: *net.TCPConn, or *tls.Conn on a TLS listener
-	br   *bufio.Reader // client reads; owned by the reader goroutine
-	bw   *bufio.Writer // client writes; owned by the writer goroutine
+	br   *bufio.Reader // client reads, over in; owned by the reader goroutine; nil between requests (buffers.go)
+	bw   *bufio.Writer // client writes; owned by the writer goroutine; nil while it has nothing to write
+	in   stash         // owned by the reader: the client's first bytes, read while waiting for a request
+	upIn stash         // owned by the writer: the upstream's first bytes, read while waiting for a response
 
-	// up, upW and upR are set by the reader before it queues the first
+	// up and upIn.c are set by the reader before it queues the first
 	// forwarded slot (the channel send publishes them to the writer);
 	// writing up and reading it from closeConns also hold upMu.
 	upMu   sync.Mutex
 	closed bool // guarded by upMu: closeConns ran
 	up     net.Conn
-	upW    *bufio.Writer // owned by the reader
-	upR    *bufio.Reader // owned by the writer
+	upW    *bufio.Writer // owned by the reader; nil between requests
+	upR    *bufio.Reader // owned by the writer, over upIn; nil while no response is awaited
 
 	slots      chan slot     // reader -> writer, in request order
 	writerDone chan struct{} // closed when the writer exits
@@ -109,25 +111,26 @@ type session struct {
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
-	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite
-	outBuf  []byte           // owned by the writer: rewritten responses
+	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite; from rw
+	outBuf  []byte           // owned by the writer: rewritten responses; from rw
+	rw      *rewriteBufs     // owned by the writer: the pooled holder of respBuf and outBuf, nil between uses
 }
 
 func newSession(p *Proxy, c net.Conn, node int32) *session {
 	id := sessionIDs.Add(1)
 	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-	return &session{
+	s := &session{
 		p:          p,
 		id:         id,
 		node:       node,
 		log:        p.log.With("conn", id, "remote", c.RemoteAddr().String(), "node", node),
 		rc:         clientFor(c, host),
 		conn:       c,
-		br:         getReader(c),
-		bw:         getWriter(c),
 		slots:      make(chan slot, p.cfg.MaxInFlight),
 		writerDone: make(chan struct{}),
 	}
+	s.in.c = c
+	return s
 }
 
 // run serves the session until the client or the upstream goes away.
@@ -166,6 +169,10 @@ func (s *session) run() {
 	putReader(s.upR)
 	putWriter(s.upW)
 	s.br, s.bw, s.upR, s.upW = nil, nil, nil, nil
+	if s.rw != nil {
+		rewritePool.Put(s.rw)
+		s.rw, s.respBuf, s.outBuf = nil, nil, nil
+	}
 }
 
 // drain makes the reader stop at the next request boundary; the writer
@@ -211,13 +218,15 @@ func (s *session) readLoop() error {
 	idle, reqTimeout := s.p.cfg.IdleTimeout, s.p.cfg.RequestTimeout
 	for {
 		s.idle.Store(true)
-		if s.br.Buffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
+		if s.clientBuffered() < 4 && s.upW != nil && s.upW.Buffered() > 0 {
 			// About to block on the client: push what is pending.
 			if err := s.upW.Flush(); err != nil {
 				return fmt.Errorf("writing upstream: %w", err)
 			}
 		}
-		if s.br.Buffered() == 0 {
+		if s.clientBuffered() == 0 {
+			// Between requests: wait holding no buffer.
+			s.releaseReadBufs()
 			// Set before checking draining: drain sets an immediate
 			// deadline after setting draining, so one of the two
 			// sees the other.
@@ -225,7 +234,7 @@ func (s *session) readLoop() error {
 			if s.draining.Load() {
 				return nil
 			}
-			if _, err := s.br.Peek(1); err != nil {
+			if err := s.in.fill(); err != nil {
 				if errors.Is(err, os.ErrDeadlineExceeded) && !s.draining.Load() {
 					if s.inflight.Load() > 0 {
 						continue
@@ -237,13 +246,16 @@ func (s *session) readLoop() error {
 			}
 		}
 		s.idle.Store(false)
+		if s.br == nil {
+			s.br = getReader(&s.in)
+		}
 		if s.draining.Load() {
 			// drain may have set the read deadline after the request
 			// began: stop before any of it is forwarded.
 			return nil
 		}
 		deadline := false // set for this request
-		if s.br.Buffered() < 4 {
+		if s.clientBuffered() < 4 {
 			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
 			deadline = true
 		}
@@ -259,7 +271,7 @@ func (s *session) readLoop() error {
 			return err
 		}
 		total := 4 + int(size)
-		if !deadline && s.br.Buffered() < total {
+		if !deadline && s.clientBuffered() < total {
 			s.conn.SetReadDeadline(time.Now().Add(reqTimeout))
 		}
 		head, err := s.br.Peek(min(total, bufSize))
@@ -377,6 +389,16 @@ func (s *session) push(sl slot) error {
 		return nil
 	default:
 	}
+	// The queue is full: the writer waits for the responses to requests
+	// still in the upstream buffer, so send them before blocking (a
+	// client pipelining more than MaxInFlight small requests would
+	// otherwise stall for good).
+	if s.upW != nil && s.upW.Buffered() > 0 {
+		if err := s.upW.Flush(); err != nil {
+			s.inflight.Add(-1)
+			return fmt.Errorf("writing upstream: %w", err)
+		}
+	}
 	select {
 	case s.slots <- sl:
 		// The client waited on our queue, not the other way round:
@@ -443,6 +465,9 @@ func (s *session) findCoordinator(req *kmsg.FindCoordinatorRequest) *kmsg.FindCo
 // ensureUpstream dials the broker this session stands for.
 func (s *session) ensureUpstream() error {
 	if s.up != nil {
+		if s.upW == nil {
+			s.upW = getWriter(s.up)
+		}
 		return nil
 	}
 	addrs := s.p.upstreamFor(s.node)
@@ -468,8 +493,8 @@ func (s *session) ensureUpstream() error {
 		}
 		s.up = c
 		s.upMu.Unlock()
+		s.upIn.c = c
 		s.upW = getWriter(s.up)
-		s.upR = getReader(s.up)
 		return nil
 	}
 	return &upstreamDownError{errors.Join(errs...)}
@@ -582,17 +607,29 @@ func (s *session) writeLoop() {
 		select {
 		case sl, ok = <-s.slots:
 		default:
-			if err := s.bw.Flush(); err != nil {
-				s.fail(fmt.Errorf("writing to client: %w", err))
-				return
+			if s.bw != nil {
+				if err := s.bw.Flush(); err != nil {
+					s.fail(fmt.Errorf("writing to client: %w", err))
+					return
+				}
 			}
+			// Nothing to answer: wait holding no buffer.
+			s.releaseWriteBufs()
 			sl, ok = <-s.slots
 		}
 		if !ok {
-			if err := s.bw.Flush(); err != nil {
-				s.log.Debug("final flush failed", "err", err)
+			if s.bw != nil {
+				if err := s.bw.Flush(); err != nil {
+					s.log.Debug("final flush failed", "err", err)
+				}
 			}
 			return
+		}
+		if s.bw == nil {
+			s.bw = getWriter(s.conn)
+		}
+		if sl.route != codec.Forward {
+			s.takeRewriteBufs()
 		}
 		var err error
 		if sl.route == codec.Local {
@@ -643,12 +680,16 @@ func (s *session) writeLocal(sl slot) error {
 // writeForwarded reads the next upstream response and writes it to the
 // client, streamed as is or rewritten.
 func (s *session) writeForwarded(sl slot) error {
-	if s.upR.Buffered() < 8 {
+	if s.upR == nil || s.upR.Buffered()+s.upIn.buffered() < 8 {
 		if err := s.bw.Flush(); err != nil {
 			return fmt.Errorf("writing to client: %w", err)
 		}
 	}
-	hdr, err := s.upR.Peek(8)
+	upR, err := s.upstreamReader()
+	if err != nil {
+		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
+	}
+	hdr, err := upR.Peek(8)
 	if err != nil {
 		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
 	}

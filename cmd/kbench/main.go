@@ -6,7 +6,10 @@
 // and drives the same franz-go load direct to the broker and through the
 // proxy, alternating slices of each so that noise from a shared machine
 // falls on both. It prints throughput, request latency at a moderate
-// fixed rate, the proxy's CPU seconds per GB moved, and the ratios.
+// fixed rate, the proxy's CPU seconds per GB moved, and the ratios. The
+// conns mode (conns.go) instead holds many connections through kproxy,
+// most of them idle, and compares the active clients' figures and
+// kproxy's RSS with and without the idle ones.
 //
 // Run it from the module root: go run ./cmd/kbench --duration 10s.
 package main
@@ -21,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -49,6 +53,7 @@ type options struct {
 	jsonOut     bool
 	kproxyBin   string
 	verbose     bool
+	connsOpts   connsOptions // the conns mode (conns.go)
 }
 
 func parseOptions(args []string) (options, error) {
@@ -57,7 +62,8 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured throughput time per mode and per path, split into --rounds alternating slices")
 	fs.IntVar(&o.rounds, "rounds", 3, "alternations of direct and proxy slices per mode")
 	fs.IntVar(&o.recordSize, "record-size", 1024, "record value size in bytes")
-	mode := fs.String("mode", "produce,fetch", "comma-separated modes: produce, fetch")
+	mode := fs.String("mode", "produce,fetch", "comma-separated modes: produce, fetch, conns (many connections, most idle: see the --conns-* flags)")
+	addConnsFlags(fs, &o.connsOpts)
 	fs.IntVar(&o.conns, "conns", 1, "concurrent clients (one connection each to the broker) per path")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topics")
 	fs.IntVar(&o.batchBytes, "fetch-batch-bytes", 16<<10, "record bytes in each batch the synthetic broker serves")
@@ -74,6 +80,11 @@ func parseOptions(args []string) (options, error) {
 		switch m = strings.TrimSpace(m); m {
 		case modeProduce, modeFetch:
 			o.modes = append(o.modes, m)
+		case modeConns:
+			o.modes = append(o.modes, m)
+			if err := o.connsOpts.validate(); err != nil {
+				errs = append(errs, err)
+			}
 		case "":
 		default:
 			errs = append(errs, fmt.Errorf("--mode: unknown mode %q", m))
@@ -101,6 +112,9 @@ func parseOptions(args []string) (options, error) {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == idleWorkerArg {
+		os.Exit(idleWorkerMain(os.Args[2:]))
+	}
 	o, err := parseOptions(os.Args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,6 +127,9 @@ func main() {
 	// Every phase is bounded; this bounds the whole run too, with room
 	// for builds and startup.
 	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute
+	if slices.Contains(o.modes, modeConns) {
+		limit += o.connsOpts.timeLimit()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -159,6 +176,12 @@ func run(ctx context.Context, o options) (*results, error) {
 		GoVersion:   runtime.Version(),
 	}
 	for _, mode := range o.modes {
+		if mode == modeConns {
+			if res.ManyConns, err = runConns(ctx, o, bin, tmp); err != nil {
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+			continue
+		}
 		mr, err := runMode(ctx, o, bin, tmp, mode)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", mode, err)

@@ -22,6 +22,7 @@ type results struct {
 	LoadStart   string       `json:"loadavg_start"`
 	LoadEnd     string       `json:"loadavg_end"`
 	Modes       []modeResult `json:"modes"`
+	ManyConns   *connsResult `json:"many_conns,omitempty"` // the conns mode (conns.go)
 }
 
 // modeResult holds one mode's paths and the proxy/direct ratios.
@@ -109,6 +110,13 @@ func (r *results) print(w io.Writer) {
 	fmt.Fprintf(w, "kbench: %d B records, %d conn(s), %d partitions, %d rounds, %.0fs measured per path per mode; latency at %d req/s one at a time\n",
 		r.RecordSize, r.Conns, r.Partitions, r.Rounds, r.DurationSec, r.LatencyRate)
 	fmt.Fprintf(w, "machine: %d CPUs, %s, load average %s at start, %s at end\n\n", r.CPUs, r.GoVersion, r.LoadStart, r.LoadEnd)
+	if r.ManyConns != nil {
+		r.ManyConns.print(w)
+		fmt.Fprintln(w)
+		if len(r.Modes) == 0 {
+			return
+		}
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tpath\tMB/s\tp50 ms\tp99 ms\tloaded p50 ms\tloaded p99 ms\tkproxy CPU s/GB\tbench CPU s/GB\terrors\t")
 	for _, m := range r.Modes {

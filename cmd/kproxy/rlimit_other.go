@@ -5,4 +5,4 @@ package main
 import "log/slog"
 
 // raiseFileLimit has nothing to raise on this platform.
-func raiseFileLimit(*slog.Logger) {}
+func raiseFileLimit(*slog.Logger, int) {}

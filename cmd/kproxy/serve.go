@@ -45,7 +45,7 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 // run serves until ctx ends, then shuts down gracefully. ready is called
 // with the bootstrap address once clients can connect.
 func run(ctx context.Context, cfg fileConfig, log *slog.Logger, ready func(addr string)) error {
-	raiseFileLimit(log)
+	raiseFileLimit(log, cfg.MaxConns)
 	kcfg, err := assemblyConfig(cfg, log)
 	if err != nil {
 		return err
