@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/internal/loadgen"
 	"github.com/kproxy/kproxy/internal/kproxy"
+	"github.com/kproxy/kproxy/internal/loadgen"
 )
 
 // BenchmarkCoordinator runs one load generator against kfake's own group
