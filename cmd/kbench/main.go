@@ -31,24 +31,26 @@ import (
 const (
 	modeProduce  = "produce"
 	modeFetch    = "fetch"
+	modeGroups   = "groups" // groups.go
 	produceTopic = "kbench-produce"
 	fetchTopic   = "kbench-fetch"
 )
 
 // options are the command-line settings; immutable once parsed.
 type options struct {
-	duration    time.Duration // measured time per mode per path
-	rounds      int
-	recordSize  int
-	modes       []string
-	conns       int
-	partitions  int
-	batchBytes  int // bytes of records per synthetic fetch batch
-	latDuration time.Duration
-	latRate     int
-	jsonOut     bool
-	kproxyBin   string
-	verbose     bool
+	duration     time.Duration // measured time per mode per path
+	rounds       int
+	recordSize   int
+	modes        []string
+	conns        int
+	partitions   int
+	batchBytes   int // bytes of records per synthetic fetch batch
+	latDuration  time.Duration
+	latRate      int
+	jsonOut      bool
+	kproxyBin    string
+	verbose      bool
+	extraOptions // pin, rate, TLS and groups modes (flags.go)
 }
 
 func parseOptions(args []string) (options, error) {
@@ -66,13 +68,14 @@ func parseOptions(args []string) (options, error) {
 	fs.BoolVar(&o.jsonOut, "json", false, "also print the results as JSON")
 	fs.StringVar(&o.kproxyBin, "kproxy", "", "kproxy binary to run (default: go build ./cmd/kproxy into a temporary directory)")
 	fs.BoolVar(&o.verbose, "v", false, "copy kproxy's log to stderr")
+	o.extraOptions.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	var errs []error
 	for m := range strings.SplitSeq(*mode, ",") {
 		switch m = strings.TrimSpace(m); m {
-		case modeProduce, modeFetch:
+		case modeProduce, modeFetch, modeGroups:
 			o.modes = append(o.modes, m)
 		case "":
 		default:
@@ -97,6 +100,7 @@ func parseOptions(args []string) (options, error) {
 	if o.latDuration < 0 || o.latDuration > time.Hour || o.latRate < 1 || o.latRate > 100000 {
 		errs = append(errs, errors.New("--latency-duration must be in [0, 1h] and --latency-rate in [1, 100000]"))
 	}
+	errs = append(errs, o.extraOptions.check()...)
 	return o, errors.Join(errs...)
 }
 
@@ -112,7 +116,7 @@ func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	// Every phase is bounded; this bounds the whole run too, with room
 	// for builds and startup.
-	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute
+	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute + o.extraOptions.limit()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -157,8 +161,22 @@ func run(ctx context.Context, o options) (*results, error) {
 		CPUs:        runtime.NumCPU(),
 		LoadStart:   loadAvg(),
 		GoVersion:   runtime.Version(),
+		Pinned:      o.pin,
+	}
+	if o.pin {
+		if err := pinSelf(); err != nil {
+			return nil, err
+		}
 	}
 	for _, mode := range o.modes {
+		if mode == modeGroups {
+			gr, err := runGroups(ctx, o, bin, tmp)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+			res.Groups = gr
+			continue
+		}
 		mr, err := runMode(ctx, o, bin, tmp, mode)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", mode, err)
@@ -188,7 +206,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 	defer cluster.Close()
 	broker := cluster.ListenAddrs()[0]
 
-	ch, err := startChild(ctx, bin, broker, tmp, o.verbose)
+	ch, err := startChildWith(ctx, bin, broker, tmp, o.verbose, childConfigFor(o))
 	if err != nil {
 		return modeResult{}, err
 	}
@@ -197,6 +215,11 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 			slog.Warn("stopping kproxy", "err", err)
 		}
 	}()
+	extra, err := startExtraPaths(ctx, o, bin, broker, tmp) // tls.go: --tls
+	if err != nil {
+		return modeResult{}, err
+	}
+	defer extra.stop()
 	slog.Info("measuring", "mode", mode, "broker", broker, "kproxy", ch.addr, "kproxy_pid", ch.cmd.Process.Pid)
 
 	slice := o.duration / time.Duration(o.rounds)
@@ -208,9 +231,22 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		{"direct", broker, meter{}},
 		{"proxy", ch.addr, meter{cpu: ch.cpu}},
 	}
-	agg := map[string]*sample{"direct": {}, "proxy": {}}
+	for _, e := range extra.paths {
+		paths = append(paths, struct {
+			name string
+			addr string
+			m    meter
+		}{e.name, e.addr, e.m})
+	}
+	agg := map[string]*sample{}
+	for _, p := range paths {
+		agg[p.name] = &sample{}
+	}
 	for round := range o.rounds {
 		for _, p := range paths {
+			if err := ch.repin(); err != nil {
+				return modeResult{}, err
+			}
 			var s sample
 			if mode == modeProduce {
 				s, err = produceSlice(ctx, o, p.addr, slice, p.m)
@@ -239,6 +275,9 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		// Two alternations of half the time each.
 		for range 2 {
 			for _, p := range paths {
+				if p.m.tls != nil {
+					continue // the latency runs compare plaintext paths
+				}
 				l, err := latencyRun(ctx, o, p.addr, mode, o.latDuration/2)
 				if err != nil {
 					return modeResult{}, fmt.Errorf("%s latency run: %w (kproxy log: %s)", p.name, err, ch.logPath)
@@ -252,6 +291,12 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		mr.Paths = append(mr.Paths, pathResultFrom(p.name, agg[p.name], lat[p.name]))
 	}
 	mr.ratios()
+	if o.rate > 0 {
+		// rate.go: open-loop latency at --rate, idle and loaded.
+		if mr.OpenLoop, err = openLoopRuns(ctx, o, mode, broker, ch); err != nil {
+			return modeResult{}, fmt.Errorf("open-loop latency: %w (kproxy log: %s)", err, ch.logPath)
+		}
+	}
 	return mr, nil
 }
 

@@ -2,7 +2,6 @@ package loadgen
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -79,21 +78,30 @@ func Settle(ctx context.Context, members []*Member, cfg SettleConfig) error {
 	meta := kmsg.NewConsumerMemberMetadata()
 	meta.Topics = []string{cfg.Topic}
 	protocols := []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: meta.AppendTo(nil)}}
-	errs := make([]error, len(members))
-	var wg sync.WaitGroup
-	for i, m := range members {
+	// The first failure stops every member; it is the one returned.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		errOnce sync.Once
+		first   error
+		wg      sync.WaitGroup
+	)
+	for _, m := range members {
 		t := groups[m.Group]
 		wg.Go(func() {
-			errs[i] = settleMember(ctx, m, protocols, cfg, func(gen int32) {
+			err := settleMember(ctx, m, protocols, cfg, func(gen int32) {
 				t.mu.Lock()
 				t.synced[gen]++
 				t.mu.Unlock()
 			}, func(gen int32) bool { return allSynced(t, gen) })
+			if err != nil {
+				errOnce.Do(func() { first = err; cancel() })
+			}
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
+	if first != nil {
+		return first
 	}
 	for _, m := range members {
 		if !allSynced(groups[m.Group], m.Generation) {
