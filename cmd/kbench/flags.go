@@ -38,10 +38,10 @@ func (x *extraOptions) bind(fs *flag.FlagSet) {
 	fs.IntVar(&x.groupCount, "groups", 5000, "groups mode: number of small groups")
 	fs.IntVar(&x.groupSize, "group-size", 3, "groups mode: members of each small group")
 	fs.IntVar(&x.bigGroup, "big-group", 1000, "groups mode: members of the one large group (0 skips it)")
-	fs.IntVar(&x.groupConns, "group-conns", 8, "groups mode: connections the members share (each member's requests carry their own correlation ids)")
-	targets := fs.String("group-targets", "engine,local,distributed", "groups mode: engine (in this process, no wire), local (kproxy --groups local), distributed (kproxy --groups distributed)")
+	fs.IntVar(&x.groupConns, "group-conns", 16, "groups mode: connections the members share (each member's requests carry their own correlation ids)")
+	targets := fs.String("group-targets", "engine,local", "groups mode: engine (in this process, no wire), local (kproxy --groups local), distributed (kproxy --groups distributed; did not settle 1000 groups of 3 within 5 minutes here)")
 	fs.DurationVar(&x.groupHBDur, "group-heartbeat-duration", 5*time.Second, "groups mode: measured heartbeat time per target")
-	fs.DurationVar(&x.groupInitDelay, "group-initial-delay", 0, "groups mode: the coordinator's initial rebalance delay")
+	fs.DurationVar(&x.groupInitDelay, "group-initial-delay", 100*time.Millisecond, "groups mode: the coordinator's initial rebalance delay, within which a new group's members all join (0: none, and each join of a new group's members rebalances again)")
 	x.targetsFlag = targets
 }
 

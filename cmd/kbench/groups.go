@@ -171,7 +171,10 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 		return res, err
 	}
 	start := time.Now()
-	if err := loadgen.Settle(sctx, members, loadgen.SettleConfig{}); err != nil {
+	// About 100 members per connection at once: under kproxy's
+	// in-flight limit of 128 (see loadgen.SettleConfig.GroupsAtOnce).
+	atOnce := max(1, len(doers)*100/size)
+	if err := loadgen.Settle(sctx, members, loadgen.SettleConfig{GroupsAtOnce: atOnce}); err != nil {
 		return res, fmt.Errorf("settling: %w", err)
 	}
 	res.SettleSec = time.Since(start).Seconds()

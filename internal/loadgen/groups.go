@@ -30,6 +30,15 @@ type SettleConfig struct {
 	// for the rest of its group (and so how soon it hears of a
 	// rebalance); default 50ms.
 	PollInterval time.Duration
+	// GroupsAtOnce bounds the groups settling at the same time (0: all).
+	// A broker answers a connection's requests in order, so a JoinGroup
+	// parked for its rebalance holds back every answer behind it on its
+	// connection, a heartbeat that would tell another member to rejoin
+	// included; and the proxy reads at most its in-flight limit of
+	// requests per connection ahead. Members that share connections
+	// settle in waves small enough that every member's join is read and
+	// parked before the first rebalance completes.
+	GroupsAtOnce int
 }
 
 var emptyAssignment = func() []byte {
@@ -86,20 +95,58 @@ func Settle(ctx context.Context, members []*Member, cfg SettleConfig) error {
 		first   error
 		wg      sync.WaitGroup
 	)
-	for _, m := range members {
+	settleOne := func(m *Member) {
 		t := groups[m.Group]
-		wg.Go(func() {
-			err := settleMember(ctx, m, protocols, cfg, func(gen int32) {
-				t.mu.Lock()
-				t.synced[gen]++
-				t.mu.Unlock()
-			}, func(gen int32) bool { return allSynced(t, gen) })
-			if err != nil {
-				errOnce.Do(func() { first = err; cancel() })
+		err := settleMember(ctx, m, protocols, cfg, func(gen int32) {
+			t.mu.Lock()
+			t.synced[gen]++
+			t.mu.Unlock()
+		}, func(gen int32) bool { return allSynced(t, gen) })
+		if err != nil {
+			errOnce.Do(func() { first = err; cancel() })
+		}
+	}
+	// Each group takes a token from sem while it settles.
+	var sem chan struct{}
+	if cfg.GroupsAtOnce > 0 {
+		sem = make(chan struct{}, cfg.GroupsAtOnce)
+	}
+	byGroup := map[string][]*Member{}
+	var order []string
+	for _, m := range members {
+		if byGroup[m.Group] == nil {
+			order = append(order, m.Group)
+		}
+		byGroup[m.Group] = append(byGroup[m.Group], m)
+	}
+	for _, g := range order {
+		if sem != nil {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
 			}
-		})
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		var gwg sync.WaitGroup
+		for _, m := range byGroup[g] {
+			gwg.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer gwg.Done()
+				settleOne(m)
+			}()
+		}
+		if sem != nil {
+			go func() { gwg.Wait(); <-sem }()
+		}
 	}
 	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		first = fmt.Errorf("settling: %w", ctx.Err())
+	}
 	if first != nil {
 		return first
 	}
