@@ -41,7 +41,7 @@ func (x *extraOptions) bind(fs *flag.FlagSet) {
 	fs.IntVar(&x.groupConns, "group-conns", 16, "groups mode: connections the members share (each member's requests carry their own correlation ids)")
 	targets := fs.String("group-targets", "engine,local", "groups mode: engine (in this process, no wire), local (kproxy --groups local), distributed (kproxy --groups distributed; did not settle 1000 groups of 3 within 5 minutes here)")
 	fs.DurationVar(&x.groupHBDur, "group-heartbeat-duration", 5*time.Second, "groups mode: measured heartbeat time per target")
-	fs.DurationVar(&x.groupInitDelay, "group-initial-delay", 100*time.Millisecond, "groups mode: the coordinator's initial rebalance delay, within which a new group's members all join (0: none, and each join of a new group's members rebalances again)")
+	fs.DurationVar(&x.groupInitDelay, "group-initial-delay", 300*time.Millisecond, "groups mode: the coordinator's initial rebalance delay, within which a new group's members all join (0: none, and each join of a new group's members rebalances again)")
 	x.targetsFlag = targets
 }
 

@@ -174,7 +174,9 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 	// About 100 members per connection at once: under kproxy's
 	// in-flight limit of 128 (see loadgen.SettleConfig.GroupsAtOnce).
 	atOnce := max(1, len(doers)*100/size)
-	if err := loadgen.Settle(sctx, members, loadgen.SettleConfig{GroupsAtOnce: atOnce}); err != nil {
+	// A short rebalance timeout: a group whose join missed the initial
+	// delay rebalances within it rather than the default minute.
+	if err := loadgen.Settle(sctx, members, loadgen.SettleConfig{GroupsAtOnce: atOnce, RebalanceTimeout: 10 * time.Second}); err != nil {
 		return res, fmt.Errorf("settling: %w", err)
 	}
 	res.SettleSec = time.Since(start).Seconds()

@@ -30,14 +30,16 @@ type SettleConfig struct {
 	// for the rest of its group (and so how soon it hears of a
 	// rebalance); default 50ms.
 	PollInterval time.Duration
-	// GroupsAtOnce bounds the groups settling at the same time (0: all).
+	// GroupsAtOnce is the size of the waves groups settle in (0: all at
+	// once).
 	// A broker answers a connection's requests in order, so a JoinGroup
 	// parked for its rebalance holds back every answer behind it on its
 	// connection, a heartbeat that would tell another member to rejoin
 	// included; and the proxy reads at most its in-flight limit of
 	// requests per connection ahead. Members that share connections
 	// settle in waves small enough that every member's join is read and
-	// parked before the first rebalance completes.
+	// parked before the first rebalance completes; a wave is settled
+	// whole before the next starts.
 	GroupsAtOnce int
 }
 
@@ -106,11 +108,6 @@ func Settle(ctx context.Context, members []*Member, cfg SettleConfig) error {
 			errOnce.Do(func() { first = err; cancel() })
 		}
 	}
-	// Each group takes a token from sem while it settles.
-	var sem chan struct{}
-	if cfg.GroupsAtOnce > 0 {
-		sem = make(chan struct{}, cfg.GroupsAtOnce)
-	}
 	byGroup := map[string][]*Member{}
 	var order []string
 	for _, m := range members {
@@ -119,31 +116,23 @@ func Settle(ctx context.Context, members []*Member, cfg SettleConfig) error {
 		}
 		byGroup[m.Group] = append(byGroup[m.Group], m)
 	}
-	for _, g := range order {
-		if sem != nil {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
+	// Waves of GroupsAtOnce groups, each settled whole before the next
+	// starts: no new parked join lands in front of a heartbeat that a
+	// rebalancing group of the wave waits for.
+	wave := len(order)
+	if cfg.GroupsAtOnce > 0 {
+		wave = cfg.GroupsAtOnce
+	}
+	for len(order) > 0 && ctx.Err() == nil {
+		n := min(wave, len(order))
+		for _, g := range order[:n] {
+			for _, m := range byGroup[g] {
+				wg.Go(func() { settleOne(m) })
 			}
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		var gwg sync.WaitGroup
-		for _, m := range byGroup[g] {
-			gwg.Add(1)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer gwg.Done()
-				settleOne(m)
-			}()
-		}
-		if sem != nil {
-			go func() { gwg.Wait(); <-sem }()
-		}
+		order = order[n:]
+		wg.Wait()
 	}
-	wg.Wait()
 	if first == nil && ctx.Err() != nil {
 		first = fmt.Errorf("settling: %w", ctx.Err())
 	}
