@@ -42,9 +42,14 @@ type child struct {
 }
 
 // startChild starts `kproxy serve` in front of upstream and waits until
-// it prints its bootstrap address.
-func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool) (*child, error) {
-	return startChildWith(ctx, bin, upstream, logDir, verbose, childConfig{cpu: -1})
+// it prints its bootstrap address. A mode may pass one childConfig
+// (childConfigFor); without one the child is neither pinned nor profiled.
+func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool, ccs ...childConfig) (*child, error) {
+	cc := childConfig{cpu: -1}
+	if len(ccs) > 0 {
+		cc = ccs[0]
+	}
+	return startChildWith(ctx, bin, upstream, logDir, verbose, cc)
 }
 
 // childConfig is what a mode adds to the child's command line and
@@ -55,7 +60,7 @@ type childConfig struct {
 	cpu  int      // pin the child to this CPU; -1: no pinning
 }
 
-// startChildWith is startChild with cc.
+// startChildWith is startChild with its configuration.
 func startChildWith(ctx context.Context, bin, upstream, logDir string, verbose bool, cc childConfig) (*child, error) {
 	args := []string{"serve", "--upstream", upstream, "--listen", "127.0.0.1:0", "--log-level", "warn"}
 	if !cc.setsGroups() && hasFlag(ctx, bin, "--groups") {

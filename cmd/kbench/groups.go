@@ -126,7 +126,7 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 		}
 		defer cluster.Close()
 		cc := childConfigFor(o, "--groups", target, "--group-initial-rebalance-delay", initialDelay(o.groupInitDelay).String())
-		ch, err := startChildWith(ctx, bin, cluster.ListenAddrs()[0], tmp, o.verbose, cc)
+		ch, err := startChild(ctx, bin, cluster.ListenAddrs()[0], tmp, o.verbose, cc)
 		if err != nil {
 			return res, err
 		}

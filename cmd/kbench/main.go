@@ -8,6 +8,12 @@
 // falls on both. It prints throughput, request latency at a moderate
 // fixed rate, the proxy's CPU seconds per GB moved, and the ratios.
 //
+// Further modes (README.md beside this file): --mode groups drives
+// thousands of consumer groups whose members share a few raw
+// connections (internal/loadgen), beside the engine alone; --pin puts
+// kproxy on its own CPU; --rate runs an open-loop latency test idle and
+// under load; --tls adds a path through a TLS listener.
+//
 // Run it from the module root: go run ./cmd/kbench --duration 10s.
 package main
 
@@ -206,7 +212,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 	defer cluster.Close()
 	broker := cluster.ListenAddrs()[0]
 
-	ch, err := startChildWith(ctx, bin, broker, tmp, o.verbose, childConfigFor(o))
+	ch, err := startChild(ctx, bin, broker, tmp, o.verbose, childConfigFor(o))
 	if err != nil {
 		return modeResult{}, err
 	}

@@ -60,7 +60,7 @@ func startExtraPaths(ctx context.Context, o options, bin, broker, tmp string) (*
 	}
 	cc := childConfigFor(o, "--tls-cert", certFile, "--tls-key", keyFile)
 	cc.env = withoutProfile(cc.env) // one profile: the plaintext child's
-	ch, err := startChildWith(ctx, bin, broker, tmp, o.verbose, cc)
+	ch, err := startChild(ctx, bin, broker, tmp, o.verbose, cc)
 	if err != nil {
 		return nil, fmt.Errorf("kproxy with TLS: %w", err)
 	}
