@@ -370,6 +370,16 @@ func (s *session) push(sl slot) error {
 		return nil
 	default:
 	}
+	// The queue is full: the writer waits for answers to what the reader
+	// forwarded, so what sits in the upstream buffer must go out before
+	// the reader blocks, or the two wait on each other (a client that
+	// pipelines more small requests than MaxInFlight).
+	if s.upW != nil && s.upW.Buffered() > 0 {
+		if err := s.upW.Flush(); err != nil {
+			s.inflight.Add(-1)
+			return fmt.Errorf("writing upstream: %w", err)
+		}
+	}
 	select {
 	case s.slots <- sl:
 		// The client waited on our queue, not the other way round:
