@@ -14,6 +14,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/kproxy"
+	"github.com/kproxy/kproxy/internal/loadgen"
 )
 
 // BenchmarkCoordinator runs one load generator against kfake's own group
@@ -87,6 +88,45 @@ func BenchmarkCoordinator(b *testing.B) {
 			leave(b, clients[0], group, ids)
 		})
 	}
+	// Members sharing connections, as a multiplexing client (or kbench's
+	// groups mode) does: 1000 members pipeline their heartbeats on 8
+	// raw connections. kproxy only: kfake's coordinator does not settle
+	// a group of 1000 within the two minutes.
+	for _, target := range []string{"kproxy"} {
+		b.Run("heartbeats/members=1000/conns=8/"+target, func(b *testing.B) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var conns []*loadgen.Conn
+			for range 8 {
+				c, err := loadgen.Dial(ctx, targets[target], loadgen.DialConfig{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(func() { c.Close() })
+				conns = append(conns, c)
+			}
+			group := "hb-shared-" + target
+			ms := make([]*loadgen.Member, 1000)
+			for i := range ms {
+				ms[i] = &loadgen.Member{Group: group, D: conns[i%len(conns)]}
+			}
+			if err := loadgen.Settle(ctx, ms, loadgen.SettleConfig{}); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			l := loadgen.StartHeartbeats(ms)
+			for l.Answered() < int64(b.N) && l.Failed() == 0 && ctx.Err() == nil {
+				time.Sleep(time.Millisecond)
+			}
+			n := l.Answered()
+			elapsed := time.Since(start)
+			if err := l.Stop(10 * time.Second); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(n)/elapsed.Seconds(), "heartbeats/s")
+		})
+	}
 }
 
 // leave removes every member of group in one batched LeaveGroup.
@@ -119,97 +159,31 @@ func benchClients(b *testing.B, addr string, n int) []*kgo.Client {
 	return out
 }
 
-var emptyAssignment = func() []byte {
-	a := kmsg.NewConsumerMemberAssignment()
-	return a.AppendTo(nil)
-}()
+// members makes one member of group per client, each sending through its
+// own client.
+func members(ctx context.Context, clients []*kgo.Client, group string) []*loadgen.Member {
+	ms := make([]*loadgen.Member, len(clients))
+	for i, cl := range clients {
+		ms[i] = &loadgen.Member{Group: group, D: loadgen.KgoDoer(ctx, cl)}
+	}
+	return ms
+}
 
 // settle drives every client into group until one generation has all of
-// them joined and synced; it returns the member ids and that generation.
-// A member whose sync or heartbeat reports a rebalance joins again.
+// them joined and synced (loadgen.Settle, with a member's poll for the
+// rest of its group every 2ms); it returns the member ids and that
+// generation.
 func settle(b *testing.B, clients []*kgo.Client, group string) ([]string, int32) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	n := len(clients)
-	var mu sync.Mutex
-	synced := map[int32]int{} // generation -> members synced in it; guarded by mu
-	allSynced := func(gen int32) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return synced[gen] == n
+	ms := members(ctx, clients, group)
+	if err := loadgen.Settle(ctx, ms, loadgen.SettleConfig{PollInterval: 2 * time.Millisecond}); err != nil {
+		b.Fatalf("group %s of %d members never settled: %v", group, len(ms), err)
 	}
-	ids := make([]string, n)
-	gens := make([]int32, n)
-	meta := kmsg.NewConsumerMemberMetadata()
-	meta.Topics = []string{"bench"}
-	protocols := []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: meta.AppendTo(nil)}}
-	var wg sync.WaitGroup
-	for i, cl := range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			member := ""
-			for ctx.Err() == nil {
-				join := kmsg.NewPtrJoinGroupRequest()
-				join.Group, join.MemberID, join.ProtocolType, join.Protocols = group, member, "consumer", protocols
-				join.SessionTimeoutMillis, join.RebalanceTimeoutMillis = 30000, 60000
-				jr, err := join.RequestWith(ctx, cl)
-				if err != nil {
-					return
-				}
-				member = jr.MemberID
-				if jr.ErrorCode != 0 {
-					continue // MEMBER_ID_REQUIRED or a retriable error: join again
-				}
-				sync := kmsg.NewPtrSyncGroupRequest()
-				sync.Group, sync.MemberID, sync.Generation = group, member, jr.Generation
-				if jr.LeaderID == member {
-					for _, m := range jr.Members {
-						sync.GroupAssignment = append(sync.GroupAssignment, kmsg.SyncGroupRequestGroupAssignment{MemberID: m.MemberID, MemberAssignment: emptyAssignment})
-					}
-				}
-				sr, err := sync.RequestWith(ctx, cl)
-				if err != nil {
-					return
-				}
-				if sr.ErrorCode != 0 {
-					continue
-				}
-				mu.Lock()
-				synced[jr.Generation]++
-				mu.Unlock()
-				ids[i], gens[i] = member, jr.Generation
-				// Heartbeat until everyone synced in this generation, or
-				// a rebalance asks us to join again.
-				rejoin := false
-				for !allSynced(jr.Generation) && ctx.Err() == nil {
-					hb := kmsg.NewPtrHeartbeatRequest()
-					hb.Group, hb.MemberID, hb.Generation = group, member, jr.Generation
-					hr, err := hb.RequestWith(ctx, cl)
-					if err != nil {
-						return
-					}
-					if hr.ErrorCode != 0 {
-						rejoin = true
-						break
-					}
-					time.Sleep(2 * time.Millisecond)
-				}
-				if !rejoin {
-					return
-				}
-			}
-		}()
+	ids := make([]string, len(ms))
+	for i, m := range ms {
+		ids[i] = m.ID
 	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		b.Fatalf("group %s of %d members never settled", group, n)
-	}
-	for _, g := range gens {
-		if !allSynced(g) {
-			b.Fatalf("group %s: members ended in different generations %v", group, gens)
-		}
-	}
-	return ids, gens[0]
+	return ids, ms[0].Generation
 }

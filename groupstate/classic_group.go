@@ -79,6 +79,11 @@ type classicMember struct {
 	// isNew is set until the member's first join completes.
 	isNew bool
 	timer timerRef
+	// sessionTimer says that timer is the session timer, armed to fire
+	// at sessionFireAt; sessionDeadline is when the session really ends,
+	// moved on by every heartbeat without re-arming (timers.go).
+	sessionTimer                   bool
+	sessionFireAt, sessionDeadline time.Time
 }
 
 // pendingMember is a member id handed out with MEMBER_ID_REQUIRED.

@@ -47,6 +47,7 @@ func (g *classicGroup) cancelAllTimers() {
 // armMemberTimer (re)arms m's heartbeat timer for d.
 func (g *classicGroup) armMemberTimer(m *classicMember, d time.Duration) {
 	stopTimer(m.timer)
+	m.sessionTimer = false
 	m.timer = g.s.arm(d, func(id uint64) {
 		if !g.live() {
 			return
@@ -60,8 +61,43 @@ func (g *classicGroup) armMemberTimer(m *classicMember, d time.Duration) {
 	})
 }
 
-// rearmSession re-arms m's session timer (a heartbeat or commit).
-func (g *classicGroup) rearmSession(m *classicMember) { g.armMemberTimer(m, m.sessionTimeout) }
+// rearmSession moves m's session deadline to now plus its session
+// timeout (a heartbeat, a commit, a join or a sync). Stopping and
+// starting a runtime timer on every heartbeat cost more than the rest of
+// the heartbeat, so an armed session timer that fires no later than the
+// new deadline is kept: when it fires early it arms itself again for
+// what is left (armSessionTimer). The member still expires exactly at
+// its last deadline.
+func (g *classicGroup) rearmSession(m *classicMember) {
+	deadline := g.s.e.clock.Now().Add(m.sessionTimeout)
+	if m.sessionTimer && m.timer.t != nil && !deadline.Before(m.sessionFireAt) {
+		m.sessionDeadline = deadline
+		return
+	}
+	g.armSessionTimer(m, deadline)
+}
+
+// armSessionTimer arms m's session timer for deadline.
+func (g *classicGroup) armSessionTimer(m *classicMember, deadline time.Time) {
+	stopTimer(m.timer)
+	now := g.s.e.clock.Now()
+	m.sessionTimer, m.sessionFireAt, m.sessionDeadline = true, deadline, deadline
+	m.timer = g.s.arm(deadline.Sub(now), func(id uint64) {
+		if !g.live() {
+			return
+		}
+		cur, ok := g.members[m.id]
+		if !ok || cur != m || m.timer.id != id {
+			return
+		}
+		if g.s.e.clock.Now().Before(m.sessionDeadline) {
+			g.armSessionTimer(m, m.sessionDeadline) // heartbeats came since
+			return
+		}
+		m.timer, m.sessionTimer = timerRef{}, false
+		g.onMemberTimeout(m)
+	})
+}
 
 // armPendingTimer arms the session timer of a KIP-394 pending member.
 func (g *classicGroup) armPendingTimer(p *pendingMember, d time.Duration) {

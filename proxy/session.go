@@ -74,8 +74,8 @@ type slot struct {
 	key     int16
 	version int16
 	corr    int32
-	start   int64              // nanotime the request was read, for latency
-	reply   chan kmsg.Response // Local: buffered(1), written once by the coordinator
+	start   int64       // nanotime the request was read, for latency
+	reply   *localReply // Local: delivered once by the coordinator, pooled (localreply.go)
 }
 
 // session is one client connection and its upstream connection.
@@ -416,9 +416,9 @@ var errWriterGone = errors.New("client writer stopped")
 // queueLocal queues a response the proxy already has, at the version
 // it carries.
 func (s *session) queueLocal(h codec.RequestHeader, start int64, resp kmsg.Response) error {
-	ch := make(chan kmsg.Response, 1)
-	ch <- resp
-	return s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch})
+	r := getReply()
+	r.deliver(resp)
+	return s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: r})
 }
 
 // queueCoordinator hands a decoded group request to the coordinator (or,
@@ -427,11 +427,11 @@ func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.
 	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok {
 		return s.queueLocal(h, start, s.findCoordinator(fc))
 	}
-	ch := make(chan kmsg.Response, 1)
-	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: ch}); err != nil {
+	r := getReply()
+	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: r}); err != nil {
 		return err
 	}
-	s.p.cfg.Coordinator.Handle(s.rc, req, func(resp kmsg.Response) { ch <- resp })
+	s.p.cfg.Coordinator.Handle(s.rc, req, r.deliver)
 	return nil
 }
 
@@ -658,13 +658,14 @@ func (s *session) fail(err error) {
 func (s *session) writeLocal(sl slot) error {
 	var resp kmsg.Response
 	select {
-	case resp = <-sl.reply:
+	case resp = <-sl.reply.ch:
 	default:
 		if err := s.bw.Flush(); err != nil {
 			return fmt.Errorf("writing to client: %w", err)
 		}
-		resp = <-sl.reply
+		resp = <-sl.reply.ch
 	}
+	putReply(sl.reply)
 	s.respBuf = codec.AppendResponse(s.respBuf[:0], sl.corr, resp)
 	_, err := s.bw.Write(s.respBuf)
 	n := len(s.respBuf)

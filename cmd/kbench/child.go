@@ -38,16 +38,36 @@ type child struct {
 	logPath string // the child's stderr
 	exited  chan struct{}
 	waitErr error // set before exited is closed
+	cpuPin  int   // the CPU the child is pinned to; -1 when not pinned
 }
 
 // startChild starts `kproxy serve` in front of upstream and waits until
-// it prints its bootstrap address.
-func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool) (*child, error) {
+// it prints its bootstrap address. A mode may pass one childConfig
+// (childConfigFor); without one the child is neither pinned nor profiled.
+func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool, ccs ...childConfig) (*child, error) {
+	cc := childConfig{cpu: -1}
+	if len(ccs) > 0 {
+		cc = ccs[0]
+	}
+	return startChildWith(ctx, bin, upstream, logDir, verbose, cc)
+}
+
+// childConfig is what a mode adds to the child's command line and
+// environment (childcfg.go).
+type childConfig struct {
+	args []string // more flags; --groups forward unless they set --groups
+	env  []string // more KEY=VALUE
+	cpu  int      // pin the child to this CPU; -1: no pinning
+}
+
+// startChildWith is startChild with its configuration.
+func startChildWith(ctx context.Context, bin, upstream, logDir string, verbose bool, cc childConfig) (*child, error) {
 	args := []string{"serve", "--upstream", upstream, "--listen", "127.0.0.1:0", "--log-level", "warn"}
-	if hasFlag(ctx, bin, "--groups") {
+	if !cc.setsGroups() && hasFlag(ctx, bin, "--groups") {
 		args = append(args, "--groups", "forward")
 	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, append(args, cc.args...)...)
+	cmd.Env = append(os.Environ(), cc.env...)
 	setChildAttrs(cmd)
 	logPath := filepath.Join(logDir, fmt.Sprintf("kproxy-%d.log", time.Now().UnixNano()))
 	logf, err := os.Create(logPath)
@@ -68,7 +88,7 @@ func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool)
 		logf.Close()
 		return nil, fmt.Errorf("starting %s: %w", bin, err)
 	}
-	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	c := &child{cmd: cmd, logPath: logPath, exited: make(chan struct{}), cpuPin: cc.cpu}
 	addrc := make(chan string, 1)
 	go func() {
 		// The reader goroutine owns out; it keeps draining stdout so
@@ -89,6 +109,12 @@ func startChild(ctx context.Context, bin, upstream, logDir string, verbose bool)
 	}()
 	select {
 	case c.addr = <-addrc:
+		if cc.cpu >= 0 {
+			if err := c.pin(cc.cpu); err != nil {
+				c.stop()
+				return nil, err
+			}
+		}
 		return c, nil
 	case <-c.exited:
 		return nil, fmt.Errorf("kproxy exited before listening (%v); its log: %s", c.waitErr, logPath)

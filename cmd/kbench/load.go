@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -67,6 +68,7 @@ type sample struct {
 // meter snapshots the counters a slice is measured with.
 type meter struct {
 	cpu func() (time.Duration, error) // the child's CPU, nil on the direct path
+	tls *tls.Config                   // the clients speak TLS (tls.go)
 }
 
 type snapshot struct {
@@ -174,14 +176,14 @@ func produceSlice(ctx context.Context, o options, addr string, d time.Duration, 
 	var acked, errs atomic.Int64
 	value := randomValue(o.recordSize)
 	return measure(ctx, d, m, h, &acked, &errs, func(ctx context.Context) (func(), error) {
-		cls, err := newClients(addr, o.conns,
+		cls, err := newClients(addr, o.conns, m.clientOpts(
 			kgo.DefaultProduceTopic(produceTopic),
 			kgo.ProducerBatchCompression(kgo.NoCompression()),
 			kgo.WithHooks(h),
 			kgo.MaxBufferedBytes(32<<20),
 			kgo.ProduceRequestTimeout(10*time.Second),
 			kgo.RecordDeliveryTimeout(20*time.Second),
-		)
+		)...)
 		if err != nil {
 			return nil, err
 		}
@@ -215,11 +217,11 @@ func fetchSlice(ctx context.Context, o options, addr string, d time.Duration, m 
 	h := &e2eHook{key: 1}
 	var consumed, errs atomic.Int64
 	return measure(ctx, d, m, h, &consumed, &errs, func(ctx context.Context) (func(), error) {
-		cls, err := newClients(addr, o.conns,
+		cls, err := newClients(addr, o.conns, m.clientOpts(
 			kgo.ConsumeTopics(fetchTopic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 			kgo.WithHooks(h),
-		)
+		)...)
 		if err != nil {
 			return nil, err
 		}

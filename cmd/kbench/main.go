@@ -11,6 +11,12 @@
 // most of them idle, and compares the active clients' figures and
 // kproxy's RSS with and without the idle ones.
 //
+// Further modes (README.md beside this file): --mode groups drives
+// thousands of consumer groups whose members share a few raw
+// connections (internal/loadgen), beside the engine alone; --pin puts
+// kproxy on its own CPU; --rate runs an open-loop latency test idle and
+// under load; --tls adds a path through a TLS listener.
+//
 // Run it from the module root: go run ./cmd/kbench --duration 10s.
 package main
 
@@ -35,25 +41,27 @@ import (
 const (
 	modeProduce  = "produce"
 	modeFetch    = "fetch"
+	modeGroups   = "groups" // groups.go
 	produceTopic = "kbench-produce"
 	fetchTopic   = "kbench-fetch"
 )
 
 // options are the command-line settings; immutable once parsed.
 type options struct {
-	duration    time.Duration // measured time per mode per path
-	rounds      int
-	recordSize  int
-	modes       []string
-	conns       int
-	partitions  int
-	batchBytes  int // bytes of records per synthetic fetch batch
-	latDuration time.Duration
-	latRate     int
-	jsonOut     bool
-	kproxyBin   string
-	verbose     bool
-	connsOpts   connsOptions // the conns mode (conns.go)
+	duration     time.Duration // measured time per mode per path
+	rounds       int
+	recordSize   int
+	modes        []string
+	conns        int
+	partitions   int
+	batchBytes   int // bytes of records per synthetic fetch batch
+	latDuration  time.Duration
+	latRate      int
+	jsonOut      bool
+	kproxyBin    string
+	verbose      bool
+	connsOpts    connsOptions // the conns mode (conns.go)
+	extraOptions              // pin, rate, TLS and groups modes (flags.go)
 }
 
 func parseOptions(args []string) (options, error) {
@@ -72,13 +80,14 @@ func parseOptions(args []string) (options, error) {
 	fs.BoolVar(&o.jsonOut, "json", false, "also print the results as JSON")
 	fs.StringVar(&o.kproxyBin, "kproxy", "", "kproxy binary to run (default: go build ./cmd/kproxy into a temporary directory)")
 	fs.BoolVar(&o.verbose, "v", false, "copy kproxy's log to stderr")
+	o.extraOptions.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	var errs []error
 	for m := range strings.SplitSeq(*mode, ",") {
 		switch m = strings.TrimSpace(m); m {
-		case modeProduce, modeFetch:
+		case modeProduce, modeFetch, modeGroups:
 			o.modes = append(o.modes, m)
 		case modeConns:
 			o.modes = append(o.modes, m)
@@ -108,6 +117,7 @@ func parseOptions(args []string) (options, error) {
 	if o.latDuration < 0 || o.latDuration > time.Hour || o.latRate < 1 || o.latRate > 100000 {
 		errs = append(errs, errors.New("--latency-duration must be in [0, 1h] and --latency-rate in [1, 100000]"))
 	}
+	errs = append(errs, o.extraOptions.check()...)
 	return o, errors.Join(errs...)
 }
 
@@ -126,7 +136,7 @@ func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	// Every phase is bounded; this bounds the whole run too, with room
 	// for builds and startup.
-	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute
+	limit := time.Duration(len(o.modes))*(2*o.duration+time.Duration(2*o.rounds)*(warmup+2*time.Second)+2*o.latDuration+time.Minute) + 3*time.Minute + o.extraOptions.limit()
 	if slices.Contains(o.modes, modeConns) {
 		limit += o.connsOpts.timeLimit()
 	}
@@ -174,12 +184,26 @@ func run(ctx context.Context, o options) (*results, error) {
 		CPUs:        runtime.NumCPU(),
 		LoadStart:   loadAvg(),
 		GoVersion:   runtime.Version(),
+		Pinned:      o.pin,
+	}
+	if o.pin {
+		if err := pinSelf(); err != nil {
+			return nil, err
+		}
 	}
 	for _, mode := range o.modes {
 		if mode == modeConns {
 			if res.ManyConns, err = runConns(ctx, o, bin, tmp); err != nil {
 				return nil, fmt.Errorf("%s: %w", mode, err)
 			}
+			continue
+		}
+		if mode == modeGroups {
+			gr, err := runGroups(ctx, o, bin, tmp)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", mode, err)
+			}
+			res.Groups = gr
 			continue
 		}
 		mr, err := runMode(ctx, o, bin, tmp, mode)
@@ -211,7 +235,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 	defer cluster.Close()
 	broker := cluster.ListenAddrs()[0]
 
-	ch, err := startChild(ctx, bin, broker, tmp, o.verbose)
+	ch, err := startChild(ctx, bin, broker, tmp, o.verbose, childConfigFor(o))
 	if err != nil {
 		return modeResult{}, err
 	}
@@ -220,6 +244,11 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 			slog.Warn("stopping kproxy", "err", err)
 		}
 	}()
+	extra, err := startExtraPaths(ctx, o, bin, broker, tmp) // tls.go: --tls
+	if err != nil {
+		return modeResult{}, err
+	}
+	defer extra.stop()
 	slog.Info("measuring", "mode", mode, "broker", broker, "kproxy", ch.addr, "kproxy_pid", ch.cmd.Process.Pid)
 
 	slice := o.duration / time.Duration(o.rounds)
@@ -231,9 +260,22 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		{"direct", broker, meter{}},
 		{"proxy", ch.addr, meter{cpu: ch.cpu}},
 	}
-	agg := map[string]*sample{"direct": {}, "proxy": {}}
+	for _, e := range extra.paths {
+		paths = append(paths, struct {
+			name string
+			addr string
+			m    meter
+		}{e.name, e.addr, e.m})
+	}
+	agg := map[string]*sample{}
+	for _, p := range paths {
+		agg[p.name] = &sample{}
+	}
 	for round := range o.rounds {
 		for _, p := range paths {
+			if err := ch.repin(); err != nil {
+				return modeResult{}, err
+			}
 			var s sample
 			if mode == modeProduce {
 				s, err = produceSlice(ctx, o, p.addr, slice, p.m)
@@ -262,6 +304,9 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		// Two alternations of half the time each.
 		for range 2 {
 			for _, p := range paths {
+				if p.m.tls != nil {
+					continue // the latency runs compare plaintext paths
+				}
 				l, err := latencyRun(ctx, o, p.addr, mode, o.latDuration/2)
 				if err != nil {
 					return modeResult{}, fmt.Errorf("%s latency run: %w (kproxy log: %s)", p.name, err, ch.logPath)
@@ -275,6 +320,12 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		mr.Paths = append(mr.Paths, pathResultFrom(p.name, agg[p.name], lat[p.name]))
 	}
 	mr.ratios()
+	if o.rate > 0 {
+		// rate.go: open-loop latency at --rate, idle and loaded.
+		if mr.OpenLoop, err = openLoopRuns(ctx, o, mode, broker, ch); err != nil {
+			return modeResult{}, fmt.Errorf("open-loop latency: %w (kproxy log: %s)", err, ch.logPath)
+		}
+	}
 	return mr, nil
 }
 

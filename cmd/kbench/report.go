@@ -11,18 +11,20 @@ import (
 
 // results is the outcome of a whole run, printed as a table and as JSON.
 type results struct {
-	RecordSize  int          `json:"record_size"`
-	Conns       int          `json:"conns"`
-	Partitions  int          `json:"partitions"`
-	Rounds      int          `json:"rounds"`
-	DurationSec float64      `json:"duration_s"`
-	LatencyRate int          `json:"latency_rate_per_s"`
-	CPUs        int          `json:"cpus"`
-	GoVersion   string       `json:"go_version"`
-	LoadStart   string       `json:"loadavg_start"`
-	LoadEnd     string       `json:"loadavg_end"`
-	Modes       []modeResult `json:"modes"`
-	ManyConns   *connsResult `json:"many_conns,omitempty"` // the conns mode (conns.go)
+	RecordSize  int           `json:"record_size"`
+	Conns       int           `json:"conns"`
+	Partitions  int           `json:"partitions"`
+	Rounds      int           `json:"rounds"`
+	DurationSec float64       `json:"duration_s"`
+	LatencyRate int           `json:"latency_rate_per_s"`
+	CPUs        int           `json:"cpus"`
+	GoVersion   string        `json:"go_version"`
+	LoadStart   string        `json:"loadavg_start"`
+	LoadEnd     string        `json:"loadavg_end"`
+	Modes       []modeResult  `json:"modes"`
+	Pinned      bool          `json:"pinned"`               // --pin: kproxy on its own CPU
+	Groups      *groupsResult `json:"groups,omitempty"`     // --mode groups
+	ManyConns   *connsResult  `json:"many_conns,omitempty"` // the conns mode (conns.go)
 }
 
 // modeResult holds one mode's paths and the proxy/direct ratios.
@@ -35,6 +37,10 @@ type modeResult struct {
 	// fixed moderate rate.
 	AddedP50Ms float64 `json:"added_p50_ms"`
 	AddedP99Ms float64 `json:"added_p99_ms"`
+	// OpenLoop is the --rate latency run (rate.go).
+	OpenLoop *openLoopResult `json:"open_loop,omitempty"`
+	// TLSRatio is proxy-tls MB/s over proxy MB/s with --tls.
+	TLSRatio float64 `json:"tls_over_plaintext_ratio,omitempty"`
 }
 
 // pathResult is one path (direct or proxy) of one mode.
@@ -98,6 +104,11 @@ func (m *modeResult) ratios() {
 	if d == nil || p == nil {
 		return
 	}
+	for _, t := range m.Paths {
+		if t.Path == pathTLS && p.MBps > 0 {
+			m.TLSRatio = t.MBps / p.MBps
+		}
+	}
 	if d.MBps > 0 {
 		m.Ratio = p.MBps / d.MBps
 	}
@@ -117,18 +128,25 @@ func (r *results) print(w io.Writer) {
 			return
 		}
 	}
+	r.printExtra(w) // pinning, groups (groups.go)
+	if len(r.Modes) == 0 {
+		return
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "mode\tpath\tMB/s\tp50 ms\tp99 ms\tloaded p50 ms\tloaded p99 ms\tkproxy CPU s/GB\tbench CPU s/GB\terrors\t")
 	for _, m := range r.Modes {
 		for _, p := range m.Paths {
 			cpu := "-"
-			if p.Path == "proxy" {
+			if p.Path != "direct" {
 				cpu = fmt.Sprintf("%.3f", p.ProxyCPUPerGB)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.3f\t%.3f\t%.2f\t%.2f\t%s\t%.2f\t%d\t\n",
 				m.Mode, p.Path, p.MBps, p.LatP50Ms, p.LatP99Ms, p.LoadedLatP50Ms, p.LoadedLatP99Ms, cpu, p.BenchCPUPerGB, p.ClientErrs)
 		}
 		fmt.Fprintf(tw, "%s\tproxy/direct\t%.2fx\t%+.3f\t%+.3f\t\t\t\t\t\t\n", m.Mode, m.Ratio, m.AddedP50Ms, m.AddedP99Ms)
+		if m.TLSRatio > 0 {
+			fmt.Fprintf(tw, "%s\ttls/plaintext\t%.2fx\t\t\t\t\t\t\t\t\n", m.Mode, m.TLSRatio)
+		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -152,5 +170,8 @@ from /proc/PID/stat (10 ms ticks), bench = this process (clients + broker).`))
 		}
 		fmt.Fprintf(w, "goals %s: ratio %.2fx >= 0.85 %s; kproxy %.3f CPU s/GB < 0.5 %s; p99 added %+.3f ms < 0.2 %s\n",
 			m.Mode, m.Ratio, verdict(m.Ratio >= 0.85), cpu, verdict(cpu < 0.5), m.AddedP99Ms, verdict(m.AddedP99Ms < 0.2))
+	}
+	for _, m := range r.Modes {
+		m.OpenLoop.print(w, m.Mode)
 	}
 }

@@ -16,7 +16,14 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := newRootCmd().ExecuteContext(ctx); err != nil {
+	stopProfile, err := startProfile()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kproxy:", err)
+		os.Exit(1)
+	}
+	err = newRootCmd().ExecuteContext(ctx)
+	stopProfile()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kproxy:", err)
 		os.Exit(1)
 	}
