@@ -69,26 +69,3 @@ func TestLocalReplyAllocs(t *testing.T) {
 		}
 	}
 }
-
-// TestPipelinedPastInFlight writes 300 small fetches at once, more than
-// the session's in-flight limit of 128, and reads all 300 answers: the
-// reader, blocking on a full queue, must first flush the requests it has
-// buffered upstream, or the writer waits for answers to requests never
-// sent and the connection hangs.
-func TestPipelinedPastInFlight(t *testing.T) {
-	up := startFakeUpstream(t)
-	up.answer(1, 11, fetchResp(100))
-	p := startProxy(t, []string{up.addr}, func(cfg *Config) {
-		cfg.MetadataInterval = time.Hour
-		cfg.MaxInFlight = 128
-	})
-	rc := dialRaw(t, p.Addr())
-	f := kmsg.NewRequestFormatter(kmsg.FormatterClientID("pipeline-test"))
-	var frames []byte
-	for i := range 300 {
-		frames = append(frames, f.AppendRequest(nil, fetchReq(11), int32(i))...)
-	}
-	if err := rc.roundTrip(frames, 300); err != nil {
-		t.Fatalf("300 pipelined fetches through the proxy: %v", err)
-	}
-}
