@@ -479,9 +479,15 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 		m.subscribedNames = names
 		subChanged = true
 	}
+	// Dropping a regex changes the subscription; dropping a server
+	// assignor (a KIP-848 member replaced by a classic instance) does
+	// not bump the epoch (Kafka's hasMemberSubscriptionChanged compares
+	// topic names and regex only).
+	if m.regex != "" {
+		subChanged = true
+	}
 	if m.regex != "" || m.serverAssignor != "" {
 		m.regex, m.re, m.serverAssignor = "", nil, ""
-		subChanged = true
 	}
 	if m.classic == nil {
 		m.classic = &classicProtocol{}
