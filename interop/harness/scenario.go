@@ -34,6 +34,9 @@ type row struct {
 	brokerKill bool
 	// sessionMS overrides the harness's member session timeout when > 0.
 	sessionMS int
+	// migration: the row rolls its group from the classic protocol to
+	// the consumer protocol and back (migration.go).
+	migration bool
 }
 
 // result is one printed line of the table.
