@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -58,6 +59,9 @@ func (s *scenario) runMigration(ctx context.Context) (res result) {
 		res.pass = false
 		res.reason = fmt.Sprintf(format, args...)
 		return res
+	}
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return fail("log dir: %v", err)
 	}
 	n, half, parts := s.h.records, s.h.records/2, s.h.partitions
 	if err := s.h.createTopic(ctx, s.topic, parts); err != nil {
