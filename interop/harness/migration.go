@@ -99,7 +99,7 @@ func (s *scenario) runMigration(ctx context.Context) (res result) {
 	if err != nil {
 		return fail("initial join: %v; %s", err, s.ownersSummary())
 	}
-	settles := []string{"init " + fmtDur(d)}
+	settles := []string{fmtDur(d)}
 	if _, err := s.waitFor(s.h.consumeTimeout, "the first half to be consumed", func() bool { return s.distinctLocked(0, half) == half }); err != nil {
 		return fail("%v (consumed %d distinct)", err, s.distinctLocked(0, half))
 	}
@@ -132,9 +132,9 @@ func (s *scenario) runMigration(ctx context.Context) (res result) {
 			return fail("after the roll to %s: %v", step.want, err)
 		}
 		types = append(types, step.want)
-		settles = append(settles, "→"+step.want+" "+fmtDur(time.Since(rolled)))
+		settles = append(settles, fmtDur(time.Since(rolled)))
 	}
-	res.settle = strings.Join(settles, " ")
+	res.settle = strings.Join(settles, "/") // initial join/roll to consumer/roll back
 
 	select {
 	case <-prod.done:
