@@ -252,6 +252,58 @@ func (s *shard) validateOnlineUpgrade(c *classicGroup) (bool, string) {
 	return true, ""
 }
 
+// upgradeWaitsForTopics reports whether the upgrade of c must wait for a
+// topic refresh: a member's assignment (or, in CompletingRebalance, its
+// subscription's owned partitions) names a partition the topic cache
+// does not know. Kafka converts against its always current metadata
+// image; kproxy's cache is refreshed periodically, so it asks for a
+// refresh and waits for one that started after the first refusal. If
+// that refresh does not know the partition either (its topic was
+// deleted), the conversion goes on without it.
+func (s *shard) upgradeWaitsForTopics(c *classicGroup) bool {
+	snap := s.e.topicsNow()
+	known := func(topic string, p int32) bool {
+		ti, ok := snap.byName[topic]
+		return ok && p >= 0 && p < ti.Partitions
+	}
+	unknown := false
+	for _, m := range c.members {
+		for topic, ps := range decodeOwned(m.assignment) {
+			for p := range ps {
+				unknown = unknown || !known(topic, p)
+			}
+		}
+		name := c.protocol
+		if name == "" && len(m.protocols) > 0 {
+			name = m.protocols[0].Name
+		}
+		if sub, err := decodeSubscription(m.metadataFor(name)); err == nil {
+			for _, o := range sub.OwnedPartitions {
+				for _, p := range o.Partitions {
+					unknown = unknown || !known(o.Topic, p)
+				}
+			}
+		}
+	}
+	if !unknown {
+		c.upgradeAfterRefresh = 0
+		return false
+	}
+	if c.upgradeAfterRefresh == 0 {
+		c.upgradeAfterRefresh = s.e.topicSeq.Load() + 1
+	}
+	s.e.topicMu.Lock()
+	stored := s.e.topicStored
+	s.e.topicMu.Unlock()
+	if stored >= c.upgradeAfterRefresh {
+		s.e.log.Warn("groupstate: upgrading a classic group whose members hold partitions of unknown topics", "group", c.id)
+		c.upgradeAfterRefresh = 0
+		return false
+	}
+	s.e.requestTopicRefresh()
+	return true
+}
+
 // convertToConsumer converts non-empty classic group c into a consumer
 // group (Kafka's convertToConsumerGroup and ConsumerGroup.fromClassicGroup)
 // and installs it; by is the heartbeat's member id (for the event). It

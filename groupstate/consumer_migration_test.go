@@ -618,3 +618,42 @@ func TestStaticReplacementDowngradeRefused(t *testing.T) {
 		h.settleMixed("g", 4, append(cls, nx), []*client{y})
 	})
 }
+
+// TestUpgradeWaitsForUnknownTopics: the classic members hold partitions
+// of a topic created after the last topic refresh. The upgrade waits
+// (COORDINATOR_LOAD_IN_PROGRESS, a refresh requested) instead of
+// converting without those partitions, which would give them to the
+// joining member while the classic members still hold them; once the
+// cache knows the topic the conversion carries every partition over.
+func TestUpgradeWaitsForUnknownTopics(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"other": 1})
+	h.e.storeWG.Wait() // the engine's first, asynchronous, refresh is over
+	h.store.SetTopic("t", 4) // not in the cache yet
+	h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	// x subscribes to a known topic only, so that its heartbeat does
+	// not refresh the cache itself.
+	h.consumerResp(consumerJoin("g", "x", "other"), errCoordinatorLoadInProgress)
+	if snap, _ := h.e.Group("g"); snap.State != stateStable.String() || len(snap.Members) != 2 || snap.Members[0].Protocol != MemberProtocolClassic {
+		t.Fatalf("the refused upgrade changed the group: %+v", snap)
+	}
+	h.refresh()
+	x := h.join("g", "x", "other")
+	if len(x.owned[h.topicID("t")]) != 0 {
+		t.Fatalf("the joining member got %v while the classic members hold every partition", x.owned)
+	}
+	d := h.describe("g")
+	held := 0
+	for _, m := range d.Members {
+		if m.MemberType != 0 {
+			continue
+		}
+		for _, tp := range m.Assignment.TopicPartitions {
+			if tp.Topic == "t" {
+				held += len(tp.Partitions)
+			}
+		}
+	}
+	if c, k := memberTypes(d); c != 2 || k != 1 || held != 4 {
+		t.Fatalf("after the upgrade: %d classic, %d consumer members, the classic ones holding %d partitions of t, want 2, 1 and 4", c, k, held)
+	}
+}
