@@ -627,7 +627,7 @@ func TestStaticReplacementDowngradeRefused(t *testing.T) {
 // cache knows the topic the conversion carries every partition over.
 func TestUpgradeWaitsForUnknownTopics(t *testing.T) {
 	h := newConsumerHarness(t, map[string]int32{"other": 1})
-	h.e.storeWG.Wait() // the engine's first, asynchronous, refresh is over
+	h.e.storeWG.Wait()       // the engine's first, asynchronous, refresh is over
 	h.store.SetTopic("t", 4) // not in the cache yet
 	h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
 	// x subscribes to a known topic only, so that its heartbeat does
