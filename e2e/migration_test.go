@@ -310,7 +310,9 @@ func TestRollingUpgradeClassicToConsumer(t *testing.T) {
 // group.instance.id and converts the group back to a classic group
 // without a rebalance (Kafka's
 // validateOnlineDowngradeWithReplacedMemberId); the group ends classic
-// with the instance id kept.
+// with the instance id kept. (franz-go's static leave, epoch -2, carries
+// no instance id and is refused INVALID_REQUEST, by Kafka as by kproxy:
+// the old member stays until its replacement takes it over, at once.)
 func TestRollingDowngradeConsumerToClassic(t *testing.T) {
 	s := kip848Stack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
