@@ -84,8 +84,15 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 		kgo.HeartbeatInterval(300 * time.Millisecond),
 		kgo.RebalanceTimeout(10 * time.Second),
 		kgo.FetchMaxWait(200 * time.Millisecond),
-		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
-			mc.own.assigned(name, a[mc.topic])
+		kgo.OnPartitionsAssigned(func(_ context.Context, cl *kgo.Client, a map[string][]int32) {
+			_, gen := cl.GroupMetadata()
+			// A static member's new instance takes over its
+			// assignment at its generation (KIP-345): one member.
+			who := name
+			if inst, ok := cl.OptValue(kgo.InstanceID).(string); ok {
+				who = "instance " + inst
+			}
+			mc.own.assignedAt(name, who, gen, a[mc.topic])
 		}),
 		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, r map[string][]int32) {
 			mc.own.released(name, r[mc.topic])

@@ -241,10 +241,34 @@ type ownership struct {
 	mu    sync.Mutex
 	owner map[int32]string // guarded by mu
 	bad   []string         // guarded by mu
+	// given[gen][p] is the member given p at generation (classic) or
+	// member epoch (KIP-848) gen: within one, a partition is given to
+	// one member only. Guarded by mu.
+	given map[int32]map[int32]string
 }
 
 func newOwnership(t testing.TB) *ownership {
-	return &ownership{t: t, owner: map[int32]string{}}
+	return &ownership{t: t, owner: map[int32]string{}, given: map[int32]map[int32]string{}}
+}
+
+// assignedAt records that member was given parts at generation or
+// epoch gen, as assigned does, and checks that no other member (who
+// names it: its instance id when static) was given them at gen.
+func (o *ownership) assignedAt(member, who string, gen int32, parts []int32) {
+	o.mu.Lock()
+	if gen >= 0 {
+		if o.given[gen] == nil {
+			o.given[gen] = map[int32]string{}
+		}
+		for _, p := range parts {
+			if have, ok := o.given[gen][p]; ok && have != who {
+				o.bad = append(o.bad, "partition "+itoa(int(p))+" given to "+who+" and "+have+" at generation/epoch "+itoa(int(gen)))
+			}
+			o.given[gen][p] = who
+		}
+	}
+	o.mu.Unlock()
+	o.assigned(member, parts)
 }
 
 func (o *ownership) assigned(member string, parts []int32) {

@@ -72,6 +72,14 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 					fail(errCoordinatorLoadInProgress, "topic metadata is loading")
 					return
 				}
+				if s.upgradeWaitsForTopics(classic) {
+					// A member holds a partition the topic cache does
+					// not know yet (a topic created since the last
+					// refresh): carried over now, it would be lost and
+					// given to a second member.
+					fail(errCoordinatorLoadInProgress, "topic metadata is loading")
+					return
+				}
 				if max := s.e.cfg.ConsumerMaxGroupSize; max > 0 && len(classic.members) >= max {
 					// The joining member would not fit: Kafka rolls the
 					// conversion back with this error.

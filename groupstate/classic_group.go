@@ -25,6 +25,11 @@ type classicGroup struct {
 	generation   int32
 	leader       string // "" when the group has no members
 
+	// upgradeAfterRefresh, when not 0, is the number of the topic
+	// refresh an online upgrade waits for: the members hold partitions
+	// the topic cache did not know (consumer_migration.go).
+	upgradeAfterRefresh uint64
+
 	// members holds the joined members; order keeps insertion order so
 	// that leader succession and responses are deterministic.
 	members map[string]*classicMember

@@ -318,7 +318,7 @@ func (g *consumerGroup) removeAndBump(m *consumerMember, kind EventKind, cause, 
 // empty group emits EventGroupEmpty and starts its retention timer.
 func (g *consumerGroup) afterRemoval(causer *consumerMember, rebalanceCause string) {
 	if g.canDowngrade() {
-		g.convertToClassic(causer)
+		g.convertToClassic(causer, true)
 		return
 	}
 	g.bumpEpoch(rebalanceCause, causer)

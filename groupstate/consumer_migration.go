@@ -36,6 +36,9 @@ import (
 //     leaves or is fenced and every remaining member speaks the classic
 //     protocol, the group becomes a Stable classic group at generation =
 //     group epoch with the targets as assignments, then rebalances.
+//     When instead a static member rejoins with the classic protocol in
+//     place of the last KIP-848 member (validateOnlineDowngradeWithReplacedMemberId),
+//     the group becomes that classic group without a rebalance.
 //
 // Policy: group.consumer.migration.policy (Config.ConsumerMigrationPolicy).
 
@@ -249,6 +252,58 @@ func (s *shard) validateOnlineUpgrade(c *classicGroup) (bool, string) {
 	return true, ""
 }
 
+// upgradeWaitsForTopics reports whether the upgrade of c must wait for a
+// topic refresh: a member's assignment (or, in CompletingRebalance, its
+// subscription's owned partitions) names a partition the topic cache
+// does not know. Kafka converts against its always current metadata
+// image; kproxy's cache is refreshed periodically, so it asks for a
+// refresh and waits for one that started after the first refusal. If
+// that refresh does not know the partition either (its topic was
+// deleted), the conversion goes on without it.
+func (s *shard) upgradeWaitsForTopics(c *classicGroup) bool {
+	snap := s.e.topicsNow()
+	known := func(topic string, p int32) bool {
+		ti, ok := snap.byName[topic]
+		return ok && p >= 0 && p < ti.Partitions
+	}
+	unknown := false
+	for _, m := range c.members {
+		for topic, ps := range decodeOwned(m.assignment) {
+			for p := range ps {
+				unknown = unknown || !known(topic, p)
+			}
+		}
+		name := c.protocol
+		if name == "" && len(m.protocols) > 0 {
+			name = m.protocols[0].Name
+		}
+		if sub, err := decodeSubscription(m.metadataFor(name)); err == nil {
+			for _, o := range sub.OwnedPartitions {
+				for _, p := range o.Partitions {
+					unknown = unknown || !known(o.Topic, p)
+				}
+			}
+		}
+	}
+	if !unknown {
+		c.upgradeAfterRefresh = 0
+		return false
+	}
+	if c.upgradeAfterRefresh == 0 {
+		c.upgradeAfterRefresh = s.e.topicSeq.Load() + 1
+	}
+	s.e.topicMu.Lock()
+	stored := s.e.topicStored
+	s.e.topicMu.Unlock()
+	if stored >= c.upgradeAfterRefresh {
+		s.e.log.Warn("groupstate: upgrading a classic group whose members hold partitions of unknown topics", "group", c.id)
+		c.upgradeAfterRefresh = 0
+		return false
+	}
+	s.e.requestTopicRefresh()
+	return true
+}
+
 // convertToConsumer converts non-empty classic group c into a consumer
 // group (Kafka's convertToConsumerGroup and ConsumerGroup.fromClassicGroup)
 // and installs it; by is the heartbeat's member id (for the event). It
@@ -422,9 +477,14 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 	}
 	var m *consumerMember
 	joined := false
+	// replacesStatic is Kafka's existingStaticMemberIdOrNull != null: the
+	// join is by an instance id the group knows, under its old or a new
+	// member id (step 7 may downgrade the group).
+	replacesStatic := false
 	if j.instanceID == "" {
 		m = g.members[memberID]
 	} else if oldID, ok := g.static[j.instanceID]; ok {
+		replacesStatic = true
 		switch {
 		case unknown:
 			// A new instance of a known static member takes over its
@@ -471,9 +531,15 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 		m.subscribedNames = names
 		subChanged = true
 	}
+	// Dropping a regex changes the subscription; dropping a server
+	// assignor (a KIP-848 member replaced by a classic instance) does
+	// not bump the epoch (Kafka's hasMemberSubscriptionChanged compares
+	// topic names and regex only).
+	if m.regex != "" {
+		subChanged = true
+	}
 	if m.regex != "" || m.serverAssignor != "" {
 		m.regex, m.re, m.serverAssignor = "", nil, ""
-		subChanged = true
 	}
 	if m.classic == nil {
 		m.classic = &classicProtocol{}
@@ -492,6 +558,27 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 	next := reconcile(m.memberAssignment, g.targets[m.id], g.assignmentEpoch, owned, g.ownedByOther(m.id))
 	g.setAssignment(m, next)
 	g.syncRebalanceTimer(m, revokingAt, wasRevoking)
+	resp := kmsg.NewPtrJoinGroupResponse()
+	pt, name := "consumer", m.classic.protocolName()
+	resp.MemberID, resp.Generation = m.id, m.Epoch
+	resp.ProtocolType, resp.Protocol = &pt, &name
+	reply := j.reply
+	// 7. Kafka's validateOnlineDowngradeWithReplacedMemberId: a static
+	// member that rejoins with the classic protocol in place of the last
+	// KIP-848 member downgrades the group, without a rebalance (the
+	// joining member keeps the replaced member's target; the classic
+	// group's heartbeats take over the timers).
+	if replacesStatic && g.canDowngrade() {
+		g.convertToClassic(m, false)
+		g.persistThen(func(code int16) {
+			if code != errNone {
+				reply(joinError(code, m.id))
+				return
+			}
+			reply(resp)
+		})
+		return
+	}
 	// 6. Timers: a fresh session, the join done, the sync due within the
 	// rebalance timeout.
 	stopTimer(m.classic.joinTimer)
@@ -500,11 +587,6 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 	g.armClassicSyncTimer(m)
 	g.maybeEmitReconciled()
 
-	resp := kmsg.NewPtrJoinGroupResponse()
-	pt, name := "consumer", m.classic.protocolName()
-	resp.MemberID, resp.Generation = m.id, m.Epoch
-	resp.ProtocolType, resp.Protocol = &pt, &name
-	reply := j.reply
 	g.persistThen(func(code int16) {
 		if code != errNone {
 			reply(joinError(code, m.id))
@@ -729,10 +811,13 @@ func (g *consumerGroup) canDowngrade() bool {
 // convertToClassic replaces g by a classic group (Kafka's
 // convertToClassicGroup and ClassicGroup.fromConsumerGroup): Stable at
 // generation = group epoch, protocol type "consumer", every member with
-// its target as assignment, then a rebalance so that every member
-// rejoins. Heartbeats waiting for g's writes are answered once the
-// classic record is written.
-func (g *consumerGroup) convertToClassic(leaving *consumerMember) {
+// its target as assignment. by is the member whose departure (or static
+// replacement) converted it. With rebalance, as after a departure, every
+// member is then made to rejoin; a static replacement keeps the group
+// Stable (Kafka triggers no rebalance when a joining member converts
+// it). Heartbeats waiting for g's writes are answered once the classic
+// record is written.
+func (g *consumerGroup) convertToClassic(by *consumerMember, rebalance bool) {
 	s := g.s
 	snap := s.e.topicsNow()
 	g.cancelAllTimers()
@@ -759,13 +844,13 @@ func (g *consumerGroup) convertToClassic(leaving *consumerMember) {
 	}
 	c.protocol = c.selectProtocol()
 	s.classicGroups[c.id] = c
-	by := (*Member)(nil)
-	if leaving != nil {
-		pm := g.public(leaving, false)
-		by = &pm
+	byMember := (*Member)(nil)
+	if by != nil {
+		pm := g.public(by, false)
+		byMember = &pm
 	}
-	s.e.log.Info("groupstate: consumer group converted to a classic group", "group", c.id, "generation", c.generation, "members", len(c.members))
-	s.emitConverted(c.event(0), CauseConvertedToClassic, by, c.membersList(true))
+	s.e.log.Info("groupstate: consumer group converted to a classic group", "group", c.id, "generation", c.generation, "members", len(c.members), "rebalance", rebalance)
+	s.emitConverted(c.event(0), CauseConvertedToClassic, byMember, c.membersList(true))
 	for _, id := range c.order {
 		c.rearmSession(c.members[id])
 	}
@@ -788,7 +873,9 @@ func (g *consumerGroup) convertToClassic(leaving *consumerMember) {
 			conv.finish(code)
 		}, func() { conv.finish(errCoordinatorNotAvailable) })
 	}
-	c.prepareRebalance(CauseConvertedToClassic, nil)
+	if rebalance {
+		c.prepareRebalance(CauseConvertedToClassic, nil)
+	}
 }
 
 // convertedWait holds the answers waiting for the record of the classic

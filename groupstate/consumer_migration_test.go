@@ -467,3 +467,193 @@ func TestMixedGroupSurvivesRestart(t *testing.T) {
 		t.Fatalf("a loaded classic member kept no session timer: %v", kinds(evs))
 	}
 }
+
+// staticConsumerJoin is the first heartbeat of a static KIP-848 member.
+func staticConsumerJoin(group, id, instance string, topics ...string) *kmsg.ConsumerGroupHeartbeatRequest {
+	r := consumerJoin(group, id, topics...)
+	r.InstanceID = &instance
+	return r
+}
+
+// mixedWithStaticConsumer builds a settled consumer group of two classic
+// members and one static KIP-848 member x (instance "ix"), and has x
+// leave temporarily (epoch -2) as a static member restarting does.
+func mixedWithStaticConsumer(h *consumerHarness) ([]*classicClient, *client) {
+	h.t.Helper()
+	cls := h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	x := &client{id: "x"}
+	x.applyResp(h.consumerResp(staticConsumerJoin("g", "x", "ix", "t"), errNone))
+	h.settleMixed("g", 4, cls, []*client{x})
+	leave := consumerBeat("g", "x", epochStaticLeave, nil)
+	inst := "ix"
+	leave.InstanceID = &inst
+	h.consumerResp(leave, errNone)
+	return cls, x
+}
+
+// TestStaticReplacementDowngradesWithoutRebalance is Kafka's
+// validateOnlineDowngradeWithReplacedMemberId: the last KIP-848 member, a
+// static one, restarts speaking the classic protocol under a new member
+// id; its JoinGroup converts the group back to a classic group, Stable,
+// without a rebalance: the other classic members' heartbeats go on at
+// their generation and the new instance gets the replaced member's
+// partitions from SyncGroup at the generation its JoinGroup gave.
+func TestStaticReplacementDowngradesWithoutRebalance(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	cls, x := mixedWithStaticConsumer(h)
+	epoch := h.describe("g").Epoch
+	h.takeEvents("g")
+
+	jresp := h.do(jr{group: "g", instance: "ix", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if jresp.ErrorCode != errNone || jresp.MemberID == "" || jresp.MemberID == "x" {
+		t.Fatalf("static classic join in place of x: %s, member %q", errName(jresp.ErrorCode), jresp.MemberID)
+	}
+	if jresp.Generation != epoch {
+		t.Fatalf("the replacing member joined at generation %d, the group was at epoch %d", jresp.Generation, epoch)
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool {
+		return ev.Kind == EventGroupConverted && ev.Cause == CauseConvertedToClassic && ev.Member != nil && ev.Member.MemberID == jresp.MemberID
+	}) || slices.ContainsFunc(evs, func(ev Event) bool { return ev.Kind == EventRebalanceStarted }) {
+		t.Fatalf("want a downgrade by the replacing member and no rebalance: %v", kinds(evs))
+	}
+	if d := h.describe("g"); d.ErrorCode != errGroupIDNotFound {
+		t.Fatalf("ConsumerGroupDescribe after the downgrade: %s", errName(d.ErrorCode))
+	}
+	dg := kmsg.NewPtrDescribeGroupsRequest()
+	dg.Groups = []string{"g"}
+	g := h.do(dg).(*kmsg.DescribeGroupsResponse).Groups[0]
+	if g.ErrorCode != errNone || g.ProtocolType != "consumer" || g.State != "Stable" || len(g.Members) != 3 {
+		t.Fatalf("DescribeGroups after the downgrade: %s %q %q %d members", errName(g.ErrorCode), g.ProtocolType, g.State, len(g.Members))
+	}
+	instances := 0
+	for _, m := range g.Members {
+		if m.InstanceID != nil && *m.InstanceID == "ix" {
+			instances++
+			if m.MemberID != jresp.MemberID {
+				t.Fatalf("instance ix is member %s, want %s", m.MemberID, jresp.MemberID)
+			}
+		}
+	}
+	if instances != 1 {
+		t.Fatalf("instance ix appears %d times", instances)
+	}
+	// The classic members go on at their generation.
+	for _, c := range cls {
+		if code := h.heartbeat("g", c.id, c.gen); code != errNone {
+			t.Fatalf("classic member %s after the downgrade: %s", c.id, errName(code))
+		}
+	}
+	// The new instance syncs at its generation and gets what x held.
+	sr := syncReq("g", jresp.MemberID, jresp.Generation, nil)
+	iid := "ix"
+	sr.InstanceID = &iid
+	sresp := h.do(sr).(*kmsg.SyncGroupResponse)
+	if sresp.ErrorCode != errNone {
+		t.Fatalf("sync of the replacing member: %s", errName(sresp.ErrorCode))
+	}
+	got := partsOf(t, sresp.MemberAssignment)
+	var want []int32
+	for p := range x.owned[h.topicID("t")] {
+		want = append(want, p)
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the replacing member got %v, x held %v", got, want)
+	}
+	seen := map[int32]bool{}
+	for _, p := range append(append(slices.Clone(got), cls[0].owned...), cls[1].owned...) {
+		if seen[p] {
+			t.Fatalf("partition %d owned twice after the downgrade", p)
+		}
+		seen[p] = true
+	}
+	if len(seen) != 4 {
+		t.Fatalf("after the downgrade %d of 4 partitions are owned", len(seen))
+	}
+	// The old member id is gone.
+	if code := h.heartbeat("g", "x", jresp.Generation); code != errUnknownMemberID {
+		t.Fatalf("the replaced member's heartbeat: %s", errName(code))
+	}
+}
+
+// TestStaticReplacementDowngradeRefused: the static replacement keeps
+// the consumer group when the policy refuses downgrades or when another
+// KIP-848 member remains.
+func TestStaticReplacementDowngradeRefused(t *testing.T) {
+	t.Run("policy upgrade", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 4}, func(c *Config) { c.ConsumerMigrationPolicy = MigrationUpgrade })
+		mixedWithStaticConsumer(h)
+		jresp := h.do(jr{group: "g", instance: "ix", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+		if jresp.ErrorCode != errNone {
+			t.Fatalf("static classic join: %s", errName(jresp.ErrorCode))
+		}
+		if d := h.describe("g"); d.ErrorCode != errNone {
+			t.Fatalf("with policy upgrade the group must stay a consumer group: %s", errName(d.ErrorCode))
+		} else if c, k := memberTypes(d); c != 3 || k != 0 {
+			t.Fatalf("members: classic %d, consumer %d", c, k)
+		}
+	})
+	t.Run("another KIP-848 member remains", func(t *testing.T) {
+		h := newConsumerHarness(t, map[string]int32{"t": 4})
+		cls, _ := mixedWithStaticConsumer(h)
+		y := h.join("g", "y", "t")
+		jresp := h.do(jr{group: "g", instance: "ix", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+		if jresp.ErrorCode != errNone {
+			t.Fatalf("static classic join: %s", errName(jresp.ErrorCode))
+		}
+		d := h.describe("g")
+		if c, k := memberTypes(d); d.ErrorCode != errNone || c != 3 || k != 1 {
+			t.Fatalf("the group must stay a consumer group of 3 classic and 1 KIP-848 members: %+v", d)
+		}
+		// The new instance and the others settle inside the consumer
+		// group, with no partition owned twice.
+		nx := &classicClient{id: jresp.MemberID, gen: jresp.Generation}
+		sr := syncReq("g", nx.id, nx.gen, nil)
+		if sresp := h.do(sr).(*kmsg.SyncGroupResponse); sresp.ErrorCode == errNone {
+			nx.owned = partsOf(t, sresp.MemberAssignment)
+		} else if sresp.ErrorCode != errRebalanceInProgress {
+			t.Fatalf("sync of the replacing member: %s", errName(sresp.ErrorCode))
+		}
+		h.settleMixed("g", 4, append(cls, nx), []*client{y})
+	})
+}
+
+// TestUpgradeWaitsForUnknownTopics: the classic members hold partitions
+// of a topic created after the last topic refresh. The upgrade waits
+// (COORDINATOR_LOAD_IN_PROGRESS, a refresh requested) instead of
+// converting without those partitions, which would give them to the
+// joining member while the classic members still hold them; once the
+// cache knows the topic the conversion carries every partition over.
+func TestUpgradeWaitsForUnknownTopics(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"other": 1})
+	h.e.storeWG.Wait()       // the engine's first, asynchronous, refresh is over
+	h.store.SetTopic("t", 4) // not in the cache yet
+	h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	// x subscribes to a known topic only, so that its heartbeat does
+	// not refresh the cache itself.
+	h.consumerResp(consumerJoin("g", "x", "other"), errCoordinatorLoadInProgress)
+	if snap, _ := h.e.Group("g"); snap.State != stateStable.String() || len(snap.Members) != 2 || snap.Members[0].Protocol != MemberProtocolClassic {
+		t.Fatalf("the refused upgrade changed the group: %+v", snap)
+	}
+	h.refresh()
+	x := h.join("g", "x", "other")
+	if len(x.owned[h.topicID("t")]) != 0 {
+		t.Fatalf("the joining member got %v while the classic members hold every partition", x.owned)
+	}
+	d := h.describe("g")
+	held := 0
+	for _, m := range d.Members {
+		if m.MemberType != 0 {
+			continue
+		}
+		for _, tp := range m.Assignment.TopicPartitions {
+			if tp.Topic == "t" {
+				held += len(tp.Partitions)
+			}
+		}
+	}
+	if c, k := memberTypes(d); c != 2 || k != 1 || held != 4 {
+		t.Fatalf("after the upgrade: %d classic, %d consumer members, the classic ones holding %d partitions of t, want 2, 1 and 4", c, k, held)
+	}
+}

@@ -38,8 +38,9 @@
 // classic group is converted online into a consumer group when the first
 // KIP-848 member joins, its classic members keep working inside it
 // through JoinGroup/SyncGroup/Heartbeat translated onto member epochs,
-// and it converts back when the last KIP-848 member leaves, as
-// Config.ConsumerMigrationPolicy allows (consumer_migration.go).
+// and it converts back when the last KIP-848 member leaves or is
+// replaced by a static classic member, as Config.ConsumerMigrationPolicy
+// allows (consumer_migration.go).
 //
 // Every answer that grants partitions or moves a generation or epoch
 // rides on a durable write: the leader's SyncGroup, a static member's

@@ -127,6 +127,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "java-kip848", client: java, assignor: "server-uniform"},
 		{name: "java-static", client: java, assignor: "range", static: true},
 		{name: "java-txn", client: java, assignor: "range", txn: true},
+		// migration.go: classic → consumer → classic, one member at a time.
+		{name: "java-migration", client: java, assignor: "cooperative-sticky", migration: true, producer: goc("franz")},
 		{name: "go-franz", client: goc("franz"), assignor: "range"},
 		{name: "go-franz-coop", client: goc("franz"), assignor: "cooperative-sticky"},
 		{name: "go-sarama", client: goc("sarama"), assignor: "range"},
@@ -321,6 +323,8 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			} else if r.apiVersions {
 				res = s.runApiVersions(ctx)
 				res.notes = append(res.notes, "runs on the kproxy path only and compares it with the direct path itself")
+			} else if r.migration {
+				res = s.runMigration(ctx)
 			} else {
 				res = s.run(ctx)
 			}

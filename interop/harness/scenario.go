@@ -37,6 +37,9 @@ type row struct {
 	// security: the row runs three principals against a SASL_SSL broker
 	// with ACLs (security.go); only in a run with -security.
 	security bool
+	// migration: the row rolls its group from the classic protocol to
+	// the consumer protocol and back (migration.go).
+	migration bool
 }
 
 // result is one printed line of the table.

@@ -288,6 +288,7 @@ public final class Client {
           if (txn) {
             prod.abortTransaction();
           }
+          replay(consumer, recs);
           continue;
         }
         for (ConsumerRecord<String, String> r : recs) {
@@ -319,6 +320,21 @@ public final class Client {
       done.countDown();
     }
     return rc;
+  }
+
+  /**
+   * replay rewinds the partitions of a batch whose commit failed (a
+   * rebalance in progress, a fenced epoch) and that this member still owns
+   * to the batch's first records, so they are consumed again and printed
+   * once a commit covers them, as an at-least-once application does; a
+   * partition it lost restarts from the committed offset at its new owner.
+   */
+  private static void replay(KafkaConsumer<String, String> consumer, ConsumerRecords<String, String> recs) {
+    for (TopicPartition tp : recs.partitions()) {
+      if (consumer.assignment().contains(tp)) {
+        consumer.seek(tp, recs.records(tp).get(0).offset());
+      }
+    }
   }
 
   private void assignment(String kind, int generation) {
