@@ -38,8 +38,11 @@ var (
 		15: true, 16: true, 28: true, 42: true, 47: true, 68: true, 69: true}
 	// Capped: kproxy advertises at most the broker's maximum, maybe less.
 	apiCappedKeys = map[int16]bool{0: true, 1: true, 3: true, 18: true, 55: true, 60: true}
-	// Refused (share groups, KIP-932): never advertised through kproxy.
-	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true}
+	// Refused (share groups, KIP-932; streams groups, KIP-1071, which
+	// Kafka 4.4 advertises): never advertised through kproxy while it
+	// serves groups.
+	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true,
+		88: true, 89: true, 93: true}
 )
 
 // apiExchange is what one connection's opening looked like.
