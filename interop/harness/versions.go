@@ -118,7 +118,7 @@ func (h *harness) checkBrokerFeatures(ctx context.Context) (string, error) {
 		v, ok := maxV[f.key]
 		advertised := ok && v >= f.minVersion
 		if h.kafkaVersion != "" && advertised != h.brokerHas(f) {
-			return "", fmt.Errorf("Kafka %s: the broker %s %s, but the per-version expectation (since %s) says the opposite; fix -kafka-version or the feature table",
+			return "", fmt.Errorf("broker Kafka %s %s %s, but the per-version expectation (since %s) says the opposite; fix -kafka-version or the feature table",
 				h.kafkaVersion, map[bool]string{true: "advertises", false: "does not advertise"}[advertised], f.name, f.since)
 		}
 		has = append(has, fmt.Sprintf("%s: %s", f.name, map[bool]string{true: "yes", false: "no"}[advertised]))

@@ -250,6 +250,15 @@ public final class Client {
           if (txn) {
             prod.abortTransaction();
           }
+          // At least once: the batch is not committed, so read it again on
+          // the partitions this member still owns (a commit refused during a
+          // cooperative rebalance keeps them); the poll position has moved past
+          // it. Revoked partitions resume from their committed offset.
+          for (TopicPartition tp : recs.partitions()) {
+            if (consumer.assignment().contains(tp)) {
+              consumer.seek(tp, recs.records(tp).get(0).offset());
+            }
+          }
           continue;
         }
         for (ConsumerRecord<String, String> r : recs) {
