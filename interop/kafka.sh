@@ -277,10 +277,11 @@ cmd_start() {
 		case "$1" in
 		--brokers) brokers=$2; shift 2 ;;
 		--port) port=$2; shift 2 ;;
-		--version) version_setup "$2"; shift 2 ;;
+		--version) KAFKA_VERSION=$2; shift 2 ;;
 		*) die "unknown flag $1" ;;
 		esac
 	done
+	version_setup "$KAFKA_VERSION"
 	[[ "$brokers" == 1 || "$brokers" == 3 ]] || die "--brokers must be 1 or 3"
 	if [[ -n "$(running_pids)" ]]; then
 		die "a broker started by kafka.sh is already running (interop/kafka.sh stop first)"
@@ -381,7 +382,8 @@ start) shift; cmd_start "$@" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
 fetch)
-	[[ "${2:-}" != --version ]] || version_setup "${3:-}"
+	[[ "${2:-}" != --version ]] || KAFKA_VERSION=${3:-}
+	version_setup "$KAFKA_VERSION"
 	fetch_libs
 	;;
 request-log) cmd_request_log ;;

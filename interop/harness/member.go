@@ -163,6 +163,11 @@ func (s *scenario) stop(m *member, timeout time.Duration) error {
 		return nil
 	}
 	s.mu.Lock()
+	if m.exited && !m.stopping {
+		err := s.exitedLocked(m)
+		s.mu.Unlock()
+		return err
+	}
 	m.stopping = true
 	s.mu.Unlock()
 	_ = m.cmd.Process.Signal(syscall.SIGTERM)

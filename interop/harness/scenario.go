@@ -154,16 +154,22 @@ func (s *scenario) crashedLocked() error {
 		if strings.HasPrefix(m.name, "producer") && m.exitErr == nil {
 			continue // a producer that finished its records
 		}
-		last := ""
-		for _, e := range s.errorSamples {
-			if strings.HasPrefix(e, m.name+": ") {
-				last = e
-			}
-		}
-		return fmt.Errorf("%s exited on its own (%v); last error event: %q; stderr tail: %s",
-			m.name, m.exitErr, last, tail(s.logPath(m.name+".stderr"), 300))
+		return s.exitedLocked(m)
 	}
 	return nil
+}
+
+// exitedLocked describes a member that exited on its own: its exit status,
+// its last error event and the tail of its stderr. Callers hold s.mu.
+func (s *scenario) exitedLocked(m *member) error {
+	last := ""
+	for _, e := range s.errorSamples {
+		if strings.HasPrefix(e, m.name+": ") {
+			last = e
+		}
+	}
+	return fmt.Errorf("%s exited on its own (%v); last error event: %q; stderr tail: %s",
+		m.name, m.exitErr, last, tail(s.logPath(m.name+".stderr"), 300))
 }
 
 // stableLocked reports whether the live members hold every partition exactly
