@@ -110,6 +110,10 @@ const (
 	KeyConsumerGroupHeartbeat = 68
 	KeyConsumerGroupDescribe  = 69
 	KeySaslAuthenticate       = 36
+
+	KeyStreamsGroupHeartbeat                 = 88
+	KeyStreamsGroupDescribe                  = 89
+	KeyStreamsGroupTopologyDescriptionUpdate = 93
 )
 
 // Decision is what happens to one request: where it goes, the highest
@@ -195,6 +199,26 @@ var apis = map[int16]apiRow{
 	90: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
 	91: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
 	92: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
+
+	// Kafka 4.4 advertises streams groups by default (4.1 did not). Their
+	// coordinator is found with FindCoordinator for a group, which kproxy
+	// answers with itself, and its engine has no streams groups: while it
+	// serves groups they are not advertised (a Streams application with
+	// group.protocol=streams is told the cluster lacks them, as by an
+	// older broker) and a request for one closes the connection. With
+	// groups forwarded they are forwarded like any other key
+	// (refusedWhileLocal).
+	KeyStreamsGroupHeartbeat:                 {Refuse, -1, EditNone, 0, streamsWhy},
+	KeyStreamsGroupDescribe:                  {Refuse, -1, EditNone, 0, streamsWhy},
+	KeyStreamsGroupTopologyDescriptionUpdate: {Refuse, -1, EditNone, 0, streamsWhy},
+}
+
+const streamsWhy = "streams groups (KIP-1071) are not served by kproxy's engine, which answers FindCoordinator for every group"
+
+// refusedWhileLocal reports whether key's Refuse row applies only while
+// kproxy serves groups: the streams group keys.
+func refusedWhileLocal(key int16) bool {
+	return key == KeyStreamsGroupHeartbeat || key == KeyStreamsGroupDescribe || key == KeyStreamsGroupTopologyDescriptionUpdate
 }
 
 // RouteFor says what kproxy does with a request of key at version:
@@ -215,6 +239,9 @@ func RouteFor(key, version int16, groupsLocal bool) Decision {
 		return Decision{Route: Forward, MaxVersion: -1}
 	}
 	d := Decision{Route: a.route, MaxVersion: a.maxVersion, Edit: a.edit, Why: a.why}
+	if !groupsLocal && refusedWhileLocal(key) {
+		return Decision{Route: Forward, MaxVersion: -1}
+	}
 	if d.Route == Local && !groupsLocal {
 		d.Route = Forward
 		if a.edit != EditNone {
@@ -321,6 +348,9 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 			continue
 		}
 		info, special := row(k.ApiKey)
+		if special && !localGroups && refusedWhileLocal(k.ApiKey) {
+			special = false
+		}
 		if special {
 			if info.route == Refuse {
 				continue

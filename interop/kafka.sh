@@ -3,10 +3,10 @@
 # on 127.0.0.1 for the kproxy interop tier. The broker jars come from Maven
 # Central through interop/broker/pom.xml and are cached under $KPROXY_CACHE.
 #
-#   interop/kafka.sh start  [--brokers 1|3] [--port 9092] [--security sasl_ssl]
+#   interop/kafka.sh start  [--brokers 1|3] [--port 9092] [--version 4.1.1] [--security sasl_ssl]
 #   interop/kafka.sh stop
 #   interop/kafka.sh status
-#   interop/kafka.sh fetch            # only download the jars
+#   interop/kafka.sh fetch [--version V]  # only download the jars
 #   interop/kafka.sh request-log      # print the request log path(s)
 #   interop/kafka.sh kill N           # SIGKILL node N (a crash, for fault rows)
 #   interop/kafka.sh restart N        # start node N again on its data, wait for it
@@ -24,6 +24,14 @@
 # listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
 # is on; see write_security below for the users and the files written
 # into $STATE/security for clients.
+#
+# Versions (--version, or KAFKA_VERSION; default 4.1.1): any Kafka release on
+# Maven Central with KRaft, tried with 3.6.2, 4.1.1 and 4.4.0. Each version's
+# jars are cached apart; the version-specific parts are in version_setup
+# below. The JVM is the first one found (KAFKA_JAVA, JAVA_HOME, PATH, then
+# /usr/lib/jvm/* and /opt/*) whose release is at least the class-file level of
+# the broker's jar, so a version built for a newer Java than the default one
+# picks a newer JDK from the machine.
 set -euo pipefail
 
 KAFKA_VERSION="${KAFKA_VERSION:-4.1.1}"
@@ -35,6 +43,68 @@ CLUSTER_ID="${KAFKA_CLUSTER_ID:-kproxyInteropClust0001}" # 22 chars, base64-url 
 
 log() { printf 'kafka.sh: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+
+# --- broker versions ----------------------------------------------------
+JAVA=""
+
+# version_ge A B succeeds when version A >= version B (numeric, dotted).
+version_ge() { [[ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" == "$2" ]]; }
+
+# version_setup V points LIBS at version V's jars; every command that runs a
+# broker calls it first (start from --version, restart from $STATE/version).
+version_setup() {
+	KAFKA_VERSION=$1
+	[[ "$KAFKA_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--version must look like 3.6.2, not $KAFKA_VERSION"
+	version_ge "$KAFKA_VERSION" 3.3.0 || die "Kafka $KAFKA_VERSION has no production KRaft mode (3.3+ is needed)"
+	LIBS="$CACHE/kafka-$KAFKA_VERSION/libs"
+}
+
+# java_release JAVA prints the feature release (17, 25, ...) of a java binary.
+java_release() {
+	"$1" -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java\.specification\.version = //p' | head -1
+}
+
+# pick_java sets JAVA to the first JVM whose release is at least the level
+# kafka.Kafka was compiled for (class-file major - 44).
+pick_java() {
+	local major need
+	major=$(python3 - "$LIBS/kafka_2.13-$KAFKA_VERSION.jar" <<'PY'
+import struct, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+print(struct.unpack(">H", z.read("kafka/Kafka.class")[6:8])[0])
+PY
+	) || die "cannot read kafka/Kafka.class from the $KAFKA_VERSION jar"
+	need=$((major - 44))
+	local c rel
+	local -a cands=()
+	[[ -n "${KAFKA_JAVA:-}" ]] && cands+=("$KAFKA_JAVA")
+	[[ -n "${JAVA_HOME:-}" ]] && cands+=("$JAVA_HOME/bin/java")
+	command -v java >/dev/null && cands+=("$(command -v java)")
+	for c in /usr/lib/jvm/*/bin/java /opt/*/bin/java /opt/*/*/bin/java; do
+		[[ -x "$c" ]] && cands+=("$c")
+	done
+	for c in "${cands[@]}"; do
+		rel=$(java_release "$c") || continue
+		rel=${rel#1.} # 1.8 -> 8
+		if [[ "$rel" =~ ^[0-9]+$ ]] && ((rel >= need)); then
+			JAVA=$c
+			log "Kafka $KAFKA_VERSION needs Java $need+: using $c (Java $rel)"
+			return 0
+		fi
+	done
+	die "Kafka $KAFKA_VERSION needs Java $need or newer; none found (set KAFKA_JAVA)"
+}
+
+# version_properties prints the server.properties lines that exist only in
+# some versions: the share-group coordinator (KIP-932) came with 4.0.
+version_properties() {
+	local rf=$1 isr=$2
+	if version_ge "$KAFKA_VERSION" 4.0.0; then
+		printf '%s\n' "share.coordinator.state.topic.replication.factor=$rf" \
+			"share.coordinator.state.topic.min.isr=$isr"
+	fi
+}
+# --- end of broker versions ---------------------------------------------
 
 fetch_libs() {
 	if [[ -f "$LIBS/.complete" ]]; then
@@ -85,8 +155,7 @@ offsets.topic.num.partitions=10
 transaction.state.log.replication.factor=$rf
 transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=$rf
-share.coordinator.state.topic.min.isr=$isr
+$(version_properties "$rf" "$isr")
 log.segment.bytes=16777216
 num.network.threads=2
 num.io.threads=2
@@ -174,7 +243,7 @@ launch_node() {
 	local n=$1 port=$2 dir="$STATE/node-$1"
 	local -a opts
 	mapfile -t opts < <(java_opts "$dir")
-	nohup java "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$dir/server.properties" \
+	nohup "$JAVA" "${opts[@]}" -cp "$(classpath)" kafka.Kafka "$dir/server.properties" \
 		>>"$dir/stdout.log" 2>&1 </dev/null &
 	echo $! >"$dir/pid"
 	log "node $n: pid $(cat "$dir/pid"), client port $((port + n - 1)), logs in $dir"
@@ -198,6 +267,8 @@ cmd_restart() {
 	fi
 	local brokers port
 	read -r brokers port <"$STATE/layout"
+	version_setup "$(cat "$STATE/version" 2>/dev/null || echo "$KAFKA_VERSION")"
+	pick_java
 	launch_node "$n" "$port"
 	local p=$((port + n - 1)) deadline=$((SECONDS + 90))
 	until probe "$p"; do
@@ -288,13 +359,14 @@ cmd_start() {
 		--brokers) brokers=$2; shift 2 ;;
 		--port) port=$2; shift 2 ;;
 		--security) security=$2; shift 2 ;;
+		--version) KAFKA_VERSION=$2; shift 2 ;;
 		*) die "unknown flag $1" ;;
 		esac
 	done
+	version_setup "$KAFKA_VERSION"
 	[[ "$brokers" == 1 || "$brokers" == 3 ]] || die "--brokers must be 1 or 3"
 	[[ -z "$security" || "$security" == sasl_ssl ]] || die "--security: only sasl_ssl"
 	[[ -z "$security" || "$brokers" == 1 ]] || die "--security sasl_ssl runs one node only"
-	command -v java >/dev/null || die "java not found (Java 17+ is needed)"
 	if [[ -n "$(running_pids)" ]]; then
 		die "a broker started by kafka.sh is already running (interop/kafka.sh stop first)"
 	fi
@@ -305,9 +377,11 @@ cmd_start() {
 		done
 	done
 	fetch_libs
+	pick_java
 	rm -rf "$STATE"
 	mkdir -p "$STATE"
 	echo "$brokers $port" >"$STATE/layout"
+	echo "$KAFKA_VERSION" >"$STATE/version"
 	cat >"$STATE/probe-log4j2.xml" <<'EOF'
 <Configuration status="off"><Loggers><Root level="off"/></Loggers></Configuration>
 EOF
@@ -319,7 +393,7 @@ EOF
 			write_security "$dir" "$port"
 			mapfile -t scram < <(scram_args)
 		fi
-		java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$(classpath)" \
+		"$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -cp "$(classpath)" \
 			-Dlog4j2.configurationFile="$STATE/probe-log4j2.xml" \
 			kafka.tools.StorageTool format -t "$CLUSTER_ID" -c "$dir/server.properties" "${scram[@]}" \
 			>"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed for node $n"; }
@@ -382,7 +456,7 @@ cmd_status() {
 	fi
 	local brokers port
 	read -r brokers port <"$STATE/layout"
-	echo "running: $brokers node(s), bootstrap 127.0.0.1:$port, pids $(echo $pids), state $STATE"
+	echo "running: Kafka $(cat "$STATE/version" 2>/dev/null || echo "?"), $brokers node(s), bootstrap 127.0.0.1:$port, pids $(echo $pids), state $STATE"
 }
 
 cmd_request_log() {
@@ -396,9 +470,13 @@ case "${1:-}" in
 start) shift; cmd_start "$@" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
-fetch) fetch_libs ;;
+fetch)
+	[[ "${2:-}" != --version ]] || KAFKA_VERSION=${3:-}
+	version_setup "$KAFKA_VERSION"
+	fetch_libs
+	;;
 request-log) cmd_request_log ;;
 kill) shift; cmd_kill "$@" ;;
 restart) shift; cmd_restart "$@" ;;
-*) die "usage: $0 start [--brokers 1|3] [--port P] [--security sasl_ssl] | stop | status | fetch | request-log | kill N | restart N" ;;
+*) die "usage: $0 start [--brokers 1|3] [--port P] [--version V] [--security sasl_ssl] | stop | status | fetch [--version V] | request-log | kill N | restart N" ;;
 esac

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -45,8 +46,25 @@ func franzProduce(ctx context.Context, o options) error {
 	return nil
 }
 
+// classicWatch is a write hook that notices the classic group protocol:
+// franz-go's ServerSideBalancer silently uses it when the cluster does not
+// offer KIP-848 (ConsumerGroupHeartbeat v1), and a KIP-848 row must fail
+// then rather than pass on the classic protocol. Its flag is written by
+// the client's connection goroutines and read by the poll loop.
+type classicWatch struct{ joined atomic.Bool }
+
+// OnBrokerWrite implements kgo.HookBrokerWrite.
+func (w *classicWatch) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == 11 && err == nil { // JoinGroup
+		w.joined.Store(true)
+	}
+}
+
 // franzConsume joins the group with franz-go, commits after each poll and
-// leaves cleanly when ctx is cancelled.
+// leaves cleanly when ctx is cancelled. With --assignor server-uniform it
+// uses KIP-848 (kgo.ServerSideBalancer with the sticky balancer, so the
+// broker's uniform assignor) and fails as soon as the client falls back to
+// the classic protocol.
 func franzConsume(ctx context.Context, o options, em *emitter) error {
 	var owned ownedSet
 	var cl *kgo.Client
@@ -59,10 +77,14 @@ func franzConsume(ctx context.Context, o options, em *emitter) error {
 		em.emit(ev, map[string]any{"generation": gen(), "partitions": parts})
 	}
 	balancer := kgo.RangeBalancer()
+	var watch *classicWatch
 	switch o.assignor {
 	case "range":
 	case "cooperative-sticky":
 		balancer = kgo.CooperativeStickyBalancer()
+	case "server-uniform":
+		balancer = kgo.StickyBalancer()
+		watch = &classicWatch{}
 	default:
 		return fmt.Errorf("unknown assignor %q", o.assignor)
 	}
@@ -91,6 +113,9 @@ func franzConsume(ctx context.Context, o options, em *emitter) error {
 	if o.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(o.instanceID))
 	}
+	if watch != nil {
+		opts = append(opts, kgo.ServerSideBalancer(), kgo.WithHooks(watch))
+	}
 	var err error
 	cl, err = kgo.NewClient(opts...)
 	if err != nil {
@@ -103,6 +128,9 @@ func franzConsume(ctx context.Context, o options, em *emitter) error {
 		em.emit("closed", nil)
 	}()
 	for ctx.Err() == nil {
+		if watch != nil && watch.joined.Load() {
+			return errors.New("KIP-848 unavailable: franz-go fell back to the classic protocol (it sent JoinGroup), so the cluster does not offer ConsumerGroupHeartbeat v1")
+		}
 		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		fetches := cl.PollRecords(pctx, 500)
 		cancel()

@@ -108,7 +108,7 @@ func main() {
 	flag.StringVar(&o.member, "member", "go", "member name (client id)")
 	flag.IntVar(&o.count, "count", 0, "records to produce")
 	flag.IntVar(&o.start, "start", 0, "first record id to produce")
-	flag.StringVar(&o.assignor, "assignor", "range", "range or cooperative-sticky")
+	flag.StringVar(&o.assignor, "assignor", "range", "range, cooperative-sticky or (franz only) server-uniform: KIP-848 with the broker's uniform assignor")
 	flag.StringVar(&o.instanceID, "instance-id", "", "group.instance.id for static membership")
 	flag.IntVar(&o.sessionMS, "session-ms", 10000, "session timeout in ms")
 	flag.IntVar(&o.heartbeatMS, "heartbeat-ms", 1000, "heartbeat interval in ms")

@@ -20,13 +20,15 @@ import (
 // The ApiVersions check (issue 12): franz-go opens every connection with
 // ApiVersions at kmsg's newest version (v5; for a broker it learned from
 // metadata it also names the cluster and node, KIP-1242). Kafka 4.1 speaks
-// v0-v4, so it answers UNSUPPORTED_VERSION in a v0 body that lists only
-// the ApiVersions key, and franz-go retries at the version that key names.
-// The check replays that exchange byte for byte on raw connections, to the
-// bootstrap address and to every broker, directly and through kproxy, and
-// requires: the error answers are the same bytes; the retry goes out at the
-// same version; the retry's answers agree in every field and in every API
-// key kproxy does not serve or cap itself.
+// v0-v4 (3.6 v0-v3), so it answers UNSUPPORTED_VERSION in a v0 body that
+// lists only the ApiVersions key, and franz-go retries at the version that
+// key names; Kafka 4.4 speaks v5 and answers at once. The check replays
+// that exchange byte for byte on raw connections, to the bootstrap address
+// and to every broker, directly and through kproxy, and requires: the
+// error answers are the same bytes; the retry goes out at the same
+// version; the successful answers (the retry's, or the first when the
+// broker speaks v5) agree in every field and in every API key kproxy does
+// not serve or cap itself.
 
 // Keys kproxy treats specially (its codec.APIs table, cmd/kproxy's
 // routing). Directly and through kproxy they may differ as said here;
@@ -38,8 +40,11 @@ var (
 		15: true, 16: true, 28: true, 42: true, 47: true, 68: true, 69: true}
 	// Capped: kproxy advertises at most the broker's maximum, maybe less.
 	apiCappedKeys = map[int16]bool{0: true, 1: true, 3: true, 18: true, 55: true, 60: true}
-	// Refused (share groups, KIP-932): never advertised through kproxy.
-	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true}
+	// Refused (share groups, KIP-932; streams groups, KIP-1071, which
+	// Kafka 4.4 advertises): never advertised through kproxy while it
+	// serves groups.
+	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true,
+		88: true, 89: true, 93: true}
 )
 
 // apiExchange is what one connection's opening looked like.
@@ -135,8 +140,13 @@ func brokersOf(ctx context.Context, bootstrap string) (map[int32]string, *string
 
 // compareOpenings compares one connection's opening directly (d) and
 // through kproxy (k) and returns what differs beyond what kproxy is meant to
-// change, and a summary of the differences that are meant.
+// change, and a summary of the differences that are meant. A broker that
+// speaks the first version (Kafka 4.4 speaks v5) answers it at once: then
+// kproxy must too, and the two answers are compared as retries are.
 func compareOpenings(d, k apiExchange) (problems []string, meant string) {
+	if d.retryVersion < 0 && k.retryVersion < 0 {
+		return compareAnswers("first answer", d.firstVersion, d.first, k.first)
+	}
 	if !bytes.Equal(d.first, k.first) {
 		problems = append(problems, fmt.Sprintf("first answer (ApiVersions v%d) differs: direct %d bytes %x, kproxy %d bytes %x",
 			d.firstVersion, len(d.first), clip(d.first), len(k.first), clip(k.first)))
@@ -145,26 +155,31 @@ func compareOpenings(d, k apiExchange) (problems []string, meant string) {
 		problems = append(problems, fmt.Sprintf("retried at v%d directly, v%d through kproxy", d.retryVersion, k.retryVersion))
 		return problems, ""
 	}
-	if d.retryVersion < 0 {
-		return problems, "no retry"
-	}
+	ps, meant := compareAnswers("retry", d.retryVersion, d.retry, k.retry)
+	return append(problems, ps...), meant
+}
+
+// compareAnswers compares two successful ApiVersions answers at version
+// (correlation id, then body), direct d and through kproxy k: every field
+// alike, and every key alike except those kproxy serves, caps or refuses.
+func compareAnswers(what string, version int16, d, k []byte) (problems []string, meant string) {
 	dr, kr := kmsg.NewPtrApiVersionsResponse(), kmsg.NewPtrApiVersionsResponse()
-	dr.Version, kr.Version = d.retryVersion, k.retryVersion
-	if err := dr.ReadFrom(d.retry[4:]); err != nil {
-		return append(problems, "decoding the direct retry answer: "+err.Error()), ""
+	dr.Version, kr.Version = version, version
+	if err := dr.ReadFrom(d[4:]); err != nil {
+		return []string{"decoding the direct " + what + ": " + err.Error()}, ""
 	}
-	if err := kr.ReadFrom(k.retry[4:]); err != nil {
-		return append(problems, "decoding the kproxy retry answer: "+err.Error()), ""
+	if err := kr.ReadFrom(k[4:]); err != nil {
+		return []string{"decoding the kproxy " + what + ": " + err.Error()}, ""
 	}
 	if dr.ErrorCode != 0 || kr.ErrorCode != 0 {
-		problems = append(problems, fmt.Sprintf("retry answered with error %d directly, %d through kproxy", dr.ErrorCode, kr.ErrorCode))
+		problems = append(problems, fmt.Sprintf("%s answered with error %d directly, %d through kproxy", what, dr.ErrorCode, kr.ErrorCode))
 	}
 	// FinalizedFeaturesEpoch is the offset of the broker's metadata image
 	// in KRaft, which moves every metadata.max.idle.interval.ms (no-op
 	// records): only whether the answer has one must agree.
 	switch {
 	case dr.ThrottleMillis != kr.ThrottleMillis:
-		problems = append(problems, fmt.Sprintf("retry answers throttle %d ms directly, %d through kproxy", dr.ThrottleMillis, kr.ThrottleMillis))
+		problems = append(problems, fmt.Sprintf("%s: throttle %d ms directly, %d through kproxy", what, dr.ThrottleMillis, kr.ThrottleMillis))
 	case (dr.FinalizedFeaturesEpoch < 0) != (kr.FinalizedFeaturesEpoch < 0):
 		problems = append(problems, fmt.Sprintf("finalized features epoch %d directly, %d through kproxy", dr.FinalizedFeaturesEpoch, kr.FinalizedFeaturesEpoch))
 	case dr.ZkMigrationReady != kr.ZkMigrationReady:
@@ -225,8 +240,8 @@ func compareOpenings(d, k apiExchange) (problems []string, meant string) {
 	}
 	sort.Strings(engine)
 	sort.Strings(capped)
-	meant = fmt.Sprintf("retry v%d: %d keys directly, %d through kproxy, %d identical; capped %v; group keys at the engine's versions %v",
-		d.retryVersion, len(dk), len(kk), same, capped, engine)
+	meant = fmt.Sprintf("%s v%d: %d keys directly, %d through kproxy, %d identical; capped %v; group keys at the engine's versions %v",
+		what, version, len(dk), len(kk), same, capped, engine)
 	return problems, meant
 }
 

@@ -214,3 +214,90 @@ func TestCompareOpenings(t *testing.T) {
 		t.Fatal("a retry at another version passed")
 	}
 }
+
+// TestCompareOpeningsAnsweredAtOnce: a broker that speaks v5 (Kafka 4.4)
+// answers the first request; kproxy's answer then gets the retry's
+// comparison (its edits pass, other changes do not), and a kproxy that
+// answers UNSUPPORTED_VERSION instead fails.
+func TestCompareOpeningsAnsweredAtOnce(t *testing.T) {
+	first := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 18}, [3]int16{2, 1, 11}, [3]int16{18, 0, 5}, [3]int16{88, 0, 1})
+	direct := apiExchange{first: first, firstVersion: 5, retryVersion: -1}
+	edited := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 11}, [3]int16{8, 0, 10}, [3]int16{18, 0, 5})
+	ps, meant := compareOpenings(direct, apiExchange{first: edited, firstVersion: 5, retryVersion: -1})
+	if len(ps) != 0 {
+		t.Fatalf("documented edits (Fetch capped, a group key added, streams groups dropped) reported as problems: %v", ps)
+	}
+	if !strings.HasPrefix(meant, "first answer v5:") {
+		t.Fatalf("summary %q does not say the first answer was compared", meant)
+	}
+	changed := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{18, 0, 5})
+	if ps, _ := compareOpenings(direct, apiExchange{first: changed, firstVersion: 5, retryVersion: -1}); len(ps) != 1 || !strings.Contains(ps[0], "key 2") {
+		t.Fatalf("ListOffsets v1-10 instead of v1-11 through kproxy: got %v", ps)
+	}
+	unsupported := apiAnswer(0, 35, [3]int16{18, 0, 4})
+	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: edited, retryVersion: 4}); len(ps) == 0 {
+		t.Fatal("kproxy answering UNSUPPORTED_VERSION to a broker that speaks v5 passed")
+	}
+}
+
+// TestVersionExpectations: directly against a release older than a row's
+// feature the row must fail (XFAIL, counted as passing) and a pass is a
+// failure; through kproxy, and against releases that have the feature,
+// the outcome stands as it is.
+func TestVersionExpectations(t *testing.T) {
+	for _, c := range []struct{ a, b string }{{"3.6.2", "4.0.0"}, {"3.9.1", "4.0.0"}, {"4.0.0", "4.0.1"}, {"4.1.1", "4.10.0"}} {
+		if !versionLess(c.a, c.b) || versionLess(c.b, c.a) {
+			t.Errorf("versionLess(%s, %s) wrong", c.a, c.b)
+		}
+	}
+	if versionLess("4.0.0", "4.0.0") {
+		t.Error("a version is older than itself")
+	}
+	r := row{name: "java-kip848", needs: kip848}
+	old, cur, unknown := &harness{kafkaVersion: "3.6.2"}, &harness{kafkaVersion: "4.4.0"}, &harness{}
+	if old.expectedLack(r, "direct") == "" {
+		t.Fatal("no expected failure for KIP-848 directly against 3.6.2")
+	}
+	for _, c := range []struct {
+		h    *harness
+		path string
+	}{{old, "kproxy"}, {cur, "direct"}, {cur, "kproxy"}, {unknown, "direct"}} {
+		if lack := c.h.expectedLack(r, c.path); lack != "" {
+			t.Errorf("Kafka %q %s: expected failure %q", c.h.kafkaVersion, c.path, lack)
+		}
+	}
+	if lack := old.expectedLack(row{name: "py-confluent"}, "direct"); lack != "" {
+		t.Errorf("a classic row is expected to fail against 3.6.2: %q", lack)
+	}
+	lack := old.expectedLack(r, "direct")
+	got := applyExpectation(result{pass: false, reason: "UnsupportedVersionException"}, lack)
+	if !got.pass || !got.xfail || got.reason != "" || len(got.notes) == 0 || !strings.Contains(got.notes[0], "UnsupportedVersionException") {
+		t.Errorf("expected failure: %+v", got)
+	}
+	got = applyExpectation(result{pass: true}, lack)
+	if got.pass || got.xfail || !strings.Contains(got.reason, "but it passed") {
+		t.Errorf("unexpected pass: %+v", got)
+	}
+	if got := applyExpectation(result{pass: false, reason: "x"}, ""); got.pass || got.xfail {
+		t.Errorf("a failure without expectation became %+v", got)
+	}
+}
+
+// TestGroupsTopic: the groups topic and mode follow -kproxy-args.
+func TestGroupsTopic(t *testing.T) {
+	for _, c := range []struct {
+		args  []string
+		topic string
+		dist  bool
+	}{
+		{nil, "__kproxy_groups", true},
+		{[]string{"--group-initial-rebalance-delay=0", "--fleet-name", "a"}, "__kproxy_groups.a", true},
+		{[]string{"--fleet-name=b", "--groups=local"}, "__kproxy_groups.b", false},
+		{[]string{"--groups", "forward"}, "__kproxy_groups", false},
+	} {
+		h := &harness{kproxyArgs: c.args}
+		if topic, dist := h.groupsTopic(); topic != c.topic || dist != c.dist {
+			t.Errorf("%v: %s %v, want %s %v", c.args, topic, dist, c.topic, c.dist)
+		}
+	}
+}

@@ -48,6 +48,7 @@ type member struct {
 	owned    []int32
 	events   []event
 	closed   bool
+	stopping bool // the harness asked it to stop (stop or killAll)
 	exited   bool
 	exitErr  error
 	assigns  int
@@ -161,6 +162,14 @@ func (s *scenario) stop(m *member, timeout time.Duration) error {
 	if m.cmd.Process == nil {
 		return nil
 	}
+	s.mu.Lock()
+	if m.exited && !m.stopping {
+		err := s.exitedLocked(m)
+		s.mu.Unlock()
+		return err
+	}
+	m.stopping = true
+	s.mu.Unlock()
 	_ = m.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-m.done:
@@ -191,6 +200,9 @@ func (s *scenario) stop(m *member, timeout time.Duration) error {
 func (s *scenario) killAll(dumpStacks bool) {
 	s.mu.Lock()
 	ms := append([]*member(nil), s.members...)
+	for _, m := range ms {
+		m.stopping = true
+	}
 	s.mu.Unlock()
 	if dumpStacks {
 		for _, m := range ms {

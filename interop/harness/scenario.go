@@ -40,6 +40,10 @@ type row struct {
 	// migration: the row rolls its group from the classic protocol to
 	// the consumer protocol and back (migration.go).
 	migration bool
+	// needs is a broker feature the row's clients require; directly
+	// against a release without it the row is expected to fail
+	// (versions.go). nil = none.
+	needs *feature
 }
 
 // result is one printed line of the table.
@@ -47,6 +51,7 @@ type result struct {
 	row        string
 	path       string
 	pass       bool
+	xfail      bool // failed as the broker version makes it expected to; pass is then true
 	records    int
 	rebalances string
 	settle     string
@@ -118,21 +123,59 @@ func (s *scenario) argsFor(prefix []string, bootstrap, mode, name string, extra 
 	return append(args, extra...)
 }
 
-// waitFor polls cond (called with s.mu held) until it holds or the timeout passes.
+// waitFor polls cond (called with s.mu held) until it holds or the timeout
+// passes. It gives up at once when a member exits on its own (a consumer
+// that was not asked to stop, or a producer that failed): the condition
+// can no longer hold, and a client that refuses the cluster (the Java
+// consumer protocol against a broker without KIP-848) fails in seconds
+// rather than after the timeout.
 func (s *scenario) waitFor(timeout time.Duration, what string, cond func() bool) (time.Duration, error) {
 	start := time.Now()
 	for {
 		s.mu.Lock()
 		ok := cond()
+		crashed := s.crashedLocked()
 		s.mu.Unlock()
 		if ok {
 			return time.Since(start), nil
+		}
+		if crashed != nil {
+			return time.Since(start), fmt.Errorf("gave up waiting for %s: %w", what, crashed)
 		}
 		if time.Since(start) > timeout {
 			return time.Since(start), fmt.Errorf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
+}
+
+// crashedLocked returns an error naming the first member that exited on
+// its own, with its last error event and the tail of its stderr. Callers
+// hold s.mu.
+func (s *scenario) crashedLocked() error {
+	for _, m := range s.members {
+		if !m.exited || m.stopping {
+			continue
+		}
+		if strings.HasPrefix(m.name, "producer") && m.exitErr == nil {
+			continue // a producer that finished its records
+		}
+		return s.exitedLocked(m)
+	}
+	return nil
+}
+
+// exitedLocked describes a member that exited on its own: its exit status,
+// its last error event and the tail of its stderr. Callers hold s.mu.
+func (s *scenario) exitedLocked(m *member) error {
+	last := ""
+	for _, e := range s.errorSamples {
+		if strings.HasPrefix(e, m.name+": ") {
+			last = e
+		}
+	}
+	return fmt.Errorf("%s exited on its own (%v); last error event: %q; stderr tail: %s",
+		m.name, m.exitErr, last, tail(s.logPath(m.name+".stderr"), 300))
 }
 
 // stableLocked reports whether the live members hold every partition exactly
