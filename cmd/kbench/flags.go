@@ -39,7 +39,7 @@ func (x *extraOptions) bind(fs *flag.FlagSet) {
 	fs.IntVar(&x.groupSize, "group-size", 3, "groups mode: members of each small group")
 	fs.IntVar(&x.bigGroup, "big-group", 1000, "groups mode: members of the one large group (0 skips it)")
 	fs.IntVar(&x.groupConns, "group-conns", 16, "groups mode: connections the members share (each member's requests carry their own correlation ids)")
-	targets := fs.String("group-targets", "engine,local", "groups mode: engine (in this process, no wire), local (kproxy --groups local), distributed (kproxy --groups distributed; did not settle 1000 groups of 3 within 5 minutes here)")
+	targets := fs.String("group-targets", "engine,local,distributed", "groups mode: engine (in this process, no wire), local (kproxy --groups local), distributed (kproxy --groups distributed, a fleet of one)")
 	fs.DurationVar(&x.groupHBDur, "group-heartbeat-duration", 5*time.Second, "groups mode: measured heartbeat time per target")
 	fs.DurationVar(&x.groupInitDelay, "group-initial-delay", 300*time.Millisecond, "groups mode: the coordinator's initial rebalance delay, within which a new group's members all join (0: none, and each join of a new group's members rebalances again)")
 	x.targetsFlag = targets

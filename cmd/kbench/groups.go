@@ -99,6 +99,17 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 		rss   func() int64
 		repin = func() error { return nil }
 	)
+	// Small groups share o.groupConns connections and settle in waves;
+	// a single large group gets one connection per member, as real
+	// consumers have. Answers on a connection come in request order, so
+	// a large group's JoinGroups parked for a rebalance would hold back
+	// the answers its other members wait for (a heartbeat telling one to
+	// rejoin), and a rebalance restarted once could not complete before
+	// its timeout.
+	nconns := o.groupConns
+	if groups == 1 {
+		nconns = min(size, 1024)
+	}
 	switch target {
 	case targetEngine:
 		eng, err := groupstate.New(groupstate.Config{
@@ -110,7 +121,7 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 		}
 		defer eng.Close()
 		d := engineDoer(eng)
-		for range o.groupConns {
+		for range nconns {
 			doers = append(doers, d)
 		}
 		cpu = func() (time.Duration, error) { return selfCPU(), nil }
@@ -140,7 +151,7 @@ func groupsOn(ctx context.Context, o options, bin, tmp, target string, groups, s
 				return res, fmt.Errorf("%w (kproxy log: %s)", err, ch.logPath)
 			}
 		}
-		for range o.groupConns {
+		for range nconns {
 			c, err := loadgen.Dial(ctx, ch.addr, loadgen.DialConfig{})
 			if err != nil {
 				return res, fmt.Errorf("%w (kproxy log: %s)", err, ch.logPath)
@@ -279,7 +290,7 @@ func (r *results) printExtra(w io.Writer) {
 	if g == nil {
 		return
 	}
-	fmt.Fprintf(w, "groups: classic members, one heartbeat in flight per member; members share %d connections per kproxy target\n", g.Conns)
+	fmt.Fprintf(w, "groups: classic members, one heartbeat in flight per member; small groups share %d connections per kproxy target, a single large group has one per member\n", g.Conns)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "groups x members\ttarget\tsettle s\tsettle CPU s\theartbeats/s\tcores\tCPU s/M hb\tRSS MB\tfailures\t")
 	for _, sc := range g.Scenarios {
