@@ -45,6 +45,10 @@ var (
 	// serves groups.
 	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true,
 		88: true, 89: true, 93: true}
+	// Minimum raised, maximum the broker's: SaslHandshake v0 is refused
+	// (raw SASL tokens without Kafka framing follow it; clients since
+	// Kafka 1.0 send v1, KIP-152), so kproxy advertises v1 as the lowest.
+	apiRaisedMinKeys = map[int16]int16{17: 1}
 )
 
 // apiExchange is what one connection's opening looked like.
@@ -212,6 +216,12 @@ func compareAnswers(what string, version int16, d, k []byte) (problems []string,
 			} else if !sameRange(a, b) {
 				engine = append(engine, fmt.Sprintf("%d:v%d-%d→v%d-%d", key, a.MinVersion, a.MaxVersion, b.MinVersion, b.MaxVersion))
 			}
+		case apiRaisedMinKeys[key] > 0:
+			if want := max(a.MinVersion, apiRaisedMinKeys[key]); !ok || b.MinVersion != want || b.MaxVersion != a.MaxVersion {
+				problems = append(problems, fmt.Sprintf("key %d: v%d-%d directly, %s through kproxy (want v%d-%d)", key, a.MinVersion, a.MaxVersion, rangeOf(b, ok), want, a.MaxVersion))
+			} else {
+				same++
+			}
 		case apiCappedKeys[key]:
 			switch {
 			case !ok:
@@ -333,4 +343,12 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
+}
+
+// rangeOf prints an advertised key's versions, or "missing".
+func rangeOf(k kmsg.ApiVersionsResponseApiKey, ok bool) string {
+	if !ok {
+		return "missing"
+	}
+	return fmt.Sprintf("v%d-%d", k.MinVersion, k.MaxVersion)
 }

@@ -240,6 +240,26 @@ func TestCompareOpeningsAnsweredAtOnce(t *testing.T) {
 	}
 }
 
+// TestCompareOpeningsSaslHandshakeMin: kproxy refuses SaslHandshake v0,
+// so it advertises v1-1 where the broker says v0-1; any other change of
+// the key is a problem.
+func TestCompareOpeningsSaslHandshakeMin(t *testing.T) {
+	direct := apiExchange{first: apiAnswer(5, 0, [3]int16{17, 0, 1}, [3]int16{18, 0, 5}), firstVersion: 5, retryVersion: -1}
+	raised := apiAnswer(5, 0, [3]int16{17, 1, 1}, [3]int16{18, 0, 5})
+	if ps, _ := compareOpenings(direct, apiExchange{first: raised, firstVersion: 5, retryVersion: -1}); len(ps) != 0 {
+		t.Fatalf("SaslHandshake v1-1 through kproxy reported: %v", ps)
+	}
+	for _, bad := range [][]byte{
+		apiAnswer(5, 0, [3]int16{17, 0, 1}, [3]int16{18, 0, 5}), // v0 still advertised
+		apiAnswer(5, 0, [3]int16{17, 1, 0}, [3]int16{18, 0, 5}), // max changed
+		apiAnswer(5, 0, [3]int16{18, 0, 5}),                     // missing
+	} {
+		if ps, _ := compareOpenings(direct, apiExchange{first: bad, firstVersion: 5, retryVersion: -1}); len(ps) == 0 {
+			t.Errorf("SaslHandshake advertised wrongly through kproxy passed: %x", bad)
+		}
+	}
+}
+
 // TestVersionExpectations: directly against a release older than a row's
 // feature the row must fail (XFAIL, counted as passing) and a pass is a
 // failure; through kproxy, and against releases that have the feature,
