@@ -108,6 +108,20 @@ func (f *fenceLog) get() []int32 {
 	return append([]int32(nil), f.calls...)
 }
 
+// await returns the calls once there are n of them, or what there is
+// after two seconds: a fenced write's callers are answered before the
+// claim ends and OnFenced runs.
+func (f *fenceLog) await(n int) []int32 {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		c := f.get()
+		if len(c) >= n || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // store returns a transactional store over a new client; its OnFenced
 // calls go to the returned log.
 func (tc *txnCluster) store(linger time.Duration) (*Store, *fenceLog) {
@@ -351,7 +365,7 @@ func TestTxnSecondOwnerFencesFirst(t *testing.T) {
 	if _, err := a.CommitOffsets(ctx, g, commit(0, 666)); !isNotCoordinator(err) {
 		t.Fatalf("commit after the fence: %v", err)
 	}
-	if f := aFences.get(); len(f) != 1 || f[0] != p {
+	if f := aFences.await(1); len(f) != 1 || f[0] != p {
 		t.Fatalf("OnFenced of a: %v", f)
 	}
 	commitOK(t, ctx, b, g, 0, 20)
@@ -403,7 +417,7 @@ func TestTxnFencedCommitFirst(t *testing.T) {
 	if o := tc.offsetOf(ctx, g, 1); o != 7 {
 		t.Fatalf("offset upstream: %d, want 7", o)
 	}
-	if f := aFences.get(); len(f) != 1 {
+	if f := aFences.await(1); len(f) != 1 {
 		t.Fatalf("OnFenced of a: %v", f)
 	}
 }
@@ -454,7 +468,7 @@ func TestTxnZombieEndTxn(t *testing.T) {
 	if err := <-saved; !isNotCoordinator(err) {
 		t.Fatalf("the zombie's save: %v", err)
 	}
-	if f := aFences.get(); len(f) != 1 || f[0] != p {
+	if f := aFences.await(1); len(f) != 1 || f[0] != p {
 		t.Fatalf("OnFenced of a: %v", f)
 	}
 	if _, found, err := b.LoadGroupMetadata(ctx, g); err != nil || found {
