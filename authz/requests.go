@@ -154,22 +154,17 @@ func topicOf(n string, id [16]byte, name TopicName) (string, bool) {
 }
 
 func offsetCommit(r *kmsg.OffsetCommitRequest, can Can, name TopicName) Decision {
-	var allowed []kmsg.OffsetCommitRequestTopic
-	var denied []kmsg.OffsetCommitResponseTopic
+	var allowed, refused []kmsg.OffsetCommitRequestTopic
 	for _, t := range r.Topics {
 		if n, ok := topicOf(t.Topic, t.TopicID, name); ok && can(topic, n, read) {
 			allowed = append(allowed, t)
-			continue
+		} else {
+			refused = append(refused, t)
 		}
-		rt := kmsg.NewOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewOffsetCommitResponseTopicPartition()
-			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		denied = append(denied, rt)
 	}
+	dr := *r
+	dr.Topics = refused
+	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.OffsetCommitResponse).Topics
 	if len(allowed) == 0 {
 		// As the broker: nothing left to commit, the coordinator is
 		// not asked.
@@ -192,22 +187,17 @@ func offsetCommit(r *kmsg.OffsetCommitRequest, can Can, name TopicName) Decision
 }
 
 func txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, can Can) Decision {
-	var allowed []kmsg.TxnOffsetCommitRequestTopic
-	var denied []kmsg.TxnOffsetCommitResponseTopic
+	var allowed, refused []kmsg.TxnOffsetCommitRequestTopic
 	for _, t := range r.Topics {
 		if can(topic, t.Topic, read) {
 			allowed = append(allowed, t)
-			continue
+		} else {
+			refused = append(refused, t)
 		}
-		rt := kmsg.NewTxnOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		denied = append(denied, rt)
 	}
+	dr := *r
+	dr.Topics = refused
+	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.TxnOffsetCommitResponse).Topics
 	if len(allowed) == 0 {
 		resp := kmsg.NewPtrTxnOffsetCommitResponse()
 		resp.SetVersion(r.Version)

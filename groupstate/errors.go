@@ -100,18 +100,7 @@ func errorResponse(req kmsg.Request, code int16) kmsg.Response {
 
 // commitError answers every partition of an OffsetCommit with code.
 func commitError(r *kmsg.OffsetCommitRequest, code int16) *kmsg.OffsetCommitResponse {
-	resp := kmsg.NewPtrOffsetCommitResponse()
-	for _, t := range r.Topics {
-		rt := kmsg.NewOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewOffsetCommitResponseTopicPartition()
-			rp.Partition, rp.ErrorCode = p.Partition, code
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		resp.Topics = append(resp.Topics, rt)
-	}
-	return resp
+	return codec.GroupErrorResponse(r, code).(*kmsg.OffsetCommitResponse)
 }
 
 // joinError is a JoinGroup response carrying only an error and member id.
