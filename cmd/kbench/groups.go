@@ -284,7 +284,11 @@ func waitForCoordinator(ctx context.Context, addr string) error {
 // printExtra writes the pinning line and the groups table.
 func (r *results) printExtra(w io.Writer) {
 	if r.Pinned {
-		fmt.Fprintf(w, "pinned: kproxy on CPU %d (GOMAXPROCS=1), kbench (clients and broker) on CPU %d, in the direct and the proxied runs\n\n", proxyCPU, benchCPU)
+		spin := "no idle spinners (--pin-spin=false): halted vCPUs wake through the hypervisor"
+		if r.PinSpin {
+			spin = "a SCHED_IDLE spinner on each CPU keeps it from halting (--pin-spin)"
+		}
+		fmt.Fprintf(w, "pinned: kproxy on CPU %d (GOMAXPROCS=1), kbench (clients and broker) on CPU %d, in the direct and the proxied runs; %s\n\n", proxyCPU, benchCPU, spin)
 	}
 	g := r.Groups
 	if g == nil {

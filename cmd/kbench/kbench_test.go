@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -97,5 +100,53 @@ func TestModeRatios(t *testing.T) {
 	}
 	if d := m.AddedP99Ms - 0.1; d > 1e-9 || d < -1e-9 {
 		t.Errorf("added p99 = %v, want 0.1", m.AddedP99Ms)
+	}
+}
+
+// TestRelayConn: the relay baseline copies both ways and passes a
+// half-close on, as a Kafka connection through kproxy would see it.
+func TestRelayConn(t *testing.T) {
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		c, err := echo.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(c, c) // until the relay passes the client's half-close on
+	}()
+	front, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer front.Close()
+	go func() {
+		c, err := front.Accept()
+		if err != nil {
+			return
+		}
+		relayConn(c, echo.Addr().String())
+	}()
+	c, err := net.Dial("tcp", front.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	want := bytes.Repeat([]byte("kafka"), 100000) // larger than a socket buffer: both directions stream
+	go func() {
+		c.Write(want)
+		c.(*net.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("reading through the relay: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("relay returned %d bytes, want the %d sent", len(got), len(want))
 	}
 }

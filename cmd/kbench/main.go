@@ -125,6 +125,12 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == idleWorkerArg {
 		os.Exit(idleWorkerMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == relayWorkerArg {
+		os.Exit(relayWorkerMain(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == spinWorkerArg {
+		os.Exit(spinWorkerMain(os.Args[2:]))
+	}
 	o, err := parseOptions(os.Args[1:])
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -189,6 +195,14 @@ func run(ctx context.Context, o options) (*results, error) {
 	if o.pin {
 		if err := pinSelf(); err != nil {
 			return nil, err
+		}
+		if o.pinSpin {
+			stop, err := startSpinners(benchCPU, proxyCPU)
+			if err != nil {
+				return nil, err
+			}
+			defer stop()
+			res.PinSpin = true
 		}
 	}
 	for _, mode := range o.modes {

@@ -23,6 +23,7 @@ type results struct {
 	LoadEnd     string        `json:"loadavg_end"`
 	Modes       []modeResult  `json:"modes"`
 	Pinned      bool          `json:"pinned"`               // --pin: kproxy on its own CPU
+	PinSpin     bool          `json:"pin_spin,omitempty"`   // --pin-spin: idle spinners kept both CPUs awake
 	Groups      *groupsResult `json:"groups,omitempty"`     // --mode groups
 	ManyConns   *connsResult  `json:"many_conns,omitempty"` // the conns mode (conns.go)
 }
