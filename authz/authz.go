@@ -326,6 +326,17 @@ func newCache(fetch func(context.Context) ([]ACL, error), base Set, ttl time.Dur
 // decision is a denial until they can. It wraps the last read's error.
 var ErrStale = errors.New("authz: cluster ACLs unavailable")
 
+// Fresh returns the set when it was read within the TTL, without
+// blocking; nil when it must be read again (Set).
+func (c *Cache) Fresh() *Set {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.set != nil && time.Since(c.fetched) < c.ttl {
+		return c.set
+	}
+	return nil
+}
+
 // Set returns the current ACL set, reading it again when older than the
 // TTL. One read runs at a time, outside the lock: while it runs, callers
 // get the previous set if it is still usable (under three TTLs old) and

@@ -103,3 +103,30 @@ func TestIndexedDecisionsMatchTheScan(t *testing.T) {
 		}
 	}
 }
+
+// TestCacheFresh: Fresh gives the set only while it is within the TTL
+// and never reads; past it the caller must go through Set.
+func TestCacheFresh(t *testing.T) {
+	var calls atomic.Int32
+	c := newCache(func(context.Context) ([]ACL, error) {
+		calls.Add(1)
+		return nil, nil
+	}, Set{}, 50*time.Millisecond)
+	if s := c.Fresh(); s != nil {
+		t.Fatal("Fresh before the first read returned a set")
+	}
+	read, err := c.Set(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := c.Fresh(); s != read {
+		t.Fatalf("Fresh within the TTL = %p, want the set just read %p", s, read)
+	}
+	time.Sleep(60 * time.Millisecond)
+	if s := c.Fresh(); s != nil {
+		t.Fatal("Fresh past the TTL returned the old set")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d reads, want 1: Fresh must not read", n)
+	}
+}

@@ -13,6 +13,12 @@ import (
 
 // ACLSource gives the cluster's current ACLs (authz.Cache).
 type ACLSource interface {
+	// Fresh returns the ACLs when they are current, without blocking;
+	// nil otherwise. Every request asks it first, so that the common
+	// case costs no context and no timer.
+	Fresh() *authz.Set
+	// Set returns the ACLs, reading them from the cluster if they are
+	// stale, within ctx.
 	Set(ctx context.Context) (*authz.Set, error)
 }
 
@@ -74,9 +80,9 @@ func NewAuthorizer(inner Coordinator, cfg AuthorizerConfig) *Authorizer {
 
 // can is the decision function for c's principal: every answer false
 // when the ACLs cannot be read (fail closed).
-func (a *Authorizer) can(ctx context.Context, c Client) authz.Can {
+func (a *Authorizer) can(c Client) authz.Can {
 	never := func(kmsg.ACLResourceType, string, kmsg.ACLOperation) bool { return false }
-	set, err := a.cfg.ACLs.Set(ctx)
+	set, err := a.aclSet()
 	if err != nil {
 		if now, last := nanotime(), a.lastLog.Load(); now-last > int64(10*time.Second) && a.lastLog.CompareAndSwap(last, now) {
 			a.log.Error("group requests denied: the cluster's ACLs cannot be read", "err", err)
@@ -101,11 +107,20 @@ func (a *Authorizer) can(ctx context.Context, c Client) authz.Can {
 	}
 }
 
-// Handle implements Coordinator.
-func (a *Authorizer) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
+// aclSet returns the current ACLs, reading them within the timeout
+// when they are stale.
+func (a *Authorizer) aclSet() (*authz.Set, error) {
+	if s := a.cfg.ACLs.Fresh(); s != nil {
+		return s, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 	defer cancel()
-	d := authz.Authorize(req, a.can(ctx, c), a.topicNames(ctx, req))
+	return a.cfg.ACLs.Set(ctx)
+}
+
+// Handle implements Coordinator.
+func (a *Authorizer) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
+	d := authz.Authorize(req, a.can(c), a.topicNames(req))
 	if d.Answer != nil {
 		a.log.Debug("group request denied", "api", kmsg.NameForKey(req.Key()), "principal", c.Principal, "client", c.ID, "host", c.Host)
 		reply(d.Answer)
@@ -121,15 +136,13 @@ func (a *Authorizer) Handle(c Client, req kmsg.Request, reply func(kmsg.Response
 // AuthorizeFindCoordinator implements FindCoordinatorAuthorizer: a group
 // key needs DESCRIBE on the group.
 func (a *Authorizer) AuthorizeFindCoordinator(c Client, group string) int16 {
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
-	defer cancel()
-	return authz.FindCoordinatorCode(a.can(ctx, c), 0, group)
+	return authz.FindCoordinatorCode(a.can(c), 0, group)
 }
 
 // topicNames names the topic ids of req and of its answer (an
 // all-topics OffsetFetch v10 answers with ids): those req gives are
 // resolved at once, any other on first use.
-func (a *Authorizer) topicNames(ctx context.Context, req kmsg.Request) authz.TopicName {
+func (a *Authorizer) topicNames(req kmsg.Request) authz.TopicName {
 	if a.cfg.TopicNames == nil {
 		return nil
 	}
@@ -155,8 +168,11 @@ func (a *Authorizer) topicNames(ctx context.Context, req kmsg.Request) authz.Top
 	}
 	var names map[[16]byte]string
 	if len(ids) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 		var err error
-		if names, err = a.cfg.TopicNames(ctx, ids); err != nil {
+		names, err = a.cfg.TopicNames(ctx, ids)
+		cancel()
+		if err != nil {
 			a.log.Warn("topic ids cannot be named: their offsets are denied", "err", err)
 		}
 	}
