@@ -81,23 +81,9 @@ type idleWorker struct {
 // startIdleWorker starts a worker holding connections [active, total) to
 // addr and waits until they are open.
 func startIdleWorker(ctx context.Context, addr string, co connsOptions) (*idleWorker, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("idle worker: %w", err)
-	}
-	cmd := exec.Command(self, idleWorkerArg, addr, strconv.Itoa(co.active), strconv.Itoa(co.total), strconv.Itoa(co.perIP), co.heartbeat.String())
-	setChildAttrs(cmd)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	cmd, in, out, err := startWorker("idle worker", nil, idleWorkerArg, addr, strconv.Itoa(co.active), strconv.Itoa(co.total), strconv.Itoa(co.perIP), co.heartbeat.String())
 	if err != nil {
 		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("idle worker: %w", err)
 	}
 	w := &idleWorker{cmd: cmd, in: in, lines: make(chan string, 4)}
 	go func() {

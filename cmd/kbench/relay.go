@@ -94,26 +94,13 @@ type relay struct {
 
 // startRelay starts a relay to upstream, pinned to cpu unless it is -1.
 func startRelay(upstream string, cpu int) (*relay, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
-	}
-	cmd := exec.Command(self, relayWorkerArg, upstream, strconv.Itoa(cpu))
-	setChildAttrs(cmd)
+	var env []string
 	if cpu >= 0 {
-		cmd.Env = append(os.Environ(), "GOMAXPROCS=1") // as the pinned kproxy
+		env = []string{"GOMAXPROCS=1"} // as the pinned kproxy
 	}
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
+	cmd, in, out, err := startWorker("relay", env, relayWorkerArg, upstream, strconv.Itoa(cpu))
 	if err != nil {
 		return nil, err
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
 	}
 	r := &relay{cmd: cmd, in: in}
 	line, err := bufio.NewReader(out).ReadString('\n')

@@ -57,10 +57,6 @@ func spinWorkerMain(args []string) int {
 // startSpinners starts one spinner per CPU of cpus and returns a function
 // that stops them. The kernel kills them if kbench dies first.
 func startSpinners(cpus ...int) (stop func(), err error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("idle spinner: %w", err)
-	}
 	var cmds []*exec.Cmd
 	stop = func() {
 		for _, c := range cmds {
@@ -69,18 +65,10 @@ func startSpinners(cpus ...int) (stop func(), err error) {
 		}
 	}
 	for _, cpu := range cpus {
-		cmd := exec.Command(self, spinWorkerArg, strconv.Itoa(cpu))
-		setChildAttrs(cmd)
-		cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
+		cmd, _, out, err := startWorker("idle spinner", []string{"GOMAXPROCS=1"}, spinWorkerArg, strconv.Itoa(cpu))
 		if err != nil {
 			stop()
 			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			stop()
-			return nil, fmt.Errorf("idle spinner: %w", err)
 		}
 		cmds = append(cmds, cmd)
 		// The spinner says so once it is SCHED_IDLE and pinned; before
