@@ -139,6 +139,12 @@ func childProxyMain() int {
 
 // acceptFDErrors reads kproxy.accept.errors{reason=file_descriptors}.
 func acceptFDErrors(r *sdkmetric.ManualReader) int64 {
+	return counterByReason(r, "kproxy.accept.errors", "file_descriptors")
+}
+
+// counterByReason reads the int64 counter name{reason=reason}; -1 when
+// collecting fails.
+func counterByReason(r *sdkmetric.ManualReader, name, reason string) int64 {
 	var rm metricdata.ResourceMetrics
 	if err := r.Collect(context.Background(), &rm); err != nil {
 		return -1
@@ -147,11 +153,11 @@ func acceptFDErrors(r *sdkmetric.ManualReader) int64 {
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != "kproxy.accept.errors" || !ok {
+			if m.Name != name || !ok {
 				continue
 			}
 			for _, dp := range sum.DataPoints {
-				if v, _ := dp.Attributes.Value("reason"); v.AsString() == "file_descriptors" {
+				if v, _ := dp.Attributes.Value("reason"); v.AsString() == reason {
 					n += dp.Value
 				}
 			}

@@ -22,17 +22,18 @@ const numRoutes = codec.Refuse
 type refusal uint8
 
 const (
-	refusedNone        refusal = iota
-	refusedTooLarge            // a held frame over its API's limit
-	refusedBudget              // the process-wide frame budget is spent
-	refusedConnLimit           // over the total connection limit
-	refusedHostLimit           // over the per-host connection limit
-	refusedReadTimeout         // a request not complete within the read timeout
-	refusedIdle                // a connection idle past the idle timeout
+	refusedNone            refusal = iota
+	refusedTooLarge                // a held frame over its API's limit
+	refusedBudget                  // the process-wide frame budget is spent
+	refusedConnLimit               // over the total connection limit
+	refusedHostLimit               // over the per-host connection limit
+	refusedReadTimeout             // a request not complete within the read timeout
+	refusedIdle                    // a connection idle past the idle timeout
+	refusedUnauthenticated         // a group request before SASL completed, where the cluster requires it
 	numRefusals
 )
 
-var refusalNames = [numRefusals]string{"none", "frame_too_large", "frame_memory", "connection_limit", "host_connection_limit", "read_timeout", "idle_timeout"}
+var refusalNames = [numRefusals]string{"none", "frame_too_large", "frame_memory", "connection_limit", "host_connection_limit", "read_timeout", "idle_timeout", "unauthenticated"}
 
 // processStart anchors nanotime so that slots carry a plain int64.
 var processStart = time.Now()
@@ -92,7 +93,7 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	x.conns, _ = m.Int64UpDownCounter("kproxy.connections.open", metric.WithDescription("Open client connections."))
 	x.upErrors, _ = m.Int64Counter("kproxy.upstream.errors", metric.WithDescription("Failed dials and metadata requests to upstream brokers."))
 	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
-	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts."))
+	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts, group requests before SASL authentication."))
 	x.acceptEr, _ = m.Int64Counter("kproxy.accept.errors", metric.WithDescription("Failed accepts, by reason: file_descriptors (EMFILE, ENFILE: out of file descriptors) or other; the listener backs off from 5ms to 1s and keeps accepting."))
 	for i, reason := range []string{"other", "file_descriptors"} {
 		x.accOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))}

@@ -165,6 +165,7 @@ func (s *session) authGate(h codec.RequestHeader) error {
 	done, principal := s.sasl.done, s.sasl.principal
 	s.sasl.mu.Unlock()
 	if s.p.cfg.RequireSASL && !done {
+		s.p.metrics.refused(refusedUnauthenticated)
 		return fmt.Errorf("%w: %s before completing SASL authentication; the cluster requires SASL (kproxy's own client uses it), and a broker accepts only ApiVersions, SaslHandshake and SaslAuthenticate before authentication",
 			errUnauthenticated, kmsg.NameForKey(h.Key))
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/kproxy/kproxy/codec"
 	"github.com/kproxy/kproxy/internal/testcert"
@@ -30,7 +31,7 @@ import (
 // saslSession is a session with only what the SASL observation needs.
 func saslSession(requireSASL bool, logs *bytes.Buffer) *session {
 	return &session{
-		p:   &Proxy{cfg: Config{RequireSASL: requireSASL}},
+		p:   &Proxy{cfg: Config{RequireSASL: requireSASL}, metrics: newMetrics(nil)},
 		log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 }
@@ -211,5 +212,21 @@ func TestMTLSPrincipal(t *testing.T) {
 		if got.Principal != "User:CN=alice,OU=eng,O=acme" || !got.Authenticated || net.ParseIP(got.Host) == nil {
 			t.Fatalf("coordinator saw client %+v, want principal User:CN=alice,OU=eng,O=acme from an IP", got)
 		}
+	}
+}
+
+// TestUnauthenticatedCloseCounted: a group request refused for want of
+// SASL is counted as kproxy.refused{reason=unauthenticated}, so that an
+// operator sees clients that skip authentication.
+func TestUnauthenticatedCloseCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	var logs bytes.Buffer
+	s := saslSession(true, &logs)
+	s.p.metrics = newMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err := s.authGate(codec.RequestHeader{Key: codec.KeyJoinGroup}); !errors.Is(err, errUnauthenticated) {
+		t.Fatalf("gate before SASL: %v, want errUnauthenticated", err)
+	}
+	if n := counterByReason(reader, "kproxy.refused", "unauthenticated"); n != 1 {
+		t.Fatalf("kproxy.refused{reason=unauthenticated} = %d, want 1", n)
 	}
 }
