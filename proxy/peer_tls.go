@@ -17,9 +17,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"os"
 )
 
 // PeerTLSDialer returns a Dialer for the peer wire over mutual TLS: it
@@ -64,29 +62,6 @@ func PeerTLSDialer(src *TLSSource, serverName string) (Dialer, error) {
 // it closes c and logs one line saying why.
 func (s *PeerServer) peerHandshake(c net.Conn) (net.Conn, bool) {
 	src := s.cfg.TLS
-	ctx, cancel := context.WithTimeout(s.ctx, src.cfg.HandshakeTimeout)
-	defer cancel()
-	tc := tls.Server(c, src.ServerConfig())
-	err := tc.HandshakeContext(ctx)
-	if err == nil {
-		return tc, true
-	}
-	c.Close()
-	remote := c.RemoteAddr().String()
-	var rec tls.RecordHeaderError
-	switch {
-	case s.ctx.Err() != nil:
-		// Closing.
-	case errors.As(err, &rec):
-		s.log.Warn("closing peer connection", "remote", remote,
-			"reason", "not a TLS handshake: plaintext sent to a TLS peer listener (the other kproxy needs --peer-tls-cert, --peer-tls-key and --peer-tls-ca)")
-	case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
-		s.log.Warn("closing peer connection", "remote", remote,
-			"reason", fmt.Sprintf("TLS handshake not complete within %v", src.cfg.HandshakeTimeout))
-	case errors.Is(err, io.EOF):
-		s.log.Debug("peer closed before its TLS handshake", "remote", remote)
-	default:
-		s.log.Warn("closing peer connection", "remote", remote, "reason", "TLS handshake failed: "+err.Error())
-	}
-	return nil, false
+	return serverHandshake(s.ctx, c, src.ServerConfig(), src.cfg.HandshakeTimeout, s.log, "peer",
+		"plaintext sent to a TLS peer listener (the other kproxy needs --peer-tls-cert, --peer-tls-key and --peer-tls-ca)")
 }

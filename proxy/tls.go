@@ -238,10 +238,19 @@ func (s *TLSSource) ServerConfig() *tls.Config {
 // timeout and by the proxy's shutdown. On failure it closes c and logs
 // one line saying why.
 func (p *Proxy) handshake(c net.Conn) (net.Conn, bool) {
-	ctx, cancel := context.WithTimeout(p.ctx, p.tlsSrc.cfg.HandshakeTimeout)
+	return serverHandshake(p.ctx, c, p.tlsServer, p.tlsSrc.cfg.HandshakeTimeout, p.log, "client",
+		"plaintext sent to a TLS listener (the client needs security.protocol SSL or SASL_SSL)")
+}
+
+// serverHandshake is the server side of TLS on c for a listener of kind
+// ("client", "peer"), bounded by timeout and by ctx (the listener's
+// closing). On failure it closes c and logs one line saying why;
+// plaintext says what a plaintext client got wrong.
+func serverHandshake(ctx context.Context, c net.Conn, cfg *tls.Config, timeout time.Duration, log *slog.Logger, kind, plaintext string) (net.Conn, bool) {
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tc := tls.Server(c, p.tlsServer)
-	err := tc.HandshakeContext(ctx)
+	tc := tls.Server(c, cfg)
+	err := tc.HandshakeContext(hctx)
 	if err == nil {
 		return tc, true
 	}
@@ -249,19 +258,18 @@ func (p *Proxy) handshake(c net.Conn) (net.Conn, bool) {
 	remote := c.RemoteAddr().String()
 	var rec tls.RecordHeaderError
 	switch {
-	case p.ctx.Err() != nil:
-		// Shutting down.
+	case ctx.Err() != nil:
+		// Closing.
 	case errors.As(err, &rec):
-		p.log.Warn("closing client connection", "remote", remote,
-			"reason", "not a TLS handshake: plaintext sent to a TLS listener (the client needs security.protocol SSL or SASL_SSL)")
-	case ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
-		p.log.Warn("closing client connection", "remote", remote,
-			"reason", fmt.Sprintf("TLS handshake not complete within %v", p.tlsSrc.cfg.HandshakeTimeout))
+		log.Warn("closing "+kind+" connection", "remote", remote, "reason", "not a TLS handshake: "+plaintext)
+	case hctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
+		log.Warn("closing "+kind+" connection", "remote", remote,
+			"reason", fmt.Sprintf("TLS handshake not complete within %v", timeout))
 	case errors.Is(err, io.EOF):
 		// A port check (TCP connect, close): nothing to report.
-		p.log.Debug("client closed before its TLS handshake", "remote", remote)
+		log.Debug(kind+" closed before its TLS handshake", "remote", remote)
 	default:
-		p.log.Warn("closing client connection", "remote", remote, "reason", "TLS handshake failed: "+err.Error())
+		log.Warn("closing "+kind+" connection", "remote", remote, "reason", "TLS handshake failed: "+err.Error())
 	}
 	return nil, false
 }
