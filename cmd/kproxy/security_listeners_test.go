@@ -49,7 +49,10 @@ func startServe(t *testing.T, args ...string) *servedKproxy {
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case err := <-done:
+			if err != nil {
+				t.Errorf("run: %v", err)
+			}
 		case <-time.After(20 * time.Second):
 			t.Error("kproxy did not stop")
 		}
@@ -89,7 +92,7 @@ func TestPeerMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close) // after the kproxies stop (their cleanups run first)
 	dir := t.TempDir()
 	fleetCA, otherCA := testcert.NewCA(t, "fleet CA"), testcert.NewCA(t, "other CA")
 	caFile := fleetCA.WriteCA(t, dir, "fleet-ca")
@@ -200,7 +203,7 @@ func TestAdminHTTPS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close) // after the kproxies stop (their cleanups run first)
 	dir := t.TempDir()
 	serverCA, clientCA, otherCA := testcert.NewCA(t, "admin CA"), testcert.NewCA(t, "operators CA"), testcert.NewCA(t, "other CA")
 	cert, key := serverCA.Issue(t, "admin").Write(t, dir, "admin")

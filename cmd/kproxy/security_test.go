@@ -11,9 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,24 +22,6 @@ import (
 
 	"github.com/kproxy/kproxy/internal/testcert"
 )
-
-// syncBuffer collects log output from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestServeSASLSSLUpstream runs `kproxy serve`'s wiring, from its flags,
 // in front of a cluster that requires TLS and SCRAM-SHA-256 (kfake in
@@ -64,7 +44,7 @@ func TestServeSASLSSLUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(c.Close) // after kproxy stops (startServe's cleanup runs first)
 
 	dir := t.TempDir()
 	caFile := clusterCA.WriteCA(t, dir, "cluster-ca")
@@ -74,7 +54,6 @@ func TestServeSASLSSLUpstream(t *testing.T) {
 	const token = "admin-t0ken-value"
 	os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
 
-	cmd, f := serveCmd()
 	args := []string{
 		"--upstream", strings.Join(c.ListenAddrs(), ","), "--listen", "127.0.0.1:0",
 		"--admin-listen", "127.0.0.1:0", "--admin-token-file", tokenFile,
@@ -91,43 +70,10 @@ func TestServeSASLSSLUpstream(t *testing.T) {
 		// authorization).
 		"--group-authorization", "off",
 	}
-	if err := cmd.Flags().Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := f.resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cfg.validate(); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, log, func(addr string) { ready <- addr }) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("run: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("kproxy did not stop")
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		t.Fatalf("kproxy serve did not start: %v\n%s", err, logs)
-	case <-time.After(20 * time.Second):
-		t.Fatalf("kproxy serve did not start in 20s\n%s", logs)
-	}
+	k := startServe(t, args...)
+	addr, logs := k.addr, k.logs
 
-	tctx, tcancel := context.WithTimeout(ctx, 30*time.Second)
+	tctx, tcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer tcancel()
 	appSASL := kgo.SASL(scram.Auth{User: "app", Pass: "app-password"}.AsSha256Mechanism())
 	appTLS := kgo.DialTLSConfig(&tls.Config{RootCAs: listenerCA.Pool()})
@@ -183,11 +129,7 @@ func TestServeSASLSSLUpstream(t *testing.T) {
 	})
 
 	// Admin: token required except for the probes.
-	m := regexp.MustCompile(`msg="admin server listening" addr=(\S+)`).FindStringSubmatch(logs.String())
-	if m == nil {
-		t.Fatalf("no admin address logged:\n%s", logs)
-	}
-	adminURL := "http://" + m[1]
+	adminURL := k.adminURL(t)
 	var bodies strings.Builder
 	get := func(path, tok string) int {
 		req, _ := http.NewRequestWithContext(tctx, http.MethodGet, adminURL+path, nil)
@@ -371,7 +313,7 @@ func TestTapWithAdminToken(t *testing.T) {
 		fmt.Fprintf(w, "id: 1\ndata: {\"seq\":1,\"kind\":\"member_left\",\"group\":\"g\"}\n\n")
 	})))
 	defer srv.Close()
-	var out, errOut lockedBuffer
+	var out, errOut syncBuffer
 	if err := runTap(context.Background(), tapOptions{admin: srv.URL}, &out, &errOut); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("tap without the token: %v, want a 401 refusal", err)
 	}

@@ -16,26 +16,27 @@ import (
 	"github.com/kproxy/kproxy/tap"
 )
 
-// lockedBuffer is a bytes.Buffer safe for the tap goroutine and the test.
-type lockedBuffer struct {
+// syncBuffer collects output from many goroutines (kproxy's logs, the
+// tap's output) for the test to read.
+type syncBuffer struct {
 	mu sync.Mutex // guards b
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *syncBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *syncBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
 }
 
 // waitLines polls buf until it holds n lines.
-func waitLines(t *testing.T, buf *lockedBuffer, n int) []string {
+func waitLines(t *testing.T, buf *syncBuffer, n int) []string {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -113,7 +114,7 @@ func TestTapCommandPrintsEvents(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var out, errOut lockedBuffer
+			var out, errOut syncBuffer
 			done := make(chan error, 1)
 			go func() { done <- runTap(ctx, tc.opts, &out, &errOut) }()
 			lines := waitLines(t, &out, tc.n)
@@ -141,7 +142,7 @@ func TestTapCommandFailsWhenAdminIsDown(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL
 	srv.Close()
-	var out, errOut lockedBuffer
+	var out, errOut syncBuffer
 	err := runTap(context.Background(), tapOptions{admin: url}, &out, &errOut)
 	if err == nil || !strings.Contains(err.Error(), "connecting") {
 		t.Errorf("runTap against a closed server: %v", err)
@@ -170,7 +171,7 @@ func TestTapCommandResumesAfterDrop(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut lockedBuffer
+	var out, errOut syncBuffer
 	done := make(chan error, 1)
 	go func() { done <- runTap(ctx, tapOptions{admin: srv.URL, retry: time.Millisecond}, &out, &errOut) }()
 	waitLines(t, &out, 3)
