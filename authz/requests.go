@@ -280,21 +280,17 @@ func offsetFetch(r *kmsg.OffsetFetchRequest, can Can, name TopicName) Decision {
 			}}
 		}
 		allowed := []kmsg.OffsetFetchRequestTopic{}
-		var denied []kmsg.OffsetFetchResponseTopic
+		var refused []kmsg.OffsetFetchRequestTopic
 		for _, t := range r.Topics {
 			if can(topic, t.Topic, desc) {
 				allowed = append(allowed, t)
-				continue
+			} else {
+				refused = append(refused, t)
 			}
-			rt := kmsg.NewOffsetFetchResponseTopic()
-			rt.Topic = t.Topic
-			for _, p := range t.Partitions {
-				rp := kmsg.NewOffsetFetchResponseTopicPartition()
-				rp.Partition, rp.Offset, rp.LeaderEpoch, rp.ErrorCode = p, -1, -1, codeTopicAuth
-				rt.Partitions = append(rt.Partitions, rp)
-			}
-			denied = append(denied, rt)
 		}
+		dr := *r
+		dr.Topics = refused
+		denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.OffsetFetchResponse).Topics
 		if len(denied) == 0 {
 			return Decision{Pass: r}
 		}
