@@ -438,6 +438,11 @@ cmd_stop() {
 			if ((SECONDS >= deadline)); then
 				log "pid $pid did not stop in 30s; killing it"
 				kill -KILL "$pid" 2>/dev/null || true
+				# Until it is gone: its ports stay open until then, and
+				# the next start checks them (a node of a cluster whose
+				# nodes all stop at once can wait out its controlled
+				# shutdown for want of a quorum).
+				while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
 				break
 			fi
 			sleep 0.2
