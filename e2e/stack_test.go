@@ -7,6 +7,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
@@ -67,8 +69,10 @@ func newStack(t testing.TB, opts ...stackOpt) *stack {
 	t.Cleanup(c.Close)
 	s.cluster = c
 	for _, key := range []int16{11, 12, 13, 14} {
-		c.ControlKey(key, func(kmsg.Request) (kmsg.Response, error, bool) {
-			s.brokerGroupReqs[key].Add(1)
+		c.ControlKey(key, func(req kmsg.Request) (kmsg.Response, error, bool) {
+			if !anchorRequest(req) {
+				s.brokerGroupReqs[key].Add(1)
+			}
 			return nil, nil, false
 		})
 	}
@@ -140,6 +144,24 @@ func (s *stack) assertBrokersSawNoGroupTraffic() {
 			s.t.Fatalf("the brokers received %d %s requests", n, kmsg.NameForKey(key))
 		}
 	}
+}
+
+// anchorRequest reports whether req comes from a kproxy anchor (its
+// static member in the cluster's group, docs/anchors.md) rather than
+// from a client.
+func anchorRequest(req kmsg.Request) bool {
+	is := func(id *string) bool { return id != nil && strings.HasPrefix(*id, kafkastore.DefaultAnchorInstanceID) }
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		return is(r.InstanceID)
+	case *kmsg.SyncGroupRequest:
+		return is(r.InstanceID)
+	case *kmsg.HeartbeatRequest:
+		return is(r.InstanceID)
+	case *kmsg.LeaveGroupRequest:
+		return len(r.Members) > 0 && is(r.Members[0].InstanceID)
+	}
+	return false
 }
 
 func (s *stack) eventsOf(kind groupstate.EventKind) []groupstate.Event {

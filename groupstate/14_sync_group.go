@@ -164,6 +164,7 @@ func (g *classicGroup) completeSync(given map[string][]byte) {
 	if !g.transitionTo(stateStable) {
 		return
 	}
+	g.anchorChanged()
 	// The event goes out before the answers, so that whoever sees an
 	// answer also finds the sync in the event stream (tap's traces).
 	if g.s.e.cfg.Events != nil {

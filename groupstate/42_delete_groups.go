@@ -57,6 +57,7 @@ func (s *shard) deleteGroup(id string, set func(int16)) {
 		inEngine = true
 		consumer.cancelAllTimers()
 		delete(s.consumerGroups, id)
+		s.unanchor(id)
 		s.emit(consumer.event(EventGroupDeleted))
 		s.tombstone(id)
 	}
@@ -77,6 +78,7 @@ func (s *shard) deleteGroup(id string, set func(int16)) {
 		}
 		g.transitionTo(stateDead)
 		delete(s.classicGroups, id)
+		s.unanchor(id)
 		s.emit(g.event(EventGroupDeleted))
 		if g.generation > 0 {
 			s.tombstone(id)

@@ -51,6 +51,9 @@ type classicGroup struct {
 	// pending-sync timer.
 	joinTimer timerRef
 	syncTimer timerRef
+	// anchorSent is the Anchor last handed to the store (anchor.go);
+	// nil before the first.
+	anchorSent *Anchor
 	// emptyTimer forgets the group once it stayed Empty long enough.
 	emptyTimer timerRef
 	// newMemberAdded records a join during the initial delay.
@@ -195,6 +198,7 @@ func (g *classicGroup) add(m *classicMember, protocolType string) {
 	if g.leader == "" {
 		g.leader = m.id
 	}
+	g.anchorChanged()
 }
 
 // remove deletes member id from the group's books (no rebalance logic).
@@ -232,6 +236,7 @@ func (g *classicGroup) remove(id string) *classicMember {
 			g.leader = g.order[0]
 		}
 	}
+	g.anchorChanged()
 	return m
 }
 

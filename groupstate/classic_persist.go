@@ -142,6 +142,14 @@ func (s *shard) finishLoad(id string, res loadResult) {
 		}
 		return
 	}
+	if res.err != nil && errors.Is(res.err, ErrGroupLiveOnCluster) {
+		// Not ours to serve: the clients go to the cluster's coordinator.
+		s.e.log.Debug("groupstate: group live on the cluster, not served here", "group", id)
+		for _, p := range parked {
+			p.fail(errNotCoordinator)
+		}
+		return
+	}
 	if res.err != nil {
 		if !errors.Is(res.err, errEngineClosed) && !errors.Is(res.err, errUnloaded) {
 			s.e.log.Warn("groupstate: loading group metadata failed", "group", id, "err", res.err)
@@ -168,6 +176,7 @@ func (s *shard) finishLoad(id string, res loadResult) {
 				s.e.log.Error("groupstate: unreadable group metadata ignored", "group", id, "err", err)
 			case g != nil:
 				s.classicGroups[id] = g
+				g.anchorChanged()
 				if s.e.cfg.Events != nil {
 					ev := g.event(EventGroupLoaded)
 					ev.Members = g.membersList(true)
@@ -240,6 +249,7 @@ func (s *shard) saveMeta(group string, record []byte, onLoop func(error), onClos
 
 // persist writes g's record in the background: nobody waits for it.
 func (g *classicGroup) persist() {
+	g.anchorChanged()
 	if g.s.e.meta == nil {
 		return
 	}

@@ -59,6 +59,9 @@ type consumerGroup struct {
 	// group (consumer_migration.go): answers that wait for its writes
 	// wait for the classic group's record instead.
 	converted *convertedWait
+	// anchorSent is the Anchor last handed to the store (anchor.go);
+	// nil before the first.
+	anchorSent *Anchor
 }
 
 // consumerMember is one member of a KIP-848 group (owned by the loop).
@@ -408,6 +411,7 @@ func (g *consumerGroup) armEmptyTimer() {
 		}
 		g.emptyTimer = timerRef{}
 		delete(g.s.consumerGroups, g.id)
+		g.s.unanchor(g.id)
 		g.s.tombstone(g.id)
 		g.s.e.log.Debug("groupstate: forgot a long-empty consumer group", "group", g.id)
 	})

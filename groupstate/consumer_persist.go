@@ -236,6 +236,7 @@ func (g *consumerGroup) maybePersist() { g.persistThen(nil) }
 // startSave writes the current state unless a write is in flight (its
 // completion starts the next one).
 func (g *consumerGroup) startSave() {
+	g.anchorChanged()
 	if g.saving || !g.dirty {
 		return
 	}
@@ -448,6 +449,7 @@ func (s *shard) installConsumerRecord(id string, rec []byte) {
 		return
 	}
 	s.consumerGroups[id] = g
+	g.anchorChanged()
 	if s.e.cfg.Events != nil {
 		ev := g.event(EventGroupLoaded)
 		ev.Members = g.membersList(true)

@@ -127,6 +127,9 @@ type Engine struct {
 	// meta is cfg.Store as a GroupMetadataStore, nil when the store keeps
 	// no group metadata (immutable after New).
 	meta GroupMetadataStore
+	// anchors is cfg.Store as an AnchorStore, nil when the store keeps
+	// no anchors (anchor.go; immutable after New).
+	anchors AnchorStore
 	// metaInflight counts group metadata operations (loads, saves,
 	// tombstones) queued or running, until their completion ran; tests
 	// wait for it to drop to zero.
@@ -208,6 +211,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, clock: cfg.Clock, log: cfg.Logger}
 	e.meta, _ = cfg.Store.(GroupMetadataStore)
+	e.anchors, _ = cfg.Store.(AnchorStore)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {

@@ -193,6 +193,7 @@ func (g *classicGroup) armEmptyTimerFor(d time.Duration) {
 		g.cancelAllTimers()
 		g.transitionTo(stateDead)
 		delete(g.s.classicGroups, g.id)
+		g.s.unanchor(g.id)
 		if g.generation > 0 {
 			g.s.tombstone(g.id)
 		}

@@ -144,6 +144,7 @@ func (s *shard) unloadClassic(g *classicGroup, code int16, cause string) {
 	g.transitionTo(stateDead)
 	delete(s.classicGroups, g.id)
 	delete(s.known, g.id)
+	s.unanchor(g.id)
 	s.e.log.Debug("groupstate: group unloaded", "group", g.id, "generation", g.generation, "cause", cause)
 }
 
@@ -163,6 +164,7 @@ func (s *shard) unloadConsumer(g *consumerGroup, code int16, cause string) {
 	}
 	delete(s.consumerGroups, g.id)
 	delete(s.known, g.id)
+	s.unanchor(g.id)
 	s.e.log.Debug("groupstate: consumer group unloaded", "group", g.id, "epoch", g.epoch, "cause", cause)
 }
 

@@ -123,6 +123,10 @@ type Config struct {
 	// Coordinator serves group APIs. Nil forwards them to the brokers
 	// (FindCoordinator responses are then rewritten like any other).
 	Coordinator Coordinator
+	// Forwarder, when set with Coordinator, names the groups the
+	// cluster's own coordinator serves: their requests are forwarded
+	// upstream on the client's connection (forward.go).
+	Forwarder GroupForwarder
 	// RequireSASL says the cluster requires SASL (kproxy's own client
 	// is configured with it): a group request, or FindCoordinator, on a
 	// connection that has not completed a SASL exchange the broker

@@ -352,6 +352,10 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		// to the brokers: routed as with groups forwarded.
 		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame)
 	}
+	if fw := s.p.cfg.Forwarder; fw != nil && forwardedGroup(fw, req) != "" {
+		// The cluster's coordinator serves this group (forward.go).
+		return s.forwardBytes(h, codec.Forward, start, frame)
+	}
 	return s.queueCoordinator(h, start, req)
 }
 
@@ -425,7 +429,7 @@ func (s *session) queueLocal(h codec.RequestHeader, start int64, resp kmsg.Respo
 // for FindCoordinator, answers it) and queues its place.
 func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.Request) error {
 	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok {
-		return s.queueLocal(h, start, s.findCoordinator(fc))
+		return s.queueFindCoordinator(h, start, fc)
 	}
 	r := getReply()
 	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: r}); err != nil {

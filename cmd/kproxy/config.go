@@ -69,6 +69,15 @@ type groupsConfig struct {
 	CheckCommitOwnership  bool                 `yaml:"check_commit_ownership"`
 	Consumer              consumerGroupsConfig `yaml:"consumer"`
 	Fleet                 fleetConfig          `yaml:"fleet"`
+	Anchors               anchorsConfig        `yaml:"anchors"`
+}
+
+// anchorsConfig configures the groups' anchors in the cluster's own
+// coordinator (docs/anchors.md).
+type anchorsConfig struct {
+	Enabled           bool          `yaml:"enabled"`
+	SessionTimeout    time.Duration `yaml:"session_timeout"`
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 }
 
 // fleetConfig configures distributed groups (docs/fleet.md): the kproxies
@@ -141,6 +150,7 @@ func defaultConfig() fileConfig {
 				SessionTimeout:    10 * time.Second,
 				HeartbeatInterval: time.Second,
 			},
+			Anchors: anchorsConfig{Enabled: true, SessionTimeout: 2 * time.Minute, HeartbeatInterval: 30 * time.Second},
 		},
 		Telemetry:     telemetryConfig{ServiceName: "kproxy"},
 		Authorization: defaultAuthorization(),
@@ -263,6 +273,7 @@ type flagSet struct {
 	initDelay   time.Duration
 	maxSize     int
 	checkOwner  bool
+	anchors     anchorsConfig
 	migration   string
 	maxFrame    int32
 	fleet       fleetConfig
@@ -301,6 +312,8 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables)")
 	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
+	fs.BoolVar(&f.anchors.Enabled, "group-anchors", true, "anchor every served group in the cluster's own coordinator with one static member, so direct tools see it live and commits are fenced by the cluster; groups live on the cluster are forwarded to it (docs/anchors.md)")
+	fs.DurationVar(&f.anchors.SessionTimeout, "group-anchor-session-timeout", 2*time.Minute, "session timeout of the anchors in the cluster (how long the cluster keeps the anchor of a kproxy that is gone)")
 	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
 	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
@@ -345,6 +358,11 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
 	set("group-consumer-migration-policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
+	set("group-anchors", func() { c.Groups.Anchors.Enabled = f.anchors.Enabled })
+	set("group-anchor-session-timeout", func() {
+		c.Groups.Anchors.SessionTimeout = f.anchors.SessionTimeout
+		c.Groups.Anchors.HeartbeatInterval = f.anchors.SessionTimeout / 4
+	})
 	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
 	set("peer-listen", func() { c.Groups.Fleet.PeerListen = f.fleet.PeerListen })
 	set("peer-advertise", func() { c.Groups.Fleet.PeerAdvertise = f.fleet.PeerAdvertise })

@@ -64,6 +64,11 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 				ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
 				ConsumerMigrationPolicy:   groupstate.MigrationPolicy(cfg.Groups.Consumer.MigrationPolicy),
 			},
+			Anchors: kproxy.AnchorsConfig{
+				Disabled:          !cfg.Groups.Anchors.Enabled,
+				SessionTimeout:    cfg.Groups.Anchors.SessionTimeout,
+				HeartbeatInterval: cfg.Groups.Anchors.HeartbeatInterval,
+			},
 			Fleet: kproxy.FleetConfig{
 				Name:              fc.Name,
 				Relay:             fc.Role == "relay",

@@ -353,6 +353,11 @@ func (s *Store) produceGroupRecord(ctx context.Context, group string, value []by
 // restart every group loads at once), and each caller's scan starts after
 // its call.
 func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
+	if s.anchors != nil {
+		if err := s.anchors.checkLoad(ctx, group); err != nil {
+			return nil, false, err
+		}
+	}
 	if s.txn != nil {
 		return s.txnLoad(ctx, group)
 	}

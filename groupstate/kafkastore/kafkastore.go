@@ -56,6 +56,12 @@ type Store struct {
 	// txn is the transactional mode (txn.go), nil in local mode; set
 	// once by EnableTransactions before the store is shared.
 	txn *txnMode
+	// anchors holds the groups' anchors (anchor.go), nil when anchoring
+	// is off; set once by EnableAnchors before the store is shared.
+	anchors *anchorSet
+	// apiKeys caches the API keys the cluster answers (supportsKey);
+	// guarded by mu.
+	apiKeys map[int16]bool
 }
 
 var (
@@ -161,11 +167,34 @@ func (s *Store) nameOf(name string, id [16]byte) string {
 // upstream. In transactional mode the commit rides in the transaction of
 // the group's partition (AddOffsetsToTxn + TxnOffsetCommit, generation
 // -1, no member) and the call returns once that transaction committed.
+//
+// With anchors (anchor.go) a group that has members in the engine
+// commits as one OffsetCommit under its anchor's identity instead, in
+// every mode: the cluster's member and generation checks fence it.
 func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
+	if s.anchors != nil {
+		if res, anchored, err := s.anchoredCommit(ctx, group, topics); anchored || err != nil {
+			return res, err
+		}
+	}
 	if s.txn != nil {
 		r := s.txnSubmit(ctx, &txnWrite{group: group, offsets: topics})
 		return r.topics, r.err
 	}
+	req := s.commitRequest(ctx, group, topics)
+	resp, err := req.RequestWith(ctx, s.cl)
+	if err != nil {
+		return nil, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
+	}
+	for i := range resp.Topics {
+		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
+	}
+	return resp.Topics, nil
+}
+
+// commitRequest builds a simple OffsetCommit (generation -1, no member)
+// of topics for group, topics named and identified.
+func (s *Store) commitRequest(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) *kmsg.OffsetCommitRequest {
 	names := make([]string, len(topics))
 	for i, t := range topics {
 		names[i] = t.Topic
@@ -185,18 +214,13 @@ func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.O
 		}
 		req.Topics = append(req.Topics, rt)
 	}
-	resp, err := req.RequestWith(ctx, s.cl)
-	if err != nil {
-		return nil, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
-	}
-	for i := range resp.Topics {
-		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
-	}
-	return resp.Topics, nil
+	return req
 }
 
 // TxnCommitOffsets implements groupstate.OffsetStore by forwarding the request to
-// the upstream group coordinator, identity fields cleared.
+// the upstream group coordinator, identity fields cleared; with anchors,
+// a group with members in the engine sends it under its anchor's
+// identity instead (anchoredTxnCommit).
 func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, error) {
 	names := make([]string, len(in.Topics))
 	for i, t := range in.Topics {
@@ -210,6 +234,11 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 	req.Generation, req.MemberID, req.InstanceID = -1, "", nil
 	for _, t := range in.Topics {
 		req.Topics = append(req.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: t.Topic, TopicID: ids[t.Topic], Partitions: t.Partitions})
+	}
+	if s.anchors != nil {
+		if resp, anchored, err := s.anchoredTxnCommit(ctx, req); anchored || err != nil {
+			return resp, err
+		}
 	}
 	resp, err := req.RequestWith(ctx, s.cl)
 	if err != nil {
@@ -330,7 +359,16 @@ func (s *Store) DeleteOffsets(ctx context.Context, group string, topics []kmsg.O
 }
 
 // DeleteGroup implements groupstate.OffsetStore with a DeleteGroups upstream.
+//
+// With anchors it first waits for the group's anchor to have left (the
+// engine deletes only empty groups, whose anchor leaves): the cluster
+// refuses to delete a group with members.
 func (s *Store) DeleteGroup(ctx context.Context, group string) error {
+	if s.anchors != nil {
+		if err := s.anchors.awaitGone(ctx, group); err != nil {
+			return fmt.Errorf("kafkastore: delete group %q: %w", group, err)
+		}
+	}
 	req := kmsg.NewPtrDeleteGroupsRequest()
 	req.Groups = []string{group}
 	resp, err := req.RequestWith(ctx, s.cl)

@@ -100,6 +100,22 @@ type GroupsConfig struct {
 	WrapStore func(groupstate.OffsetStore) groupstate.OffsetStore
 	// Fleet configures distributed mode.
 	Fleet FleetConfig
+	// Anchors configures the groups' anchors in the cluster's own
+	// coordinator (docs/anchors.md), in local and distributed mode.
+	Anchors AnchorsConfig
+}
+
+// AnchorsConfig configures anchoring (docs/anchors.md).
+type AnchorsConfig struct {
+	// Disabled serves groups without anchors: the cluster sees kproxy's
+	// groups as empty groups with offsets, and groups live on the
+	// cluster are not forwarded.
+	Disabled bool
+	// SessionTimeout is the anchors' session timeout in the cluster
+	// (0: 2m); HeartbeatInterval how often they heartbeat (0: a quarter
+	// of it).
+	SessionTimeout    time.Duration
+	HeartbeatInterval time.Duration
 }
 
 // FleetConfig configures distributed groups (docs/fleet.md).
@@ -136,14 +152,17 @@ type FleetConfig struct {
 // caller; every field is written during Start only, except that
 // Shutdown runs the closers once.
 type Server struct {
-	cfg           Config
-	log           *slog.Logger
-	id            string             // this process's id: fleet member, traces
-	upstream      *kgo.Client        // kproxy's own client of the cluster
-	engine        *groupstate.Engine // nil with groups forwarded
-	fleet         *fleetRuntime      // nil unless groups are distributed
-	tap           *tap.Tap
-	coordinator   proxy.Coordinator
+	cfg         Config
+	log         *slog.Logger
+	id          string             // this process's id: fleet member, traces
+	upstream    *kgo.Client        // kproxy's own client of the cluster
+	engine      *groupstate.Engine // nil with groups forwarded
+	fleet       *fleetRuntime      // nil unless groups are distributed
+	tap         *tap.Tap
+	coordinator proxy.Coordinator
+	// forwarder names the groups the cluster's coordinator serves (nil
+	// with anchors off or groups forwarded); immutable after wiring.
+	forwarder     *forwardSet
 	meterProvider metric.MeterProvider
 	events        []func(groupstate.Event)
 	proxy         *proxy.Proxy
@@ -179,6 +198,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		pcfg.Logger = log
 	}
 	pcfg.Coordinator = s.coordinator
+	if s.forwarder != nil {
+		pcfg.Forwarder = s.forwarder
+	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
 	if err != nil {
@@ -241,7 +263,9 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		}
 		return w, nil
 	}
-	var store groupstate.OffsetStore = kafkastore.New(cl)
+	ks := kafkastore.New(cl)
+	w.enableAnchors(ks, cfg, true)
+	var store groupstate.OffsetStore = ks
 	if cfg.Groups.WrapStore != nil {
 		store = cfg.Groups.WrapStore(store)
 	}
@@ -340,4 +364,46 @@ func (w *Server) close(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// enableAnchors turns on the anchors of store and the per-group
+// forwarding that goes with them (docs/anchors.md), unless disabled. An
+// anchor lost (another kproxy's replaced it, or the cluster serves the
+// group itself) unloads its group here; in local mode its clients are
+// then sent to the cluster's coordinator. leaveOnClose makes the
+// anchors leave their groups when kproxy stops (local mode: nobody
+// takes them over).
+func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose bool) {
+	ac := cfg.Groups.Anchors
+	if ac.Disabled {
+		return
+	}
+	instance := kafkastore.DefaultAnchorInstanceID
+	if cfg.Groups.Fleet.Name != "" {
+		instance += "." + cfg.Groups.Fleet.Name
+	}
+	fw := newForwardSet(store)
+	log := w.log.With("component", "anchors")
+	store.EnableAnchors(kafkastore.AnchorOptions{
+		InstanceID:        instance,
+		SessionTimeout:    ac.SessionTimeout,
+		HeartbeatInterval: ac.HeartbeatInterval,
+		OnLost: func(group string, why kafkastore.AnchorLoss) {
+			if why == kafkastore.AnchorLiveOnCluster || leaveOnClose {
+				fw.mark(group)
+			}
+			if eng := w.engine; eng != nil {
+				eng.Unload(func(g string) bool { return g == group })
+			}
+			log.Info("group handed to the cluster's coordinator", "group", group, "why", why.String())
+		},
+	})
+	w.forwarder = fw
+	// Runs before the upstream client closes (closers run in reverse).
+	w.closers = append(w.closers, func(ctx context.Context) error {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		store.CloseAnchors(lctx, leaveOnClose)
+		return nil
+	})
 }

@@ -149,6 +149,7 @@ func TestRequestLogScan(t *testing.T) {
 	}
 	write(`[x] Completed request:{"requestHeader":{"requestApiKey":11,"requestApiVersion":9}}` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4}}` + "\n" +
+		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4},"request":{"groupId":"g","generationId":1,"memberId":"m","groupInstanceId":"kproxy-anchor"}}` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":1`)
 	l := &requestLog{path: path}
 	got, err := countAll([]*requestLog{l})
@@ -156,7 +157,7 @@ func TestRequestLogScan(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got[11] != 1 || got[12] != 1 || got[1] != 0 {
-		t.Fatalf("first scan counts = %v, want one JoinGroup and one Heartbeat, partial line ignored", got)
+		t.Fatalf("first scan counts = %v, want one JoinGroup and one Heartbeat, the anchor's heartbeat and a partial line ignored", got)
 	}
 	write(`4,"requestApiVersion":5}}` + "\n")
 	got, err = countAll([]*requestLog{l})

@@ -184,9 +184,10 @@ func (l *requestLog) scan() error {
 	const key = `"requestApiKey":`
 	for _, line := range strings.Split(string(buf[:end]), "\n") {
 		i := strings.Index(line, key)
-		if i < 0 || strings.Contains(line, "__kproxy_fleet") {
-			// The kproxy fleet's own group (docs/fleet.md) is served
-			// by the brokers by design; only application groups count.
+		if i < 0 || strings.Contains(line, "__kproxy_fleet") || strings.Contains(line, `"groupInstanceId":"kproxy-anchor`) {
+			// The kproxy fleet's own group (docs/fleet.md) and each
+			// served group's anchor (docs/anchors.md) are served by
+			// the brokers by design; only application members count.
 			continue
 		}
 		n, j := 0, i+len(key)

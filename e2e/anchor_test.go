@@ -1,0 +1,314 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+)
+
+// Anchored groups (docs/anchors.md) against kfake, which implements
+// static membership, the classic coordinator's member checks on
+// OffsetCommit, NON_EMPTY_GROUP and GROUP_SUBSCRIBED_TO_TOPIC. Where it
+// differs from Kafka (a static member rejoining a Stable group with other
+// metadata rebalances in kfake, Kafka keeps the generation) the anchor
+// only sees one more generation; the interop tier covers the real broker.
+
+// directAdmin is an admin client straight to the cluster, as an operator
+// running kafka-consumer-groups against the brokers.
+func directAdmin(t testing.TB, s *stack) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// describeDirect describes group directly against the cluster.
+func describeDirect(ctx context.Context, t testing.TB, adm *kadm.Client, group string) kadm.DescribedGroup {
+	t.Helper()
+	d, err := adm.DescribeGroups(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d[group]
+}
+
+// waitDirect waits until the cluster's view of group satisfies ok.
+func waitDirect(ctx context.Context, t testing.TB, adm *kadm.Client, group, what string, ok func(kadm.DescribedGroup) bool) kadm.DescribedGroup {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		d := describeDirect(ctx, t, adm, group)
+		if ok(d) {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s never became %s on the cluster: state %s, %d members", group, what, d.State, len(d.Members))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAnchorClusterKnows: while kproxy serves a group, the cluster shows
+// it live with kproxy's anchor, refuses a direct delete of it and of the
+// offsets of its subscribed topic, and lag tools read its offsets; once
+// its members left, the anchor leaves and a direct delete succeeds.
+func TestAnchorClusterKnows(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const group, topic, n = "anchored", "anchored-t", 300
+	s.produce(ctx, topic, 3, n)
+	own, recs := newOwnership(t), newRecords()
+	m := s.startMember("m1", memberCfg{group: group, topic: topic, own: own, recs: recs})
+	waitOwners(t, own, 3, "m1")
+	adm := directAdmin(t, s)
+
+	d := waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool {
+		return d.State == "Stable" && len(d.Members) == 1 && d.Members[0].InstanceID != nil &&
+			*d.Members[0].InstanceID == kafkastore.DefaultAnchorInstanceID
+	})
+	if d.ProtocolType != "consumer" {
+		t.Fatalf("anchored group's protocol type on the cluster is %q, want consumer", d.ProtocolType)
+	}
+	for recs.distinct() < n {
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Lag tools read the offsets from the cluster: they reach the end.
+	s.assertCommittedAtEnd(ctx, group, topic)
+	off, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A direct delete of the live group is refused.
+	del, err := adm.DeleteGroups(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := del[group].Err; !errors.Is(e, kerr.NonEmptyGroup) {
+		t.Fatalf("direct DeleteGroups of a group kproxy serves: %v, want NON_EMPTY_GROUP", e)
+	}
+	// So is a direct OffsetDelete of its subscribed topic.
+	dreq := kmsg.NewPtrOffsetDeleteRequest()
+	dreq.Group = group
+	dt := kmsg.NewOffsetDeleteRequestTopic()
+	dt.Topic = topic
+	for p := range int32(3) {
+		dp := kmsg.NewOffsetDeleteRequestTopicPartition()
+		dp.Partition = p
+		dt.Partitions = append(dt.Partitions, dp)
+	}
+	dreq.Topics = append(dreq.Topics, dt)
+	dresp, err := dreq.RequestWith(ctx, directClient(t, s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range dresp.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != kerr.GroupSubscribedToTopic.Code {
+				t.Fatalf("direct OffsetDelete of %s/%d: %v, want GROUP_SUBSCRIBED_TO_TOPIC", rt.Topic, rp.Partition, kerr.ErrorForCode(rp.ErrorCode))
+			}
+		}
+	}
+	// Nothing was lost: the offsets are still there.
+	after, err := adm.FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for p := range int32(3) {
+		a, _ := off.Lookup(topic, p)
+		b, _ := after.Lookup(topic, p)
+		if a.At != b.At {
+			t.Fatalf("p%d offset %d before the direct deletes, %d after", p, a.At, b.At)
+		}
+	}
+
+	// The member leaves: kproxy's group is empty, the anchor leaves, and
+	// the cluster's group is empty too; a direct delete now succeeds.
+	m.leave()
+	waitDirect(ctx, t, adm, group, "empty", func(d kadm.DescribedGroup) bool { return len(d.Members) == 0 })
+	del, err = adm.DeleteGroups(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := del[group].Err; e != nil {
+		t.Fatalf("direct DeleteGroups of the emptied group: %v", e)
+	}
+	s.assertBrokersSawNoGroupTraffic()
+}
+
+// directClient is a client straight to the cluster.
+func directClient(t testing.TB, s *stack) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.cluster.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// TestAnchorFencesStaleOwner: two stores anchor the same group (a stale
+// owner and its successor). The successor's anchor replaces the stale
+// one's in the cluster, whose commits (plain and transactional) are then
+// refused with NOT_COORDINATOR and reported lost, while the successor's
+// commits land under its own identity.
+func TestAnchorFencesStaleOwner(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const group, topic = "fenced", "fenced-t"
+	s.produce(ctx, topic, 2, 10)
+
+	type loss struct {
+		group string
+		why   kafkastore.AnchorLoss
+	}
+	newStore := func(lost chan<- loss) *kafkastore.Store {
+		st := kafkastore.New(directClient(t, s))
+		st.EnableAnchors(kafkastore.AnchorOptions{
+			SessionTimeout: 30 * time.Second,
+			OnLost:         func(g string, why kafkastore.AnchorLoss) { lost <- loss{g, why} },
+		})
+		t.Cleanup(func() { st.CloseAnchors(ctx, false) })
+		return st
+	}
+	spec := groupstate.Anchor{Members: 1, ProtocolType: "consumer", Protocols: []string{"range"},
+		Topics: []string{topic}, Owned: map[string][]int32{topic: {0, 1}}}
+	commit := func(st *kafkastore.Store, off int64) error {
+		res, err := st.CommitOffsets(ctx, group, []kmsg.OffsetCommitRequestTopic{{Topic: topic,
+			Partitions: []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: off, LeaderEpoch: -1}}}})
+		if err != nil {
+			return err
+		}
+		return kerr.ErrorForCode(res[0].Partitions[0].ErrorCode)
+	}
+	waitAnchored := func(st *kafkastore.Store) string {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			if id, _, ok := st.AnchorIdentity(group); ok {
+				return id
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("anchor never joined")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	lostA, lostB := make(chan loss, 4), make(chan loss, 4)
+	a := newStore(lostA)
+	if _, _, err := a.LoadGroupMetadata(ctx, group); err != nil {
+		t.Fatal(err)
+	}
+	a.Anchor(group, spec)
+	idA := waitAnchored(a)
+	if err := commit(a, 3); err != nil {
+		t.Fatalf("owner's anchored commit: %v", err)
+	}
+
+	// The successor takes the group over.
+	b := newStore(lostB)
+	if _, _, err := b.LoadGroupMetadata(ctx, group); err != nil {
+		t.Fatalf("successor's load check: %v (the group is anchored, not live)", err)
+	}
+	b.Anchor(group, spec)
+	idB := waitAnchored(b)
+	if idA == idB {
+		t.Fatal("the successor's anchor kept the stale member id")
+	}
+	if err := commit(b, 5); err != nil {
+		t.Fatalf("successor's commit: %v", err)
+	}
+
+	// The stale owner's commit is fenced by the cluster.
+	err := commit(a, 4)
+	if !errors.Is(err, kerr.NotCoordinator) {
+		t.Fatalf("stale owner's commit: %v, want NOT_COORDINATOR", err)
+	}
+	select {
+	case l := <-lostA:
+		if l.group != group || l.why != kafkastore.AnchorFenced {
+			t.Fatalf("stale owner lost %v", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("stale owner was not told its anchor was lost")
+	}
+	// A stale transactional commit gets nowhere either.
+	treq := kmsg.NewPtrTxnOffsetCommitRequest()
+	treq.TransactionalID, treq.Group, treq.ProducerID, treq.ProducerEpoch = "app-txn", group, 1, 0
+	treq.Topics = []kmsg.TxnOffsetCommitRequestTopic{{Topic: topic,
+		Partitions: []kmsg.TxnOffsetCommitRequestTopicPartition{{Partition: 0, Offset: 1, LeaderEpoch: -1}}}}
+	if _, err := a.TxnCommitOffsets(ctx, treq); !errors.Is(err, kerr.NotCoordinator) {
+		t.Fatalf("stale owner's TxnOffsetCommit: %v, want NOT_COORDINATOR", err)
+	}
+
+	off, err := kadm.NewClient(directClient(t, s)).FetchOffsets(ctx, group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := off.Lookup(topic, 0); o.At != 5 {
+		t.Fatalf("committed offset %d, want the successor's 5", o.At)
+	}
+	select {
+	case l := <-lostB:
+		t.Fatalf("the successor lost its anchor: %v", l)
+	default:
+	}
+}
+
+// TestForwardLiveGroup: adoption of a running application. A member of a
+// group the cluster coordinates keeps consuming directly while a second
+// member joins through kproxy: kproxy forwards the group to the cluster's
+// coordinator, so the two form one group (no partition owned twice, no
+// anchor), and when the direct member leaves the other takes every
+// partition over from the committed offsets; nothing is lost.
+func TestForwardLiveGroup(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const group, topic, n = "adopted", "adopted-t", 600
+	s.produce(ctx, topic, 4, n/2)
+	own, recs := newOwnership(t), newRecords()
+	// The cluster's coordinator takes sessions of 6 s and more.
+	clusterSession := []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}
+	direct := startMemberAt(t, s.cluster.ListenAddrs()[0], "direct", memberCfg{group: group, topic: topic, own: own, recs: recs, opts: clusterSession})
+	waitOwners(t, own, 4, "direct")
+
+	behind := s.startMember("behind", memberCfg{group: group, topic: topic, own: own, recs: recs, opts: clusterSession})
+	waitOwners(t, own, 4, "direct", "behind")
+	adm := directAdmin(t, s)
+	d := waitDirect(ctx, t, adm, group, "two members", func(d kadm.DescribedGroup) bool { return len(d.Members) == 2 })
+	for _, m := range d.Members {
+		if m.InstanceID != nil {
+			t.Fatalf("an anchor joined a group the cluster serves: %+v", m)
+		}
+	}
+	s.produceRange(ctx, topic, n/2, n)
+	direct.leave()
+	own.releaseAll("direct")
+	waitOwners(t, own, 4, "behind")
+	deadline := time.Now().Add(30 * time.Second)
+	for recs.distinct() < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if miss := recs.missing(n); len(miss) > 0 {
+		t.Fatalf("%d records never consumed, first %v", len(miss), miss[:min(5, len(miss))])
+	}
+	own.check()
+	behind.leave()
+	s.assertCommittedAtEnd(ctx, group, topic)
+	if got := s.engine.Groups(); slices.ContainsFunc(got, func(g groupstate.GroupSnapshot) bool { return g.Group == group && len(g.Members) > 0 }) {
+		t.Fatalf("kproxy's engine served the forwarded group: %+v", got)
+	}
+}

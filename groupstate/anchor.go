@@ -1,0 +1,217 @@
+package groupstate
+
+import (
+	"errors"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Anchors (docs/anchors.md). A store that implements AnchorStore holds,
+// for every group the engine serves with members, one member of its own
+// in the cluster's group coordinator for the same group id, so that the
+// cluster sees the group live (direct DeleteGroups and OffsetDelete are
+// refused as for any live group) and fences a stale owner by
+// static-member replacement (KIP-345). The engine tells the store what
+// that member must stand for: every time a group's members, protocols,
+// subscriptions or assignments may have changed (a member added or
+// removed, a record written, a group installed from its record), it
+// computes the group's Anchor and hands it over if it differs from the
+// last one.
+
+// Anchor is what a group's members stand for in the cluster's
+// coordinator.
+type Anchor struct {
+	// Members is the number of members; 0 means the group is empty (the
+	// anchor leaves the cluster's group).
+	Members int
+	// ProtocolType is the group's protocol type: "consumer" for KIP-848
+	// groups and for classic consumers.
+	ProtocolType string
+	// Protocols are the protocol names every member supports, the
+	// selected one first (classic groups); for KIP-848 groups the
+	// classic consumer's assignor names.
+	Protocols []string
+	// Topics is the sorted union of the members' subscribed topics
+	// (consumer protocol only; nil for other protocol types).
+	Topics []string
+	// Owned is the union of the partitions the members are assigned, by
+	// topic, partitions sorted.
+	Owned map[string][]int32
+}
+
+// equal reports whether a and b are the same.
+func (a Anchor) equal(b Anchor) bool {
+	if a.Members != b.Members || a.ProtocolType != b.ProtocolType ||
+		!slices.Equal(a.Protocols, b.Protocols) || !slices.Equal(a.Topics, b.Topics) || len(a.Owned) != len(b.Owned) {
+		return false
+	}
+	for t, ps := range a.Owned {
+		if !slices.Equal(ps, b.Owned[t]) {
+			return false
+		}
+	}
+	return true
+}
+
+// AnchorStore is implemented by an OffsetStore that anchors the engine's
+// groups in the cluster's coordinator.
+type AnchorStore interface {
+	// Anchor tells the store what group stands for now. It is called on
+	// the engine's loops and must not block; calls for one group come in
+	// order.
+	Anchor(group string, a Anchor)
+	// Unanchor tells the store that the engine dropped group (unloaded:
+	// another kproxy serves it now, or will): forget the anchor without
+	// leaving the cluster's group, so that the next owner replaces it
+	// without a rebalance. It must not block.
+	Unanchor(group string)
+}
+
+// ErrGroupLiveOnCluster is returned (wrapped) by LoadGroupMetadata for a
+// group whose members the cluster's own coordinator serves, without an
+// anchor: requests for it are answered NOT_COORDINATOR, so that its
+// clients look their coordinator up again and are sent to the cluster's
+// (per-group forwarding, docs/anchors.md).
+var ErrGroupLiveOnCluster = errors.New("the group is live on the cluster's own coordinator")
+
+// kip848AnchorProtocols are the classic protocol names the anchor of a
+// KIP-848 group advertises: the default assignors of the Java consumer
+// (range, cooperative-sticky) and of franz-go (cooperative-sticky), so a
+// classic member that reaches the cluster directly shares one.
+var kip848AnchorProtocols = []string{"range", "cooperative-sticky"}
+
+// anchorChanged hands g's Anchor to the store if it changed.
+func (g *classicGroup) anchorChanged() {
+	st := g.s.e.anchors
+	if st == nil || !g.live() {
+		return
+	}
+	a := g.anchor()
+	if g.anchorSent != nil && g.anchorSent.equal(a) {
+		return
+	}
+	g.anchorSent = &a
+	st.Anchor(g.id, a)
+}
+
+// anchor computes g's Anchor.
+func (g *classicGroup) anchor() Anchor {
+	a := Anchor{Members: len(g.members), ProtocolType: g.protocolType}
+	if len(g.members) == 0 {
+		return a
+	}
+	first := g.members[g.order[0]]
+	if g.protocol != "" {
+		a.Protocols = append(a.Protocols, g.protocol)
+	}
+	for _, p := range first.protocols {
+		if p.Name != g.protocol && g.protoCount[p.Name] == len(g.members) {
+			a.Protocols = append(a.Protocols, p.Name)
+		}
+	}
+	if g.protocolType != "consumer" {
+		return a
+	}
+	topics := make(map[string]struct{})
+	owned := make(map[string]map[int32]struct{})
+	for _, id := range g.order {
+		m := g.members[id]
+		proto := g.protocol
+		if proto == "" && len(a.Protocols) > 0 {
+			proto = a.Protocols[0]
+		}
+		var sub kmsg.ConsumerMemberMetadata
+		if err := sub.ReadFrom(m.metadataFor(proto)); err == nil {
+			for _, t := range sub.Topics {
+				topics[t] = struct{}{}
+			}
+		}
+		for t, ps := range decodeOwned(m.assignment) {
+			if owned[t] == nil {
+				owned[t] = make(map[int32]struct{}, len(ps))
+			}
+			for p := range ps {
+				owned[t][p] = struct{}{}
+			}
+		}
+	}
+	a.Topics = sortedKeys(topics)
+	a.Owned = sortedOwned(owned)
+	return a
+}
+
+// anchorChanged hands g's Anchor to the store if it changed.
+func (g *consumerGroup) anchorChanged() {
+	st := g.s.e.anchors
+	if st == nil || !g.live() {
+		return
+	}
+	a := Anchor{Members: len(g.members), ProtocolType: "consumer"}
+	if len(g.members) > 0 {
+		a.Protocols = kip848AnchorProtocols
+		topics := make(map[string]struct{})
+		owned := make(map[string]map[int32]struct{})
+		snap := g.s.e.topicsNow()
+		for _, m := range g.members {
+			for _, t := range m.topics {
+				topics[t] = struct{}{}
+			}
+			for _, set := range []partSet{m.Assigned, m.Pending} {
+				for id, ps := range set {
+					name, ok := snap.byID[id]
+					if !ok && g.snap != nil {
+						name, ok = g.snap.byID[id]
+					}
+					if !ok {
+						continue
+					}
+					if owned[name] == nil {
+						owned[name] = make(map[int32]struct{}, len(ps))
+					}
+					for p := range ps {
+						owned[name][p] = struct{}{}
+					}
+				}
+			}
+		}
+		a.Topics = sortedKeys(topics)
+		a.Owned = sortedOwned(owned)
+	}
+	if g.anchorSent != nil && g.anchorSent.equal(a) {
+		return
+	}
+	g.anchorSent = &a
+	st.Anchor(g.id, a)
+}
+
+// unanchor tells the store that the engine no longer holds group id.
+func (s *shard) unanchor(id string) {
+	if s.e.anchors != nil {
+		s.e.anchors.Unanchor(id)
+	}
+}
+
+// sortedKeys returns m's keys sorted.
+func sortedKeys(m map[string]struct{}) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// sortedOwned turns a partition set into sorted slices.
+func sortedOwned(m map[string]map[int32]struct{}) map[string][]int32 {
+	out := make(map[string][]int32, len(m))
+	for t, ps := range m {
+		l := make([]int32, 0, len(ps))
+		for p := range ps {
+			l = append(l, p)
+		}
+		slices.Sort(l)
+		out[t] = l
+	}
+	return out
+}

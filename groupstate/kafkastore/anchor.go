@@ -1,0 +1,1071 @@
+package kafkastore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+)
+
+// Anchors (docs/anchors.md). With EnableAnchors, every group the engine
+// serves with members holds one static member (KIP-345) in the cluster's
+// own coordinator for the same group id: instance id AnchorOptions.
+// InstanceID, the group's protocol type and protocol names, a consumer
+// protocol subscription to the union of the members' topics. The cluster
+// then sees the group live: DescribeGroups shows it Stable with the
+// anchor, DeleteGroups answers NON_EMPTY_GROUP and OffsetDelete of a
+// subscribed topic GROUP_SUBSCRIBED_TO_TOPIC, as for any live group.
+//
+// Fencing. Every kproxy in front of a cluster (of one fleet) uses the same
+// instance id, so a new owner's JoinGroup replaces the previous owner's
+// member id durably and without a rebalance (Kafka's
+// GroupMetadataManager, static member replacement), and from then on
+// the previous owner's commits get FENCED_INSTANCE_ID. Client commits are
+// one plain OffsetCommit under the anchor's member id, instance id and
+// generation, sent to the group's coordinator: the cluster's own member
+// and generation checks fence them, so they need no transaction. A
+// commit never overlaps a JoinGroup of its own anchor (the replacement
+// would fence it): each anchor runs its requests one at a time, commits
+// aside, and a join waits for the commits in flight.
+//
+// The anchor leads its group in the cluster. When a member reaches the
+// cluster directly (an application member moved back off kproxy), the
+// cluster rebalances; the anchor rejoins and, as leader, assigns itself
+// the partitions kproxy's members own and the direct member nothing, so
+// no partition is ever consumed twice; once kproxy's group is empty the
+// anchor leaves and the cluster hands the direct members everything from
+// the committed offsets.
+
+// DefaultAnchorInstanceID is the group.instance.id of every anchor (a
+// fleet name is appended as ".<name>").
+const DefaultAnchorInstanceID = "kproxy-anchor"
+
+// AnchorLoss says why a group's anchor was lost.
+type AnchorLoss int8
+
+const (
+	// AnchorFenced: another kproxy's anchor replaced this one (it joined
+	// with the same instance id later).
+	AnchorFenced AnchorLoss = iota
+	// AnchorLiveOnCluster: the cluster's group has members of its own
+	// and no anchor; the group belongs to the cluster's coordinator.
+	AnchorLiveOnCluster
+)
+
+// String names the loss, for logs and metrics.
+func (l AnchorLoss) String() string {
+	if l == AnchorLiveOnCluster {
+		return "live_on_cluster"
+	}
+	return "fenced"
+}
+
+// AnchorOptions configures EnableAnchors; zero values are defaults.
+type AnchorOptions struct {
+	// InstanceID is the anchors' group.instance.id; "" means
+	// DefaultAnchorInstanceID.
+	InstanceID string
+	// SessionTimeout is the anchors' session timeout, within the
+	// cluster's group.min/max.session.timeout.ms. It is how long the
+	// cluster keeps an anchor whose kproxy is gone: until then a direct
+	// member waits for the partitions the anchor holds. 0 means 2m.
+	SessionTimeout time.Duration
+	// RebalanceTimeout is the anchors' rebalance timeout; 0 means 5m
+	// (the consumers' default max.poll.interval.ms).
+	RebalanceTimeout time.Duration
+	// HeartbeatInterval is how often an anchor heartbeats; 0 means a
+	// quarter of SessionTimeout.
+	HeartbeatInterval time.Duration
+	// OnLost is called when the anchor of group was lost: the engine
+	// must stop serving the group (unload it). It runs on a goroutine of
+	// its own.
+	OnLost func(group string, why AnchorLoss)
+	// OnRequest, when set, is told of every request an anchor sends
+	// (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups,
+	// OffsetCommit), for metrics. It must not block.
+	OnRequest func(key int16)
+}
+
+// anchorSet is the anchors of a Store (nil without EnableAnchors).
+type anchorSet struct {
+	s    *Store        // immutable
+	opts AnchorOptions // immutable, defaults filled
+
+	mu     sync.Mutex         // guards groups
+	groups map[string]*anchor // by group id
+
+	// sem bounds the anchor requests in flight at once (heartbeats of
+	// thousands of groups come due together after a failover).
+	sem chan struct{}
+	// stop ends the heartbeat scheduler; closed by Store.CloseAnchors.
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// anchorState is where an anchor stands in the cluster's group.
+type anchorState int8
+
+const (
+	anchorOut     anchorState = iota // no membership held (never joined, left, or forgotten)
+	anchorJoining                    // JoinGroup or SyncGroup in flight
+	anchorIn                         // a member of the cluster's group, synced
+	anchorFenced                     // replaced by another kproxy; dead
+)
+
+// anchor is one group's anchor. Its requests run on at most one worker
+// goroutine at a time (running); commits run on their callers'
+// goroutines between the worker's joins.
+type anchor struct {
+	group string // immutable
+
+	mu sync.Mutex // guards every field below
+	// want is the latest Anchor the engine handed over; wanted is false
+	// until the first.
+	want   groupstate.Anchor
+	wanted bool
+	// have is the Anchor the current membership was joined with.
+	have     groupstate.Anchor
+	state    anchorState
+	memberID string
+	gen      int32
+	// rejoin is set when the cluster asked for a rejoin (a rebalance,
+	// an unknown member id, a generation moved on).
+	rejoin bool
+	// checked is set once the cluster was asked whether the group is
+	// live without an anchor (before the first join).
+	checked bool
+	// commits counts commits in flight under memberID; a join waits for
+	// it to drop to zero and holds new ones off meanwhile.
+	commits int
+	// running is set while a worker goroutine runs this anchor's
+	// requests.
+	running bool
+	// forgotten is set by Unanchor: the engine dropped the group; the
+	// worker stops without leaving the cluster's group.
+	forgotten bool
+	// nextHeartbeat is when the next heartbeat is due; retryAt, when not
+	// zero, holds the worker off after a failed request.
+	nextHeartbeat time.Time
+	retryAt       time.Time
+	failures      int
+	// changed is closed and replaced whenever state, commits or running
+	// change: commits and DeleteGroup wait on it.
+	changed chan struct{}
+}
+
+// EnableAnchors turns anchoring on (docs/anchors.md). It must be called
+// once, before the store is shared; CloseAnchors stops it.
+func (s *Store) EnableAnchors(o AnchorOptions) {
+	if o.InstanceID == "" {
+		o.InstanceID = DefaultAnchorInstanceID
+	}
+	if o.SessionTimeout <= 0 {
+		o.SessionTimeout = 2 * time.Minute
+	}
+	if o.RebalanceTimeout <= 0 {
+		o.RebalanceTimeout = 5 * time.Minute
+	}
+	if o.HeartbeatInterval <= 0 {
+		o.HeartbeatInterval = o.SessionTimeout / 4
+	}
+	as := &anchorSet{
+		s: s, opts: o,
+		groups: make(map[string]*anchor),
+		sem:    make(chan struct{}, 64),
+		stop:   make(chan struct{}),
+	}
+	s.anchors = as
+	go as.scheduler()
+}
+
+// CloseAnchors stops the anchors' heartbeats. With leave, every anchor
+// held leaves its group first (one LeaveGroup each, bounded by ctx): a
+// kproxy that serves groups alone (--groups local) and stops hands them
+// back to the cluster at once. A fleet member stops without leaving, so
+// that the next owner replaces its anchors without a rebalance.
+func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
+	as := s.anchors
+	if as == nil {
+		return
+	}
+	as.stopOnce.Do(func() { close(as.stop) })
+	as.mu.Lock()
+	all := make([]*anchor, 0, len(as.groups))
+	for _, a := range as.groups {
+		all = append(all, a)
+	}
+	as.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, a := range all {
+		a.mu.Lock()
+		a.forgotten = true
+		held, memberID := a.state == anchorIn, a.memberID
+		a.mu.Unlock()
+		if !leave || !held {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = as.leave(ctx, a.group, memberID)
+		}()
+	}
+	wg.Wait()
+}
+
+// Anchor implements groupstate.AnchorStore.
+func (s *Store) Anchor(group string, want groupstate.Anchor) {
+	as := s.anchors
+	if as == nil {
+		return
+	}
+	a := as.get(group, true)
+	a.mu.Lock()
+	a.want, a.wanted, a.forgotten = want, true, false
+	a.mu.Unlock()
+	as.kick(a)
+}
+
+// Unanchor implements groupstate.AnchorStore.
+func (s *Store) Unanchor(group string) {
+	as := s.anchors
+	if as == nil {
+		return
+	}
+	as.mu.Lock()
+	a := as.groups[group]
+	delete(as.groups, group)
+	as.mu.Unlock()
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.forgotten = true
+	a.broadcastLocked()
+	a.mu.Unlock()
+}
+
+// AnchorIdentity returns the member id and generation of group's anchor,
+// ok false when it holds no membership. For tests and the admin API.
+func (s *Store) AnchorIdentity(group string) (memberID string, generation int32, ok bool) {
+	if s.anchors == nil {
+		return "", 0, false
+	}
+	a := s.anchors.get(group, false)
+	if a == nil {
+		return "", 0, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.memberID, a.gen, a.state == anchorIn
+}
+
+// Anchors returns the number of groups with an anchor entry, and how many
+// of them hold a membership in the cluster now.
+func (s *Store) Anchors() (entries, held int) {
+	if s.anchors == nil {
+		return 0, 0
+	}
+	s.anchors.mu.Lock()
+	all := make([]*anchor, 0, len(s.anchors.groups))
+	for _, a := range s.anchors.groups {
+		all = append(all, a)
+	}
+	s.anchors.mu.Unlock()
+	for _, a := range all {
+		a.mu.Lock()
+		if a.state == anchorIn {
+			held++
+		}
+		a.mu.Unlock()
+	}
+	return len(all), held
+}
+
+// get returns group's anchor, creating it if create.
+func (as *anchorSet) get(group string, create bool) *anchor {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	a := as.groups[group]
+	if a == nil && create {
+		a = &anchor{group: group, changed: make(chan struct{})}
+		as.groups[group] = a
+	}
+	return a
+}
+
+// broadcastLocked wakes whoever waits on a's changes.
+func (a *anchor) broadcastLocked() {
+	close(a.changed)
+	a.changed = make(chan struct{})
+}
+
+// kick starts a's worker unless it runs.
+func (as *anchorSet) kick(a *anchor) {
+	a.mu.Lock()
+	if a.running {
+		a.mu.Unlock()
+		return
+	}
+	a.running = true
+	a.mu.Unlock()
+	go as.work(a)
+}
+
+// scheduler kicks the anchors whose heartbeat or retry is due, once a
+// second, until the set is closed.
+func (as *anchorSet) scheduler() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-as.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		as.mu.Lock()
+		var due []*anchor
+		for _, a := range as.groups {
+			a.mu.Lock()
+			if !a.running && a.dueLocked(now) {
+				due = append(due, a)
+			}
+			a.mu.Unlock()
+		}
+		as.mu.Unlock()
+		for _, a := range due {
+			as.kick(a)
+		}
+	}
+}
+
+// dueLocked reports whether a has work now.
+func (a *anchor) dueLocked(now time.Time) bool {
+	if !a.retryAt.IsZero() && now.Before(a.retryAt) {
+		return false
+	}
+	_, ok := a.nextOpLocked(now)
+	return ok
+}
+
+// anchorOp is one step of an anchor's worker.
+type anchorOp int8
+
+const (
+	opJoin anchorOp = iota
+	opHeartbeat
+	opLeave
+)
+
+// nextOpLocked says what a must do now, if anything.
+func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
+	switch {
+	case a.forgotten || a.state == anchorFenced || !a.wanted:
+		return 0, false
+	case a.want.Members == 0:
+		return opLeave, a.state == anchorIn
+	case a.state != anchorIn || a.rejoin || !sameMembership(a.have, a.want):
+		return opJoin, true
+	case !now.Before(a.nextHeartbeat):
+		return opHeartbeat, true
+	}
+	return 0, false
+}
+
+// sameMembership reports whether a membership joined for have still
+// stands for want: the same protocol type, protocol names and topics.
+// A change of the owned partitions alone needs no new generation: the
+// anchor assigns itself what kproxy's members own whenever the cluster's
+// group rebalances.
+func sameMembership(have, want groupstate.Anchor) bool {
+	return have.ProtocolType == want.ProtocolType && slices.Equal(have.Protocols, want.Protocols) && slices.Equal(have.Topics, want.Topics)
+}
+
+// work runs a's requests until it has nothing to do.
+func (as *anchorSet) work(a *anchor) {
+	for {
+		now := time.Now()
+		a.mu.Lock()
+		op, ok := a.nextOpLocked(now)
+		if ok && !a.retryAt.IsZero() && now.Before(a.retryAt) {
+			ok = false // the scheduler kicks it again once the retry is due
+		}
+		if !ok {
+			a.running = false
+			a.broadcastLocked()
+			a.mu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+		var err error
+		switch op {
+		case opJoin:
+			err = as.join(a)
+		case opHeartbeat:
+			err = as.heartbeat(a)
+		case opLeave:
+			a.mu.Lock()
+			memberID := a.memberID
+			a.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = as.leave(ctx, a.group, memberID)
+			cancel()
+			if err == nil {
+				a.mu.Lock()
+				a.state, a.memberID, a.gen = anchorOut, "", 0
+				a.broadcastLocked()
+				a.mu.Unlock()
+			}
+		}
+		a.mu.Lock()
+		if err != nil {
+			a.failures++
+			a.retryAt = time.Now().Add(backoff(min(a.failures, 8)))
+			as.s.log.Warn("kafkastore: anchor request failed", "group", a.group, "err", err)
+		} else {
+			a.failures, a.retryAt = 0, time.Time{}
+		}
+		a.mu.Unlock()
+	}
+}
+
+// request sends req to the coordinator of group, one at a time under
+// the set's bound.
+func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, error) {
+	select {
+	case as.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-as.sem }()
+	if as.opts.OnRequest != nil {
+		as.opts.OnRequest(req.Key())
+	}
+	return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
+}
+
+// liveOnCluster asks the cluster whether group has members and none of
+// them is an anchor of ours: then the cluster's coordinator serves it.
+func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, error) {
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
+			return g[0].ErrorCode
+		}
+		return 0
+	})
+	if err != nil {
+		return false, fmt.Errorf("describing group %q: %w", group, err)
+	}
+	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
+	if len(groups) == 0 {
+		return false, nil
+	}
+	g := groups[0]
+	switch g.ErrorCode {
+	case 0, kerr.GroupIDNotFound.Code:
+	default:
+		return false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
+	}
+	if len(g.Members) == 0 {
+		// Kafka 4 answers DescribeGroups for a KIP-848 group with
+		// GROUP_ID_NOT_FOUND ("not a classic group"), and 3.x with no
+		// members: ask ConsumerGroupDescribe.
+		return as.liveConsumerGroup(ctx, group)
+	}
+	for _, m := range g.Members {
+		if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// liveConsumerGroup reports whether group is a KIP-848 group with members
+// on the cluster. A cluster without ConsumerGroupDescribe has none.
+func (as *anchorSet) liveConsumerGroup(ctx context.Context, group string) (bool, error) {
+	if !as.s.supportsKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
+		return false, nil
+	}
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if g := r.(*kmsg.ConsumerGroupDescribeResponse).Groups; len(g) > 0 {
+			return g[0].ErrorCode
+		}
+		return 0
+	})
+	if err != nil {
+		return false, fmt.Errorf("describing consumer group %q: %w", group, err)
+	}
+	for _, g := range resp.(*kmsg.ConsumerGroupDescribeResponse).Groups {
+		if g.ErrorCode == 0 && len(g.Members) > 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// subscription is the consumer protocol metadata of an anchor for a.
+func subscription(a groupstate.Anchor) []byte {
+	if a.ProtocolType != "consumer" {
+		return nil
+	}
+	m := kmsg.NewConsumerMemberMetadata()
+	m.Version = 1
+	m.Topics = a.Topics
+	for _, t := range sortedTopics(a.Owned) {
+		m.OwnedPartitions = append(m.OwnedPartitions, kmsg.ConsumerMemberMetadataOwnedPartition{Topic: t, Partitions: a.Owned[t]})
+	}
+	return m.AppendTo(nil)
+}
+
+// assignmentOf is the consumer protocol assignment of owned.
+func assignmentOf(owned map[string][]int32) []byte {
+	m := kmsg.NewConsumerMemberAssignment()
+	for _, t := range sortedTopics(owned) {
+		m.Topics = append(m.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: t, Partitions: owned[t]})
+	}
+	return m.AppendTo(nil)
+}
+
+// sortedTopics returns owned's topics sorted.
+func sortedTopics(owned map[string][]int32) []string {
+	ts := make([]string, 0, len(owned))
+	for t := range owned {
+		ts = append(ts, t)
+	}
+	slices.Sort(ts)
+	return ts
+}
+
+// errAnchorFenced is the error of a request that found the anchor
+// replaced by another kproxy's.
+var errAnchorFenced = errors.New("anchor fenced by another kproxy")
+
+// join (re)joins a's membership: a JoinGroup with the instance id and an
+// empty member id (a static member rejoining so replaces its previous
+// member id without a rebalance), then a SyncGroup, as leader with the
+// assignment. Before the first join it checks that the group is not live
+// on the cluster without an anchor.
+func (as *anchorSet) join(a *anchor) error {
+	ctx, cancel := context.WithTimeout(context.Background(), as.opts.RebalanceTimeout+as.opts.SessionTimeout)
+	defer cancel()
+	a.mu.Lock()
+	checked := a.checked
+	a.mu.Unlock()
+	if !checked {
+		live, err := as.liveOnCluster(ctx, a.group)
+		if err != nil {
+			return err
+		}
+		if live {
+			as.lose(a, AnchorLiveOnCluster)
+			return nil
+		}
+		a.mu.Lock()
+		a.checked = true
+		a.mu.Unlock()
+	}
+	// Hold commits off and wait for those in flight: the replacement
+	// would fence them.
+	a.mu.Lock()
+	prev := a.state
+	a.state = anchorJoining
+	for a.commits > 0 {
+		ch := a.changed
+		a.mu.Unlock()
+		<-ch
+		a.mu.Lock()
+	}
+	want := a.want
+	a.rejoin = false
+	a.broadcastLocked()
+	a.mu.Unlock()
+
+	fail := func(err error) error {
+		a.mu.Lock()
+		if a.state == anchorJoining {
+			a.state = prev
+			if prev == anchorIn {
+				a.rejoin = true
+			}
+		}
+		a.broadcastLocked()
+		a.mu.Unlock()
+		return err
+	}
+
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group = a.group
+	req.SessionTimeoutMillis = int32(as.opts.SessionTimeout.Milliseconds())
+	req.RebalanceTimeoutMillis = int32(as.opts.RebalanceTimeout.Milliseconds())
+	req.MemberID = ""
+	req.InstanceID = &as.opts.InstanceID
+	req.ProtocolType = want.ProtocolType
+	meta := subscription(want)
+	for _, name := range want.Protocols {
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name, p.Metadata = name, meta
+		req.Protocols = append(req.Protocols, p)
+	}
+	if len(req.Protocols) == 0 {
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name, p.Metadata = "kproxy", meta
+		req.Protocols = append(req.Protocols, p)
+	}
+	resp, err := as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode })
+	if err != nil {
+		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, err))
+	}
+	jr := resp.(*kmsg.JoinGroupResponse)
+	switch jr.ErrorCode {
+	case 0:
+	case kerr.FencedInstanceID.Code:
+		as.lose(a, AnchorFenced)
+		return nil
+	case kerr.MemberIDRequired.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
+		// A pre-KIP-345 answer or a race with a rebalance: try again.
+		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
+	default:
+		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
+	}
+	if jr.LeaderID != jr.MemberID {
+		// Another member leads: the cluster's group was live with
+		// members of its own when the anchor joined. kproxy stops
+		// serving the group; the anchor leaves.
+		as.s.log.Warn("kafkastore: anchor joined a group led by another member; handing the group to the cluster", "group", a.group, "leader", jr.LeaderID)
+		_ = as.leave(ctx, a.group, jr.MemberID)
+		as.lose(a, AnchorLiveOnCluster)
+		return nil
+	}
+	sreq := kmsg.NewPtrSyncGroupRequest()
+	sreq.Group = a.group
+	sreq.Generation = jr.Generation
+	sreq.MemberID = jr.MemberID
+	sreq.InstanceID = &as.opts.InstanceID
+	sreq.ProtocolType = &want.ProtocolType
+	sreq.Protocol = jr.Protocol
+	if !jr.SkipAssignment {
+		a.mu.Lock()
+		owned := a.want.Owned
+		a.mu.Unlock()
+		for _, m := range jr.Members {
+			ga := kmsg.NewSyncGroupRequestGroupAssignment()
+			ga.MemberID = m.MemberID
+			if m.MemberID == jr.MemberID {
+				ga.MemberAssignment = assignmentOf(owned)
+			} else {
+				// A member that reached the cluster directly: the
+				// partitions are kproxy's members' (see above).
+				ga.MemberAssignment = assignmentOf(nil)
+			}
+			sreq.GroupAssignment = append(sreq.GroupAssignment, ga)
+		}
+	}
+	sresp, err := as.request(ctx, a.group, sreq, func(r kmsg.Response) int16 { return r.(*kmsg.SyncGroupResponse).ErrorCode })
+	if err != nil {
+		return fail(fmt.Errorf("anchor sync of group %q: %w", a.group, err))
+	}
+	switch code := sresp.(*kmsg.SyncGroupResponse).ErrorCode; code {
+	case 0:
+	case kerr.FencedInstanceID.Code:
+		as.lose(a, AnchorFenced)
+		return nil
+	default:
+		// REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID:
+		// the group moved on; join again.
+		a.mu.Lock()
+		a.state, a.memberID, a.gen, a.rejoin = anchorOut, jr.MemberID, jr.Generation, true
+		a.broadcastLocked()
+		a.mu.Unlock()
+		return fmt.Errorf("anchor sync of group %q: %w", a.group, kerr.ErrorForCode(code))
+	}
+	a.mu.Lock()
+	a.state, a.memberID, a.gen, a.have = anchorIn, jr.MemberID, jr.Generation, want
+	a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+	a.broadcastLocked()
+	a.mu.Unlock()
+	as.s.log.Debug("kafkastore: group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
+	return nil
+}
+
+// heartbeat keeps a's session and learns of rebalances.
+func (as *anchorSet) heartbeat(a *anchor) error {
+	a.mu.Lock()
+	memberID, gen := a.memberID, a.gen
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrHeartbeatRequest()
+	req.Group, req.Generation, req.MemberID, req.InstanceID = a.group, gen, memberID, &as.opts.InstanceID
+	resp, err := as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.HeartbeatResponse).ErrorCode })
+	if err != nil {
+		return fmt.Errorf("anchor heartbeat of group %q: %w", a.group, err)
+	}
+	code := resp.(*kmsg.HeartbeatResponse).ErrorCode
+	if code == kerr.FencedInstanceID.Code {
+		as.fenced(a.group, memberID)
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.memberID != memberID || a.state != anchorIn {
+		return nil
+	}
+	switch code {
+	case 0:
+		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+	case kerr.RebalanceInProgress.Code, kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code:
+		a.rejoin = true
+		a.broadcastLocked()
+	default:
+		return fmt.Errorf("anchor heartbeat of group %q: %w", a.group, kerr.ErrorForCode(code))
+	}
+	return nil
+}
+
+// leave takes memberID (the anchor) out of group.
+func (as *anchorSet) leave(ctx context.Context, group, memberID string) error {
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = group
+	req.MemberID = memberID
+	lm := kmsg.NewLeaveGroupRequestMember()
+	lm.MemberID, lm.InstanceID = memberID, &as.opts.InstanceID
+	req.Members = []kmsg.LeaveGroupRequestMember{lm}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
+	if err != nil {
+		return fmt.Errorf("anchor leave of group %q: %w", group, err)
+	}
+	lr := resp.(*kmsg.LeaveGroupResponse)
+	code := lr.ErrorCode
+	for _, m := range lr.Members {
+		if code == 0 {
+			code = m.ErrorCode
+		}
+	}
+	switch code {
+	case 0, kerr.UnknownMemberID.Code, kerr.FencedInstanceID.Code, kerr.GroupIDNotFound.Code:
+		// Gone already, or replaced by another kproxy's anchor.
+		return nil
+	}
+	return fmt.Errorf("anchor leave of group %q: %w", group, kerr.ErrorForCode(code))
+}
+
+// lose marks a fenced (it is dead) and reports it.
+func (as *anchorSet) lose(a *anchor, why AnchorLoss) {
+	a.mu.Lock()
+	if a.state == anchorFenced || a.forgotten {
+		a.mu.Unlock()
+		return
+	}
+	// The entry stays, fenced, until the engine drops the group
+	// (Unanchor) or loads it again (checkLoad): meanwhile no commit of
+	// the group leaves this store, anonymous ones included (the cluster
+	// accepts a TxnOffsetCommit without a member in any state).
+	a.state = anchorFenced
+	a.broadcastLocked()
+	a.mu.Unlock()
+	as.s.log.Info("kafkastore: group anchor lost; the group is no longer served here", "group", a.group, "why", why.String())
+	if as.opts.OnLost != nil {
+		go as.opts.OnLost(a.group, why)
+	}
+}
+
+// commitIdentity waits until group's anchor can carry a commit and
+// returns its identity, counting the commit in flight (release with
+// done). ok is false when the group has no anchor to commit under (no
+// members in kproxy, or anchoring is off): the commit is a simple one.
+func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID string, gen int32, ok bool, done func(), err error) {
+	a := as.get(group, false)
+	if a == nil {
+		return "", 0, false, nil, nil
+	}
+	for {
+		a.mu.Lock()
+		switch {
+		case a.state == anchorFenced:
+			a.mu.Unlock()
+			return "", 0, false, nil, fmt.Errorf("commit for group %q: %w: %w", group, errAnchorFenced, kerr.NotCoordinator)
+		case a.forgotten || !a.wanted || (a.want.Members == 0 && a.state != anchorIn):
+			a.mu.Unlock()
+			return "", 0, false, nil, nil
+		case a.state == anchorIn && !a.rejoin:
+			a.commits++
+			memberID, gen = a.memberID, a.gen
+			a.mu.Unlock()
+			return memberID, gen, true, func() {
+				a.mu.Lock()
+				a.commits--
+				a.broadcastLocked()
+				a.mu.Unlock()
+			}, nil
+		}
+		ch := a.changed
+		wait := time.Second
+		if !a.retryAt.IsZero() {
+			wait = max(time.Until(a.retryAt), 10*time.Millisecond)
+		}
+		a.mu.Unlock()
+		as.kick(a)
+		t := time.NewTimer(wait)
+		select {
+		case <-ch:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return "", 0, false, nil, fmt.Errorf("commit for group %q: waiting for its anchor: %w", group, ctx.Err())
+		}
+		t.Stop()
+	}
+}
+
+// needRejoin marks group's anchor for a rejoin after a commit found its
+// generation or member id stale.
+func (as *anchorSet) needRejoin(group, memberID string) {
+	a := as.get(group, false)
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	if a.memberID == memberID && a.state == anchorIn {
+		a.rejoin = true
+		a.broadcastLocked()
+	}
+	a.mu.Unlock()
+	as.kick(a)
+}
+
+// fenced marks group's anchor fenced after a commit found it replaced.
+func (as *anchorSet) fenced(group, memberID string) {
+	a := as.get(group, false)
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	same := a.memberID == memberID
+	a.mu.Unlock()
+	if same {
+		as.lose(a, AnchorFenced)
+	}
+}
+
+// awaitGone waits until group's anchor holds no membership (it left, was
+// forgotten or fenced), for a DeleteGroups the engine allowed: the
+// cluster would refuse it while the anchor is a member.
+func (as *anchorSet) awaitGone(ctx context.Context, group string) error {
+	a := as.get(group, false)
+	if a == nil {
+		return nil
+	}
+	for {
+		a.mu.Lock()
+		if a.state != anchorIn && a.state != anchorJoining && !a.running {
+			a.mu.Unlock()
+			return nil
+		}
+		ch := a.changed
+		a.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the anchor of group %q to leave: %w", group, ctx.Err())
+		}
+	}
+}
+
+// checkLoad is the load-time check of group (LoadGroupMetadata): a group
+// whose members the cluster serves without an anchor is not the engine's
+// (groupstate.ErrGroupLiveOnCluster). A group found anchored, or empty,
+// needs no second check before its anchor's first join.
+func (as *anchorSet) checkLoad(ctx context.Context, group string) error {
+	live, err := as.liveOnCluster(ctx, group)
+	if err != nil {
+		return err
+	}
+	if live {
+		if as.opts.OnLost != nil {
+			go as.opts.OnLost(group, AnchorLiveOnCluster)
+		}
+		return fmt.Errorf("kafkastore: group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
+	}
+	a := as.get(group, true)
+	a.mu.Lock()
+	if a.state == anchorFenced {
+		// Loaded again after a loss: start over.
+		a.state, a.memberID, a.gen, a.rejoin = anchorOut, "", 0, false
+	}
+	a.checked = true
+	a.mu.Unlock()
+	return nil
+}
+
+// supportsKey reports whether the cluster answers requests of key (asked
+// once, with ApiVersions, and remembered).
+func (s *Store) supportsKey(ctx context.Context, key int16) bool {
+	s.mu.Lock()
+	keys := s.apiKeys
+	s.mu.Unlock()
+	if keys == nil {
+		req := kmsg.NewPtrApiVersionsRequest()
+		req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
+		resp, err := req.RequestWith(ctx, s.cl)
+		if err != nil || resp.ErrorCode != 0 {
+			return false
+		}
+		keys = make(map[int16]bool, len(resp.ApiKeys))
+		for _, k := range resp.ApiKeys {
+			keys[k.ApiKey] = true
+		}
+		s.mu.Lock()
+		s.apiKeys = keys
+		s.mu.Unlock()
+	}
+	return keys[key]
+}
+
+// maxAnchoredAttempts bounds the tries of one anchored commit: each retry
+// follows a rejoin of the anchor (the cluster's group moved on).
+const maxAnchoredAttempts = 5
+
+// anchoredCommit writes topics for group as one OffsetCommit under the
+// group's anchor. anchored is false (and nothing was sent) when the
+// group has no anchor to commit under: the caller commits as before.
+func (s *Store) anchoredCommit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) (res []kmsg.OffsetCommitResponseTopic, anchored bool, err error) {
+	as := s.anchors
+	for attempt := 0; ; attempt++ {
+		memberID, gen, ok, done, err := as.commitIdentity(ctx, group)
+		if err != nil {
+			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
+		}
+		if !ok {
+			return nil, false, nil
+		}
+		req := s.commitRequest(ctx, group, topics)
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
+		if as.opts.OnRequest != nil {
+			as.opts.OnRequest(req.Key())
+		}
+		resp, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), firstCommitCode)
+		done()
+		if err != nil {
+			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
+		}
+		r := resp.(*kmsg.OffsetCommitResponse)
+		switch code := firstCommitCode(r); code {
+		case kerr.FencedInstanceID.Code:
+			as.fenced(group, memberID)
+			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w: %w", group, errAnchorFenced, kerr.NotCoordinator)
+		case kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
+			// The cluster's group moved on (a rebalance, an expired
+			// session): rejoin, then commit again. The engine sends
+			// one commit of a group at a time, so none newer went out.
+			if attempt+1 >= maxAnchoredAttempts {
+				return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: anchor kept failing: %w", group, kerr.ErrorForCode(code))
+			}
+			as.needRejoin(group, memberID)
+			continue
+		}
+		for i := range r.Topics {
+			r.Topics[i].Topic = s.nameOf(r.Topics[i].Topic, r.Topics[i].TopicID)
+		}
+		return r.Topics, true, nil
+	}
+}
+
+// firstCommitCode is the first partition error of an OffsetCommit answer
+// (its errors are per partition, and every one says the same for the
+// group-level failures).
+func firstCommitCode(resp kmsg.Response) int16 {
+	for _, t := range resp.(*kmsg.OffsetCommitResponse).Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return p.ErrorCode
+			}
+		}
+	}
+	return 0
+}
+
+// firstTxnCommitCode is firstCommitCode for TxnOffsetCommit.
+func firstTxnCommitCode(resp kmsg.Response) int16 {
+	for _, t := range resp.(*kmsg.TxnOffsetCommitResponse).Topics {
+		for _, p := range t.Partitions {
+			if p.ErrorCode != 0 {
+				return p.ErrorCode
+			}
+		}
+	}
+	return 0
+}
+
+// anchoredTxnCommit forwards an application's TxnOffsetCommit (already
+// validated by the engine against kproxy's generation) under group's
+// anchor, so the cluster's member checks fence it as a plain commit;
+// anchored is false when the group has no anchor.
+func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (resp *kmsg.TxnOffsetCommitResponse, anchored bool, err error) {
+	as := s.anchors
+	group := req.Group
+	for attempt := 0; ; attempt++ {
+		memberID, gen, ok, done, err := as.commitIdentity(ctx, group)
+		if err != nil {
+			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", group, err)
+		}
+		if !ok {
+			return nil, false, nil
+		}
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
+		if as.opts.OnRequest != nil {
+			as.opts.OnRequest(req.Key())
+		}
+		raw, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), firstTxnCommitCode)
+		done()
+		if err != nil {
+			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", group, err)
+		}
+		r := raw.(*kmsg.TxnOffsetCommitResponse)
+		switch code := firstTxnCommitCode(r); code {
+		case kerr.FencedInstanceID.Code:
+			as.fenced(group, memberID)
+			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w: %w", group, errAnchorFenced, kerr.NotCoordinator)
+		case kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
+			if attempt+1 >= maxAnchoredAttempts {
+				return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: anchor kept failing: %w", group, kerr.ErrorForCode(code))
+			}
+			as.needRejoin(group, memberID)
+			continue
+		}
+		for i := range r.Topics {
+			r.Topics[i].Topic = s.nameOf(r.Topics[i].Topic, r.Topics[i].TopicID)
+		}
+		return r, true, nil
+	}
+}
+
+// LiveOnCluster reports whether the cluster's own coordinator serves
+// group: it has members there, none of them an anchor of this store's
+// instance id (a KIP-848 group with members counts too). Anchoring must
+// be on.
+func (s *Store) LiveOnCluster(ctx context.Context, group string) (bool, error) {
+	if s.anchors == nil {
+		return false, errors.New("kafkastore: anchors are off")
+	}
+	return s.anchors.liveOnCluster(ctx, group)
+}
+
+// GroupCoordinator asks the cluster for the node id of group's
+// coordinator (FindCoordinator, not cached: the answer goes to a client
+// that follows it).
+func (s *Store) GroupCoordinator(ctx context.Context, group string) (int32, error) {
+	s.forgetCoordinator(coordinatorGroup, group)
+	return s.coordinator(ctx, coordinatorGroup, group)
+}
