@@ -78,14 +78,6 @@ func forwardedGroup(fw GroupForwarder, req kmsg.Request) string {
 	return g
 }
 
-// findCoordinatorKeys lists the group keys of a FindCoordinator.
-func findCoordinatorKeys(req *kmsg.FindCoordinatorRequest) []string {
-	if req.Version < 4 {
-		return []string{req.CoordinatorKey}
-	}
-	return req.CoordinatorKeys
-}
-
 // queueFindCoordinator answers a FindCoordinator for groups: kproxy's own
 // listener for the groups kproxy serves, kproxy's listener for the
 // cluster's coordinator broker for forwarded ones. The forwarder is

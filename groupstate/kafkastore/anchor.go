@@ -940,45 +940,79 @@ const maxAnchoredAttempts = 5
 // anchoredCommit writes topics for group as one OffsetCommit under the
 // group's anchor. anchored is false (and nothing was sent) when the
 // group has no anchor to commit under: the caller commits as before.
-func (s *Store) anchoredCommit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) (res []kmsg.OffsetCommitResponseTopic, anchored bool, err error) {
+func (s *Store) anchoredCommit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, bool, error) {
+	r, anchored, err := s.anchoredSend(ctx, group, "offset commit", func(memberID string, gen int32) kmsg.Request {
+		req := s.commitRequest(ctx, group, topics)
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &s.anchors.opts.InstanceID
+		return req
+	}, firstCommitCode)
+	if r == nil {
+		return nil, anchored, err
+	}
+	resp := r.(*kmsg.OffsetCommitResponse)
+	for i := range resp.Topics {
+		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
+	}
+	return resp.Topics, true, nil
+}
+
+// anchoredTxnCommit forwards an application's TxnOffsetCommit (already
+// validated by the engine against kproxy's generation) under group's
+// anchor, so the cluster's member checks fence it as a plain commit;
+// anchored is false when the group has no anchor.
+func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, bool, error) {
+	r, anchored, err := s.anchoredSend(ctx, req.Group, "txn offset commit", func(memberID string, gen int32) kmsg.Request {
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &s.anchors.opts.InstanceID
+		return req
+	}, firstTxnCommitCode)
+	if r == nil {
+		return nil, anchored, err
+	}
+	resp := r.(*kmsg.TxnOffsetCommitResponse)
+	for i := range resp.Topics {
+		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
+	}
+	return resp, true, nil
+}
+
+// anchoredSend sends the request build makes for the anchor's identity
+// to group's coordinator, and reads code (the first partition error)
+// from the answer: FENCED_INSTANCE_ID loses the anchor (an error
+// wrapping NOT_COORDINATOR); ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID and
+// REBALANCE_IN_PROGRESS rejoin the anchor and send again (the engine
+// sends one commit of a group at a time, so none newer went out). A nil
+// response with anchored false means the group has no anchor.
+func (s *Store) anchoredSend(ctx context.Context, group, what string, build func(memberID string, gen int32) kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, bool, error) {
 	as := s.anchors
 	for attempt := 0; ; attempt++ {
 		memberID, gen, ok, done, err := as.commitIdentity(ctx, group)
 		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
+			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w", what, group, err)
 		}
 		if !ok {
 			return nil, false, nil
 		}
-		req := s.commitRequest(ctx, group, topics)
-		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
+		req := build(memberID, gen)
 		if as.opts.OnRequest != nil {
 			as.opts.OnRequest(req.Key())
 		}
-		resp, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), firstCommitCode)
+		resp, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 		done()
 		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
+			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w", what, group, err)
 		}
-		r := resp.(*kmsg.OffsetCommitResponse)
-		switch code := firstCommitCode(r); code {
+		switch c := code(resp); c {
 		case kerr.FencedInstanceID.Code:
 			as.fenced(group, memberID)
-			return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: %w: %w", group, errAnchorFenced, kerr.NotCoordinator)
+			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w: %w", what, group, errAnchorFenced, kerr.NotCoordinator)
 		case kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
-			// The cluster's group moved on (a rebalance, an expired
-			// session): rejoin, then commit again. The engine sends
-			// one commit of a group at a time, so none newer went out.
 			if attempt+1 >= maxAnchoredAttempts {
-				return nil, true, fmt.Errorf("kafkastore: offset commit for group %q: anchor kept failing: %w", group, kerr.ErrorForCode(code))
+				return nil, true, fmt.Errorf("kafkastore: %s for group %q: anchor kept failing: %w", what, group, kerr.ErrorForCode(c))
 			}
 			as.needRejoin(group, memberID)
 			continue
 		}
-		for i := range r.Topics {
-			r.Topics[i].Topic = s.nameOf(r.Topics[i].Topic, r.Topics[i].TopicID)
-		}
-		return r.Topics, true, nil
+		return resp, true, nil
 	}
 }
 
@@ -1006,49 +1040,6 @@ func firstTxnCommitCode(resp kmsg.Response) int16 {
 		}
 	}
 	return 0
-}
-
-// anchoredTxnCommit forwards an application's TxnOffsetCommit (already
-// validated by the engine against kproxy's generation) under group's
-// anchor, so the cluster's member checks fence it as a plain commit;
-// anchored is false when the group has no anchor.
-func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (resp *kmsg.TxnOffsetCommitResponse, anchored bool, err error) {
-	as := s.anchors
-	group := req.Group
-	for attempt := 0; ; attempt++ {
-		memberID, gen, ok, done, err := as.commitIdentity(ctx, group)
-		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", group, err)
-		}
-		if !ok {
-			return nil, false, nil
-		}
-		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
-		if as.opts.OnRequest != nil {
-			as.opts.OnRequest(req.Key())
-		}
-		raw, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), firstTxnCommitCode)
-		done()
-		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", group, err)
-		}
-		r := raw.(*kmsg.TxnOffsetCommitResponse)
-		switch code := firstTxnCommitCode(r); code {
-		case kerr.FencedInstanceID.Code:
-			as.fenced(group, memberID)
-			return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: %w: %w", group, errAnchorFenced, kerr.NotCoordinator)
-		case kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
-			if attempt+1 >= maxAnchoredAttempts {
-				return nil, true, fmt.Errorf("kafkastore: txn offset commit for group %q: anchor kept failing: %w", group, kerr.ErrorForCode(code))
-			}
-			as.needRejoin(group, memberID)
-			continue
-		}
-		for i := range r.Topics {
-			r.Topics[i].Topic = s.nameOf(r.Topics[i].Topic, r.Topics[i].TopicID)
-		}
-		return r, true, nil
-	}
 }
 
 // LiveOnCluster reports whether the cluster's own coordinator serves

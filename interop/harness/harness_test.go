@@ -149,7 +149,7 @@ func TestRequestLogScan(t *testing.T) {
 	}
 	write(`[x] Completed request:{"requestHeader":{"requestApiKey":11,"requestApiVersion":9}}` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4}}` + "\n" +
-		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4},"request":{"groupId":"g","generationId":1,"memberId":"m","groupInstanceId":"kproxy-anchor"}}` + "\n" +
+		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4,"correlationId":3,"clientId":"kproxy","requestApiKeyName":"HEARTBEAT"},"request":{"groupId":"g","generationId":1,"memberId":"kproxy-anchor-1",...` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":1`)
 	l := &requestLog{path: path}
 	got, err := countAll([]*requestLog{l})

@@ -184,10 +184,14 @@ func (l *requestLog) scan() error {
 	const key = `"requestApiKey":`
 	for _, line := range strings.Split(string(buf[:end]), "\n") {
 		i := strings.Index(line, key)
-		if i < 0 || strings.Contains(line, "__kproxy_fleet") || strings.Contains(line, `"groupInstanceId":"kproxy-anchor`) {
+		if i < 0 || strings.Contains(line, "__kproxy_fleet") || strings.Contains(line, `"clientId":"kproxy"`) {
 			// The kproxy fleet's own group (docs/fleet.md) and each
 			// served group's anchor (docs/anchors.md) are served by
-			// the brokers by design; only application members count.
+			// the brokers by design: kproxy's own client sends them
+			// (client id kproxy; the broker's log cuts long lines, so
+			// the anchor's instance id may be cut off). Only the
+			// application members' requests, which kproxy forwards
+			// with their own client ids, count.
 			continue
 		}
 		n, j := 0, i+len(key)
