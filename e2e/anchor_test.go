@@ -14,6 +14,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
 // Anchored groups (docs/anchors.md) against kfake, which implements
@@ -310,5 +311,44 @@ func TestForwardLiveGroup(t *testing.T) {
 	s.assertCommittedAtEnd(ctx, group, topic)
 	if got := s.engine.Groups(); slices.ContainsFunc(got, func(g groupstate.GroupSnapshot) bool { return g.Group == group && len(g.Members) > 0 }) {
 		t.Fatalf("kproxy's engine served the forwarded group: %+v", got)
+	}
+}
+
+// TestAnchorsLeaveWithTheLastKproxy: kproxy removed at once (its members
+// cut off, then kproxy stopped) takes its anchors out of the cluster's
+// groups, in local mode and as the last kproxy of a fleet, so that the
+// application's members, restarted against the brokers, get every
+// partition at once instead of waiting for the anchors' sessions.
+func TestAnchorsLeaveWithTheLastKproxy(t *testing.T) {
+	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := context.Background()
+			s := newStack(t, func(c *kproxy.Config) {
+				c.Groups.Mode = mode
+				c.Groups.Fleet.Name = "last-" + string(mode)
+			})
+			group, topic := "last-"+string(mode), "last-t-"+string(mode)
+			s.produce(ctx, topic, 2, 50)
+			own, recs := newOwnership(t), newRecords()
+			m := s.startMember("m", memberCfg{group: group, topic: topic, own: own, recs: recs, opts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}})
+			waitOwners(t, own, 2, "m")
+			adm := directAdmin(t, s)
+			waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool { return len(d.Members) == 1 })
+			m.kill(own) // kproxy's group keeps the member until its session ends
+			s.stop()
+			d := describeDirect(ctx, t, adm, group)
+			if len(d.Members) != 0 {
+				t.Fatalf("after the last kproxy stopped the cluster's group still has %d members (%+v)", len(d.Members), d.Members)
+			}
+			// A member that now goes to the brokers directly gets every
+			// partition from the committed offsets.
+			direct := startMemberAt(t, s.cluster.ListenAddrs()[0], "direct", memberCfg{group: group, topic: topic, own: own, recs: recs,
+				opts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}})
+			waitOwners(t, own, 2, "direct")
+			direct.leave()
+			if miss := recs.missing(50); len(miss) > 0 {
+				t.Fatalf("records never consumed: %v", miss)
+			}
+		})
 	}
 }

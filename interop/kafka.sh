@@ -7,6 +7,7 @@
 #   interop/kafka.sh stop
 #   interop/kafka.sh status
 #   interop/kafka.sh fetch [--version V]  # only download the jars
+#   interop/kafka.sh tools [--version V]  # kafka-consumer-groups: print its class path and main class
 #   interop/kafka.sh request-log      # print the request log path(s)
 #   interop/kafka.sh kill N           # SIGKILL node N (a crash, for fault rows)
 #   interop/kafka.sh restart N        # start node N again on its data, wait for it
@@ -122,6 +123,42 @@ fetch_libs() {
 }
 
 classpath() { printf '%s' "$LIBS/*"; }
+
+# fetch_tools resolves Kafka's command-line tools (kafka-tools, with its
+# dependencies; broker/tools-pom.xml) into $CACHE/kafka-<v>/tools, once per
+# version. Kafka 3.7+ keeps kafka-consumer-groups' ConsumerGroupCommand
+# there (org.apache.kafka.tools.consumer.group); earlier releases have it
+# in the broker's own jar (kafka.admin).
+fetch_tools() {
+	local tools="$CACHE/kafka-$KAFKA_VERSION/tools"
+	if [[ -f "$tools/.complete" ]]; then
+		return 0
+	fi
+	command -v mvn >/dev/null || die "mvn not found (Maven 3.8+ is needed to fetch the Kafka tools jars)"
+	log "fetching the Apache Kafka $KAFKA_VERSION tools jars into $tools"
+	rm -rf "$tools"
+	mkdir -p "$tools"
+	mvn -q -B -f "$HERE/broker/tools-pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+		dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tools" >&2 ||
+		die "maven could not resolve org.apache.kafka:kafka-tools:$KAFKA_VERSION"
+	ls "$tools"/kafka-tools-"$KAFKA_VERSION".jar >/dev/null 2>&1 || die "kafka-tools jar missing from $tools"
+	touch "$tools/.complete"
+}
+
+# cmd_tools [--version V] fetches what is missing and prints the Java class
+# path of kafka-consumer-groups for version V and its main class, one per
+# line.
+cmd_tools() {
+	[[ "${1:-}" != --version ]] || KAFKA_VERSION=${2:-}
+	version_setup "$KAFKA_VERSION"
+	if version_ge "$KAFKA_VERSION" 3.7.0; then
+		fetch_tools
+		printf '%s\n' "$CACHE/kafka-$KAFKA_VERSION/tools/*" org.apache.kafka.tools.consumer.group.ConsumerGroupCommand
+	else
+		fetch_libs
+		printf '%s\n' "$(classpath)" kafka.admin.ConsumerGroupCommand
+	fi
+}
 
 write_node_config() {
 	local n=$1 brokers=$2 port=$3 dir=$4
@@ -480,8 +517,9 @@ fetch)
 	version_setup "$KAFKA_VERSION"
 	fetch_libs
 	;;
+tools) shift; cmd_tools "$@" ;;
 request-log) cmd_request_log ;;
 kill) shift; cmd_kill "$@" ;;
 restart) shift; cmd_restart "$@" ;;
-*) die "usage: $0 start [--brokers 1|3] [--port P] [--version V] [--security sasl_ssl] | stop | status | fetch [--version V] | request-log | kill N | restart N" ;;
+*) die "usage: $0 start [--brokers 1|3] [--port P] [--version V] [--security sasl_ssl] | stop | status | fetch [--version V] | tools [--version V] | request-log | kill N | restart N" ;;
 esac

@@ -98,8 +98,13 @@ type anchorSet struct {
 	s    *Store        // immutable
 	opts AnchorOptions // immutable, defaults filled
 
-	mu     sync.Mutex         // guards groups
+	mu     sync.Mutex         // guards groups and released
 	groups map[string]*anchor // by group id
+	// released maps the groups whose anchor the engine dropped while it
+	// was a member (Unanchor: the partition moved, or kproxy stops) to
+	// that member id, so that CloseAnchors(leave) can still take it out
+	// when nobody is left to replace it.
+	released map[string]string
 
 	// sem bounds the anchor requests in flight at once (heartbeats of
 	// thousands of groups come due together after a failover).
@@ -177,8 +182,9 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 	}
 	as := &anchorSet{
 		s: s, opts: o,
-		groups: make(map[string]*anchor),
-		sem:    make(chan struct{}, 64),
+		groups:   make(map[string]*anchor),
+		released: make(map[string]string),
+		sem:      make(chan struct{}, 64),
 		stop:   make(chan struct{}),
 	}
 	s.anchors = as
@@ -186,9 +192,10 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 }
 
 // CloseAnchors stops the anchors' heartbeats. With leave, every anchor
-// held leaves its group first (one LeaveGroup each, bounded by ctx): a
-// kproxy that serves groups alone (--groups local) and stops hands them
-// back to the cluster at once. A fleet member stops without leaving, so
+// held, or dropped by Unanchor while held, leaves its group first (one
+// LeaveGroup each, bounded by ctx): a kproxy that serves groups alone
+// (--groups local), or the last owner of a fleet, hands them back to the
+// cluster at once. Otherwise a fleet member stops without leaving, so
 // that the next owner replaces its anchors without a rebalance.
 func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 	as := s.anchors
@@ -201,20 +208,30 @@ func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 	for _, a := range as.groups {
 		all = append(all, a)
 	}
+	held := as.released
+	as.released = make(map[string]string)
 	as.mu.Unlock()
-	var wg sync.WaitGroup
 	for _, a := range all {
 		a.mu.Lock()
 		a.forgotten = true
-		held, memberID := a.state == anchorIn, a.memberID
-		a.mu.Unlock()
-		if !leave || !held {
-			continue
+		if a.state == anchorIn {
+			held[a.group] = a.memberID
 		}
+		a.mu.Unlock()
+	}
+	if !leave {
+		return
+	}
+	// An anchor another kproxy replaced meanwhile answers
+	// FENCED_INSTANCE_ID and stays the other's: leave treats it as gone.
+	var wg sync.WaitGroup
+	for group, memberID := range held {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = as.leave(ctx, a.group, memberID)
+			if err := as.leave(ctx, group, memberID); err != nil {
+				as.s.log.Warn("kafkastore: anchor did not leave", "group", group, "err", err)
+			}
 		}()
 	}
 	wg.Wait()
@@ -227,6 +244,9 @@ func (s *Store) Anchor(group string, want groupstate.Anchor) {
 		return
 	}
 	a := as.get(group, true)
+	as.mu.Lock()
+	delete(as.released, group)
+	as.mu.Unlock()
 	a.mu.Lock()
 	a.want, a.wanted, a.forgotten = want, true, false
 	a.mu.Unlock()
@@ -240,17 +260,27 @@ func (s *Store) Unanchor(group string) {
 		return
 	}
 	as.mu.Lock()
+	defer as.mu.Unlock()
 	a := as.groups[group]
 	delete(as.groups, group)
-	as.mu.Unlock()
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
 	a.forgotten = true
+	if a.state == anchorIn {
+		if len(as.released) >= maxReleased {
+			clear(as.released)
+		}
+		as.released[group] = a.memberID
+	}
 	a.broadcastLocked()
 	a.mu.Unlock()
 }
+
+// maxReleased bounds anchorSet.released; past it the map is emptied
+// (the anchors it named then expire by their session).
+const maxReleased = 100_000
 
 // AnchorIdentity returns the member id and generation of group's anchor,
 // ok false when it holds no membership. For tests and the admin API.

@@ -124,7 +124,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet"), changed: make(chan struct{})}
 	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
 	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced, OnTransaction: f.onTransaction})
-	w.enableAnchors(f.store, cfg, false)
+	w.enableAnchors(f.store, cfg, f.lastOwner)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	n, err := f.store.Partitions(pctx)
 	cancel()
@@ -223,6 +223,20 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	w.fleet = f
 	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fleetRole(fc))
 	return nil
+}
+
+// lastOwner reports whether no other kproxy owns a partition in this
+// member's latest view of the fleet table (read when kproxy stops).
+func (f *fleetRuntime) lastOwner() bool {
+	if f.member == nil {
+		return true
+	}
+	for _, o := range f.member.Table() {
+		if !o.IsZero() && o.ID != f.id {
+			return false
+		}
+	}
+	return true
 }
 
 // fleetRole names this kproxy's role in the fleet, as the command's

@@ -264,7 +264,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	ks := kafkastore.New(cl)
-	w.enableAnchors(ks, cfg, true)
+	w.enableAnchors(ks, cfg, func() bool { return true })
 	var store groupstate.OffsetStore = ks
 	if cfg.Groups.WrapStore != nil {
 		store = cfg.Groups.WrapStore(store)
@@ -370,10 +370,13 @@ func (w *Server) close(ctx context.Context) error {
 // forwarding that goes with them (docs/anchors.md), unless disabled. An
 // anchor lost (another kproxy's replaced it, or the cluster serves the
 // group itself) unloads its group here; in local mode its clients are
-// then sent to the cluster's coordinator. leaveOnClose makes the
-// anchors leave their groups when kproxy stops (local mode: nobody
-// takes them over).
-func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose bool) {
+// then sent to the cluster's coordinator. leaveOnClose, asked when
+// kproxy stops, makes the anchors leave their groups then: in local
+// mode always (nobody takes them over), in a fleet when no other owner
+// is left to replace them (the last kproxy of the fleet stops: the
+// application's members go on on the brokers at once, without waiting
+// for the anchors' sessions to expire).
+func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose func() bool) {
 	ac := cfg.Groups.Anchors
 	if ac.Disabled {
 		return
@@ -389,7 +392,7 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		SessionTimeout:    ac.SessionTimeout,
 		HeartbeatInterval: ac.HeartbeatInterval,
 		OnLost: func(group string, why kafkastore.AnchorLoss) {
-			if why == kafkastore.AnchorLiveOnCluster || leaveOnClose {
+			if why == kafkastore.AnchorLiveOnCluster || cfg.Groups.Mode == GroupsLocal {
 				fw.mark(group)
 			}
 			if eng := w.engine; eng != nil {
@@ -403,7 +406,7 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		store.CloseAnchors(lctx, leaveOnClose)
+		store.CloseAnchors(lctx, leaveOnClose())
 		return nil
 	})
 }

@@ -160,6 +160,13 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
 			producer: goc("franz")},
+		// anchors.go: a group kproxy serves, seen live by Kafka's own
+		// kafka-consumer-groups through its anchor; a live group's
+		// members moved behind a fleet of kproxies and back.
+		{name: "anchor-admin", client: goc("franz"), assignor: "range", anchorAdmin: true,
+			tools: []string{"env", "KPROXY_CACHE=" + cacheDir, "bash", filepath.Join(h.root, "interop/kafka.sh"), "tools"}},
+		{name: "franz-adoption", client: goc("franz"), assignor: "cooperative-sticky", adoption: true,
+			brokerGroupTraffic: "the group is live on the cluster while its members move, so kproxy forwards their group requests to the cluster's coordinator (docs/anchors.md, per-group forwarding)"},
 		// security.go: alice, bob and carol with their ACLs over
 		// SASL_SSL; only with -security (run.sh's security phase).
 		{name: "java-sasl-acls", client: java, security: true},
@@ -276,6 +283,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	groupsTopic, persisted := h.groupsTopic()
 	groupRecords, groupRows := 0, 0
 	var killPrior *brokerOutage // the direct path's outcome of the broker-kill row
+	var adoptPrior *adoption    // the direct path's outcome of the adoption row
 	var skipped []string
 	var results []result
 	directBlind := false // set when a direct row shows the request log counter sees nothing
@@ -300,7 +308,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			if (r.fleet || r.apiVersions) && path != "kproxy" {
 				continue // compared with the direct path inside the row, or none exists
 			}
-			if path == "kproxy" && !r.fleet {
+			if path == "kproxy" && !r.fleet && !r.adoption {
 				startKproxy()
 				if kpErr != nil {
 					results = append(results, result{row: r.name, path: path, rebalances: "-", settle: "-", broker: "-",
@@ -344,6 +352,14 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				res.notes = append(res.notes, "runs on the kproxy path only and compares it with the direct path itself")
 			} else if r.migration {
 				res = s.runMigration(ctx)
+			} else if r.anchorAdmin {
+				res = s.runAnchorAdmin(ctx)
+			} else if r.adoption {
+				var o *adoption
+				res, o = s.runAdoption(ctx, kproxyBin, kproxyPort, adoptPrior)
+				if path == "direct" {
+					adoptPrior = o
+				}
 			} else {
 				res = s.run(ctx)
 				if path == "kproxy" && res.pass && persisted {
@@ -386,7 +402,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 						directBlind = true
 						res.notes = append(res.notes, "the broker request log shows no JoinGroup for a direct row: the counter cannot see group traffic")
 					}
-					if path == "kproxy" && expectEngine && jg+sg+hb > 0 {
+					if path == "kproxy" && r.brokerGroupTraffic != "" && jg+sg+hb > 0 {
+						res.notes = append(res.notes, fmt.Sprintf("broker group traffic expected on the kproxy path, not held to KPROXY_INTEROP_EXPECT_ENGINE: %s", r.brokerGroupTraffic))
+					} else if path == "kproxy" && expectEngine && jg+sg+hb > 0 {
 						res.pass = false
 						res.reason = joinReason(res.reason, fmt.Sprintf("broker saw group traffic on the kproxy path: JoinGroup=%d SyncGroup=%d Heartbeat+ConsumerGroupHeartbeat=%d", jg, sg, hb))
 					}

@@ -44,6 +44,18 @@ type row struct {
 	// against a release without it the row is expected to fail
 	// (versions.go). nil = none.
 	needs *feature
+	// anchorAdmin: the row checks a group's anchor with Kafka's
+	// kafka-consumer-groups (anchors.go); tools is the argv that prints
+	// the tool's class path and main class (kafka.sh tools).
+	anchorAdmin bool
+	tools       []string
+	// adoption: the row moves a live group's members behind a fleet of
+	// kproxies and back, one at a time (anchors.go).
+	adoption bool
+	// brokerGroupTraffic, when set, says why the broker legitimately
+	// serves the row's group requests on the kproxy path; it exempts
+	// the row from KPROXY_INTEROP_EXPECT_ENGINE's 0/0/0.
+	brokerGroupTraffic string
 }
 
 // result is one printed line of the table.
