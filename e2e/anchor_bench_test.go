@@ -26,6 +26,7 @@ import (
 //     one partition of the groups topic and sit idle, with the anchors'
 //     session at 8s (a heartbeat every 2s; the default 2m session
 //     heartbeats 15 times less often);
+//
 //   - the failover of that partition: its owner is SIGKILLed and every
 //     group commits through the survivor, which loads each group, checks
 //     it is not live on the cluster, and replaces its anchor (one
@@ -33,7 +34,7 @@ import (
 //     commit is written: the time until each group's first commit after
 //     the kill succeeded.
 //
-//	go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
+//     go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
 func BenchmarkAnchors(b *testing.B) {
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_ANCHOR_GROUPS")); err == nil && v > 0 {

@@ -185,7 +185,7 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 		groups:   make(map[string]*anchor),
 		released: make(map[string]string),
 		sem:      make(chan struct{}, 64),
-		stop:   make(chan struct{}),
+		stop:     make(chan struct{}),
 	}
 	s.anchors = as
 	go as.scheduler()
