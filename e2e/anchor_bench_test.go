@@ -19,22 +19,19 @@ import (
 )
 
 // BenchmarkAnchors measures what anchors (docs/anchors.md) cost a fleet,
-// with `kproxy serve` children in front of one in-memory kfake cluster:
+// with `kproxy serve` children in front of one in-memory kfake cluster.
+// First the anchor requests per second at the cluster while N groups (one
+// member each, $KPROXY_BENCH_ANCHOR_GROUPS, default 1000) all live in one
+// partition of the groups topic and sit idle, with the anchors' session
+// at 8s (a heartbeat every 2s; the default 2m session heartbeats 15 times
+// less often). Then the failover of that partition: its owner is
+// SIGKILLed and every group commits through the survivor, which loads
+// each group, checks it is not live on the cluster, and replaces its
+// anchor (one DescribeGroups, JoinGroup and SyncGroup per group) before
+// the commit is written: the time until each group's first commit after
+// the kill succeeded. Run it with
 //
-//   - the anchor requests per second at the cluster while N groups (one
-//     member each, $KPROXY_BENCH_ANCHOR_GROUPS, default 1000) all live in
-//     one partition of the groups topic and sit idle, with the anchors'
-//     session at 8s (a heartbeat every 2s; the default 2m session
-//     heartbeats 15 times less often);
-//
-//   - the failover of that partition: its owner is SIGKILLed and every
-//     group commits through the survivor, which loads each group, checks
-//     it is not live on the cluster, and replaces its anchor (one
-//     DescribeGroups, JoinGroup and SyncGroup per group) before the
-//     commit is written: the time until each group's first commit after
-//     the kill succeeded.
-//
-//     go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
+//	go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
 func BenchmarkAnchors(b *testing.B) {
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_ANCHOR_GROUPS")); err == nil && v > 0 {
