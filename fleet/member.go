@@ -14,6 +14,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/classic"
 )
 
 // Owner is one entry of the fleet table: who owns a partition.
@@ -442,10 +444,7 @@ func (m *Member) heartbeatLoop(ctx context.Context, h *heartbeater) {
 		case <-t.C:
 		}
 		sent := m.now()
-		req := kmsg.NewPtrHeartbeatRequest()
-		req.Group = m.cfg.Group
-		req.MemberID = h.memberID
-		req.Generation = h.gen
+		req := classic.Member{Group: m.cfg.Group, MemberID: h.memberID, Generation: h.gen}.Heartbeat()
 		rctx, cancel := context.WithTimeout(ctx, timeout)
 		resp, err := req.RequestWith(rctx, m.cfg.Client)
 		cancel()
@@ -702,19 +701,17 @@ func (m *Member) join(ctx context.Context) (joinResult, error) {
 		epoch := m.fenceEpoch
 		m.mu.Unlock()
 
-		req := kmsg.NewPtrJoinGroupRequest()
-		req.Group = m.cfg.Group
-		req.SessionTimeoutMillis = int32(m.cfg.SessionTimeout.Milliseconds())
-		req.RebalanceTimeoutMillis = int32(m.cfg.RebalanceTimeout.Milliseconds())
-		req.MemberID = memberID
-		req.ProtocolType = ProtocolType
 		proto := kmsg.NewJoinGroupRequestProtocol()
 		proto.Name = ProtocolName
 		proto.Metadata = encodeMeta(memberMeta{
 			ID: m.cfg.ID, Peer: m.cfg.PeerAddr, Owner: m.cfg.Owner,
 			Partitions: m.cfg.Partitions, Owned: owned,
 		})
-		req.Protocols = []kmsg.JoinGroupRequestProtocol{proto}
+		req := classic.Join{
+			Group: m.cfg.Group, MemberID: memberID, ProtocolType: ProtocolType,
+			Protocols:      []kmsg.JoinGroupRequestProtocol{proto},
+			SessionTimeout: m.cfg.SessionTimeout, RebalanceTimeout: m.cfg.RebalanceTimeout,
+		}.Request()
 		sent := m.now()
 		resp, err := request[*kmsg.JoinGroupResponse](m, ctx, m.cfg.RebalanceTimeout+m.cfg.SessionTimeout, req)
 		if err != nil {
@@ -774,15 +771,11 @@ func (m *Member) awaitDeliverLost() {
 
 // sync sends SyncGroup, with the assignment if this member leads.
 func (m *Member) sync(ctx context.Context, jr joinResult) (assignmentDoc, error) {
-	req := kmsg.NewPtrSyncGroupRequest()
-	req.Group = m.cfg.Group
-	req.Generation = jr.gen
-	req.MemberID = jr.memberID
-	req.ProtocolType = kmsg.StringPtr(ProtocolType)
-	req.Protocol = kmsg.StringPtr(jr.protocol)
+	var assignments []kmsg.SyncGroupRequestGroupAssignment
 	if jr.leaderID == jr.memberID {
-		req.GroupAssignment = m.leaderAssign(jr)
+		assignments = m.leaderAssign(jr)
 	}
+	req := classic.Member{Group: m.cfg.Group, MemberID: jr.memberID, Generation: jr.gen}.Sync(ProtocolType, jr.protocol, assignments)
 	sent := m.now()
 	resp, err := request[*kmsg.SyncGroupResponse](m, ctx, m.cfg.RebalanceTimeout+m.cfg.SessionTimeout, req)
 	if err != nil {
@@ -972,24 +965,13 @@ func (m *Member) leave(ctx context.Context) error {
 	if memberID == "" {
 		return nil
 	}
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group = m.cfg.Group
-	req.MemberID = memberID // v0-2
-	lm := kmsg.NewLeaveGroupRequestMember()
-	lm.MemberID = memberID
-	lm.Reason = kmsg.StringPtr("kproxy leaving the fleet")
-	req.Members = []kmsg.LeaveGroupRequestMember{lm}
+	req := classic.Member{Group: m.cfg.Group, MemberID: memberID}.Leave("kproxy leaving the fleet")
 	resp, err := req.RequestWith(ctx, m.cfg.Client)
 	if err != nil {
 		return fmt.Errorf("leaving fleet group %q: %w", m.cfg.Group, err)
 	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return fmt.Errorf("leaving fleet group %q: %w", m.cfg.Group, err)
-	}
-	for _, mr := range resp.Members {
-		if err := kerr.ErrorForCode(mr.ErrorCode); err != nil {
-			return fmt.Errorf("leaving fleet group %q as %s: %w", m.cfg.Group, mr.MemberID, err)
-		}
+	if err := classic.LeaveError(resp); err != nil {
+		return fmt.Errorf("leaving fleet group %q as %s: %w", m.cfg.Group, memberID, err)
 	}
 	m.log.Info("fleet left", "member_id", memberID, "revoked", revoked)
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/classic"
 )
 
 // Anchors (docs/anchors.md). With EnableAnchors, every group the engine
@@ -635,24 +636,23 @@ func (as *anchorSet) join(a *anchor) error {
 		return err
 	}
 
-	req := kmsg.NewPtrJoinGroupRequest()
-	req.Group = a.group
-	req.SessionTimeoutMillis = int32(as.opts.SessionTimeout.Milliseconds())
-	req.RebalanceTimeoutMillis = int32(as.opts.RebalanceTimeout.Milliseconds())
-	req.MemberID = ""
-	req.InstanceID = &as.opts.InstanceID
-	req.ProtocolType = want.ProtocolType
 	meta := subscription(want)
+	var protocols []kmsg.JoinGroupRequestProtocol
 	for _, name := range want.Protocols {
 		p := kmsg.NewJoinGroupRequestProtocol()
 		p.Name, p.Metadata = name, meta
-		req.Protocols = append(req.Protocols, p)
+		protocols = append(protocols, p)
 	}
-	if len(req.Protocols) == 0 {
+	if len(protocols) == 0 {
 		p := kmsg.NewJoinGroupRequestProtocol()
 		p.Name, p.Metadata = "kproxy", meta
-		req.Protocols = append(req.Protocols, p)
+		protocols = append(protocols, p)
 	}
+	req := classic.Join{
+		Group: a.group, InstanceID: &as.opts.InstanceID,
+		ProtocolType: want.ProtocolType, Protocols: protocols,
+		SessionTimeout: as.opts.SessionTimeout, RebalanceTimeout: as.opts.RebalanceTimeout,
+	}.Request()
 	resp, err := as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode })
 	if err != nil {
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, err))
@@ -678,13 +678,8 @@ func (as *anchorSet) join(a *anchor) error {
 		as.lose(a, AnchorLiveOnCluster)
 		return nil
 	}
-	sreq := kmsg.NewPtrSyncGroupRequest()
-	sreq.Group = a.group
-	sreq.Generation = jr.Generation
-	sreq.MemberID = jr.MemberID
-	sreq.InstanceID = &as.opts.InstanceID
-	sreq.ProtocolType = &want.ProtocolType
-	sreq.Protocol = jr.Protocol
+	me := classic.Joined(a.group, &as.opts.InstanceID, jr)
+	var assignments []kmsg.SyncGroupRequestGroupAssignment
 	if !jr.SkipAssignment {
 		a.mu.Lock()
 		owned := a.want.Owned
@@ -699,16 +694,21 @@ func (as *anchorSet) join(a *anchor) error {
 				// partitions are kproxy's members' (see above).
 				ga.MemberAssignment = assignmentOf(nil)
 			}
-			sreq.GroupAssignment = append(sreq.GroupAssignment, ga)
+			assignments = append(assignments, ga)
 		}
 	}
+	protocol := ""
+	if jr.Protocol != nil {
+		protocol = *jr.Protocol
+	}
+	sreq := me.Sync(want.ProtocolType, protocol, assignments)
 	sresp, err := as.request(ctx, a.group, sreq, func(r kmsg.Response) int16 { return r.(*kmsg.SyncGroupResponse).ErrorCode })
 	if err != nil {
 		return fail(fmt.Errorf("anchor sync of group %q: %w", a.group, err))
 	}
-	switch code := sresp.(*kmsg.SyncGroupResponse).ErrorCode; code {
-	case 0:
-	case kerr.FencedInstanceID.Code:
+	switch code := sresp.(*kmsg.SyncGroupResponse).ErrorCode; classic.OutcomeOf(code) {
+	case classic.OK:
+	case classic.Fenced:
 		as.lose(a, AnchorFenced)
 		return nil
 	default:
@@ -736,14 +736,14 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req := kmsg.NewPtrHeartbeatRequest()
-	req.Group, req.Generation, req.MemberID, req.InstanceID = a.group, gen, memberID, &as.opts.InstanceID
+	req := classic.Member{Group: a.group, MemberID: memberID, InstanceID: &as.opts.InstanceID, Generation: gen}.Heartbeat()
 	resp, err := as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.HeartbeatResponse).ErrorCode })
 	if err != nil {
 		return fmt.Errorf("anchor heartbeat of group %q: %w", a.group, err)
 	}
 	code := resp.(*kmsg.HeartbeatResponse).ErrorCode
-	if code == kerr.FencedInstanceID.Code {
+	outcome := classic.OutcomeOf(code)
+	if outcome == classic.Fenced {
 		as.fenced(a.group, memberID)
 		return nil
 	}
@@ -752,10 +752,10 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 	if a.memberID != memberID || a.state != anchorIn {
 		return nil
 	}
-	switch code {
-	case 0:
+	switch outcome {
+	case classic.OK:
 		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
-	case kerr.RebalanceInProgress.Code, kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code:
+	case classic.Rejoin, classic.Stale:
 		a.rejoin = true
 		a.broadcastLocked()
 	default:
@@ -766,29 +766,16 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 
 // leave takes memberID (the anchor) out of group.
 func (as *anchorSet) leave(ctx context.Context, group, memberID string) error {
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group = group
-	req.MemberID = memberID
-	lm := kmsg.NewLeaveGroupRequestMember()
-	lm.MemberID, lm.InstanceID = memberID, &as.opts.InstanceID
-	req.Members = []kmsg.LeaveGroupRequestMember{lm}
+	req := classic.Member{Group: group, MemberID: memberID, InstanceID: &as.opts.InstanceID}.Leave("kproxy's group is empty")
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
 	if err != nil {
 		return fmt.Errorf("anchor leave of group %q: %w", group, err)
 	}
-	lr := resp.(*kmsg.LeaveGroupResponse)
-	code := lr.ErrorCode
-	for _, m := range lr.Members {
-		if code == 0 {
-			code = m.ErrorCode
-		}
+	if err := classic.LeaveError(resp.(*kmsg.LeaveGroupResponse)); err != nil && !classic.Gone(err) {
+		// Gone: left already, or replaced by another kproxy's anchor.
+		return fmt.Errorf("anchor leave of group %q: %w", group, err)
 	}
-	switch code {
-	case 0, kerr.UnknownMemberID.Code, kerr.FencedInstanceID.Code, kerr.GroupIDNotFound.Code:
-		// Gone already, or replaced by another kproxy's anchor.
-		return nil
-	}
-	return fmt.Errorf("anchor leave of group %q: %w", group, kerr.ErrorForCode(code))
+	return nil
 }
 
 // lose marks a fenced (it is dead) and reports it.
@@ -1031,11 +1018,11 @@ func (s *Store) anchoredSend(ctx context.Context, group, what string, build func
 		if err != nil {
 			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w", what, group, err)
 		}
-		switch c := code(resp); c {
-		case kerr.FencedInstanceID.Code:
+		switch c := code(resp); classic.OutcomeOf(c) {
+		case classic.Fenced:
 			as.fenced(group, memberID)
 			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w: %w", what, group, errAnchorFenced, kerr.NotCoordinator)
-		case kerr.IllegalGeneration.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
+		case classic.Stale, classic.Rejoin:
 			if attempt+1 >= maxAnchoredAttempts {
 				return nil, true, fmt.Errorf("kafkastore: %s for group %q: anchor kept failing: %w", what, group, kerr.ErrorForCode(c))
 			}
