@@ -352,3 +352,31 @@ func TestAnchorsLeaveWithTheLastKproxy(t *testing.T) {
 		})
 	}
 }
+
+// TestAnchorThatCannotJoin: an anchor the cluster refuses (here a
+// session timeout above the cluster's group.max.session.timeout.ms) does
+// not stop the group's commits: after a few failed joins they are
+// written without it, as with anchors off.
+func TestAnchorThatCannotJoin(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const group, topic = "unanchorable", "unanchorable-t"
+	s.produce(ctx, topic, 1, 1)
+	st := kafkastore.New(directClient(t, s))
+	st.EnableAnchors(kafkastore.AnchorOptions{SessionTimeout: 24 * time.Hour})
+	t.Cleanup(func() { st.CloseAnchors(ctx, false) })
+	st.Anchor(group, groupstate.Anchor{Members: 1, ProtocolType: "consumer", Protocols: []string{"range"}, Topics: []string{topic}})
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	res, err := st.CommitOffsets(cctx, group, []kmsg.OffsetCommitRequestTopic{{Topic: topic,
+		Partitions: []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: 1, LeaderEpoch: -1}}}})
+	if err != nil {
+		t.Fatalf("commit with an anchor that cannot join: %v", err)
+	}
+	if code := res[0].Partitions[0].ErrorCode; code != 0 {
+		t.Fatalf("commit with an anchor that cannot join: %v", kerr.ErrorForCode(code))
+	}
+	if _, _, ok := st.AnchorIdentity(group); ok {
+		t.Fatal("the anchor joined with a session timeout the cluster refuses")
+	}
+}

@@ -459,8 +459,13 @@ func (as *anchorSet) work(a *anchor) {
 		a.mu.Lock()
 		if err != nil {
 			a.failures++
-			a.retryAt = time.Now().Add(backoff(min(a.failures, 8)))
-			as.s.log.Warn("kafkastore: anchor request failed", "group", a.group, "err", err)
+			a.retryAt = time.Now().Add(anchorBackoff(a.failures))
+			as.s.log.Warn("kafkastore: anchor request failed", "group", a.group, "failures", a.failures, "err", err)
+			if a.failures == anchorGiveUp && a.state == anchorOut {
+				as.s.log.Error("kafkastore: the group's anchor cannot join the cluster's group; its commits go unanchored until it can "+
+					"(kproxy's principal needs READ on the group, and --group-anchor-session-timeout must lie within the cluster's group.min/max.session.timeout.ms)",
+					"group", a.group, "err", err)
+			}
 		} else {
 			a.failures, a.retryAt = 0, time.Time{}
 		}
@@ -816,6 +821,13 @@ func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID
 		case a.forgotten || !a.wanted || (a.want.Members == 0 && a.state != anchorIn):
 			a.mu.Unlock()
 			return "", 0, false, nil, nil
+		case a.state == anchorOut && a.failures >= anchorGiveUp:
+			// The anchor cannot join (kproxy's principal lacks group
+			// READ, the cluster's session bounds refuse it...): commit
+			// as without anchors rather than not at all. The cluster
+			// accepts such a commit only while its group is empty.
+			a.mu.Unlock()
+			return "", 0, false, nil, nil
 		case a.state == anchorIn && !a.rejoin:
 			a.commits++
 			memberID, gen = a.memberID, a.gen
@@ -949,6 +961,17 @@ func (s *Store) supportsKey(ctx context.Context, key int16) bool {
 	}
 	return keys[key]
 }
+
+// anchorBackoff is the wait after n failed anchor requests in a row:
+// 100ms doubling to 30s, so that thousands of anchors a cluster refuses
+// do not flood it.
+func anchorBackoff(n int) time.Duration {
+	return min(100*time.Millisecond<<min(n-1, 9), 30*time.Second)
+}
+
+// anchorGiveUp is the number of failed requests in a row after which a
+// group whose anchor never joined commits without it (commitIdentity).
+const anchorGiveUp = 3
 
 // maxAnchoredAttempts bounds the tries of one anchored commit: each retry
 // follows a rejoin of the anchor (the cluster's group moved on).
