@@ -380,3 +380,73 @@ func TestAnchorThatCannotJoin(t *testing.T) {
 		t.Fatal("the anchor joined with a session timeout the cluster refuses")
 	}
 }
+
+// TestRollbackMemberByMember: an application moved back off kproxy one
+// member at a time. A member that reaches the brokers directly while its
+// group is still kproxy's joins the cluster's group, where the anchor
+// holds every partition kproxy's members own: it gets nothing, so no
+// partition is ever owned twice; once the last member left kproxy the
+// anchor leaves and the direct members take every partition over from
+// the committed offsets, which never went backwards; nothing is lost.
+// Then the whole run again with cooperative members.
+func TestRollbackMemberByMember(t *testing.T) {
+	for _, balancer := range []string{"eager", "cooperative"} {
+		t.Run(balancer, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			s := newStack(t)
+			group, topic := "rollback-"+balancer, "rollback-t-"+balancer
+			const n = 900
+			s.produce(ctx, topic, 4, n/3)
+			opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}
+			if balancer == "eager" {
+				opts = append(opts, kgo.Balancers(kgo.RangeBalancer()))
+			}
+			own, recs := newOwnership(t), newRecords()
+			watch := watchOffsets(ctx, t, s.cluster.ListenAddrs(), topic, group)
+			mc := func() memberCfg { return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts} }
+			a := s.startMember("a", mc())
+			b := s.startMember("b", mc())
+			waitOwners(t, own, 4, "a", "b")
+			adm := directAdmin(t, s)
+			waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool { return len(d.Members) == 1 })
+
+			// b goes back to the brokers: a keeps every partition.
+			b.leave()
+			own.releaseAll("b")
+			b2 := startMemberAt(t, s.cluster.ListenAddrs()[0], "b-direct", mc())
+			waitOwners(t, own, 4, "a")
+			waitDirect(ctx, t, adm, group, "anchor and b-direct", func(d kadm.DescribedGroup) bool { return len(d.Members) == 2 && d.State == "Stable" })
+			s.produceRange(ctx, topic, n/3, 2*n/3)
+			time.Sleep(time.Second)
+			if o := own.owners(); len(o["b-direct"]) > 0 {
+				t.Fatalf("the direct member got %v while kproxy's member still owns its partitions", o["b-direct"])
+			}
+
+			// a goes back too: the anchor leaves, the direct members
+			// share every partition.
+			a.leave()
+			own.releaseAll("a")
+			a2 := startMemberAt(t, s.cluster.ListenAddrs()[0], "a-direct", mc())
+			waitOwners(t, own, 4, "a-direct", "b-direct")
+			d := waitDirect(ctx, t, adm, group, "direct only", func(d kadm.DescribedGroup) bool { return len(d.Members) == 2 })
+			for _, m := range d.Members {
+				if m.InstanceID != nil {
+					t.Fatalf("the anchor stayed after the last member left kproxy: %+v", m)
+				}
+			}
+			s.produceRange(ctx, topic, 2*n/3, n)
+			deadline := time.Now().Add(30 * time.Second)
+			for recs.distinct() < n && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if miss := recs.missing(n); len(miss) > 0 {
+				t.Fatalf("%d records never consumed, first %v", len(miss), miss[:min(5, len(miss))])
+			}
+			a2.leave()
+			b2.leave()
+			own.check()
+			watch.check(t)
+		})
+	}
+}

@@ -84,6 +84,12 @@ type AnchorOptions struct {
 	// HeartbeatInterval is how often an anchor heartbeats; 0 means a
 	// quarter of SessionTimeout.
 	HeartbeatInterval time.Duration
+	// PollInterval is how often the anchors' groups are described, many
+	// in one DescribeGroups per coordinator, to find those the cluster
+	// rebalances (a member reached it directly) sooner than the next
+	// heartbeat would: such a group waits for its anchor to rejoin. 0
+	// means 3s.
+	PollInterval time.Duration
 	// OnLost is called when the anchor of group was lost: the engine
 	// must stop serving the group (unload it). It runs on a goroutine of
 	// its own.
@@ -180,6 +186,9 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = o.SessionTimeout / 4
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 3 * time.Second
 	}
 	as := &anchorSet{
 		s: s, opts: o,
@@ -355,6 +364,7 @@ func (as *anchorSet) kick(a *anchor) {
 func (as *anchorSet) scheduler() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	lastPoll := time.Now()
 	for {
 		select {
 		case <-as.stop:
@@ -362,6 +372,10 @@ func (as *anchorSet) scheduler() {
 		case <-t.C:
 		}
 		now := time.Now()
+		if now.Sub(lastPoll) >= as.opts.PollInterval {
+			lastPoll = now
+			as.pollRebalances()
+		}
 		as.mu.Lock()
 		var due []*anchor
 		for _, a := range as.groups {
@@ -1099,4 +1113,68 @@ func (s *Store) LiveOnCluster(ctx context.Context, group string) (bool, error) {
 func (s *Store) GroupCoordinator(ctx context.Context, group string) (int32, error) {
 	s.forgetCoordinator(coordinatorGroup, group)
 	return s.coordinator(ctx, coordinatorGroup, group)
+}
+
+// maxDescribeBatch bounds the groups of one polling DescribeGroups.
+const maxDescribeBatch = 500
+
+// pollRebalances describes the groups whose anchor is a member, in
+// batches per coordinator, and marks for a rejoin each one the cluster
+// is rebalancing: a member reached it directly, and the cluster waits
+// for the anchor, which rejoins and, leading, keeps what kproxy's
+// members own (package doc). It runs on the scheduler.
+func (as *anchorSet) pollRebalances() {
+	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
+	defer cancel()
+	as.mu.Lock()
+	held := make(map[string]*anchor)
+	for g, a := range as.groups {
+		a.mu.Lock()
+		if a.state == anchorIn && !a.rejoin && !a.running {
+			held[g] = a
+		}
+		a.mu.Unlock()
+	}
+	as.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	byNode := make(map[int32][]string)
+	for g := range held {
+		node, err := as.s.coordinator(ctx, coordinatorGroup, g)
+		if err != nil {
+			continue
+		}
+		byNode[node] = append(byNode[node], g)
+	}
+	for node, groups := range byNode {
+		for len(groups) > 0 {
+			batch := groups[:min(len(groups), maxDescribeBatch)]
+			groups = groups[len(batch):]
+			req := kmsg.NewPtrDescribeGroupsRequest()
+			req.Groups = batch
+			if as.opts.OnRequest != nil {
+				as.opts.OnRequest(req.Key())
+			}
+			resp, err := req.RequestWith(ctx, as.s.cl.Broker(int(node)))
+			if err != nil {
+				continue
+			}
+			for _, g := range resp.Groups {
+				a := held[g.Group]
+				if a == nil || g.ErrorCode != 0 {
+					continue
+				}
+				if g.State != "PreparingRebalance" && g.State != "CompletingRebalance" {
+					continue
+				}
+				a.mu.Lock()
+				if a.state == anchorIn {
+					a.rejoin = true
+				}
+				a.mu.Unlock()
+				as.kick(a)
+			}
+		}
+	}
 }
