@@ -150,6 +150,12 @@ type anchor struct {
 	// rejoin is set when the cluster asked for a rejoin (a rebalance,
 	// an unknown member id, a generation moved on).
 	rejoin bool
+	// rejoinKnown says the rejoin goes with the anchor's member id: the
+	// cluster is rebalancing (a member reached it directly) and waits
+	// for this member, whose leadership a known member's rejoin keeps; a
+	// rejoin for any other reason (a change of subscription, an unknown
+	// member id) goes with an empty member id, a static replacement.
+	rejoinKnown bool
 	// checked is set once the cluster was asked whether the group is
 	// live without an anchor (before the first join).
 	checked bool
@@ -638,7 +644,11 @@ func (as *anchorSet) join(a *anchor) error {
 		a.mu.Lock()
 	}
 	want := a.want
-	a.rejoin = false
+	memberID := ""
+	if prev == anchorIn && a.rejoinKnown {
+		memberID = a.memberID
+	}
+	a.rejoin, a.rejoinKnown = false, false
 	a.broadcastLocked()
 	a.mu.Unlock()
 
@@ -647,7 +657,7 @@ func (as *anchorSet) join(a *anchor) error {
 		if a.state == anchorJoining {
 			a.state = prev
 			if prev == anchorIn {
-				a.rejoin = true
+				a.rejoin, a.rejoinKnown = true, memberID != ""
 			}
 		}
 		a.broadcastLocked()
@@ -668,7 +678,7 @@ func (as *anchorSet) join(a *anchor) error {
 		protocols = append(protocols, p)
 	}
 	req := classic.Join{
-		Group: a.group, InstanceID: &as.opts.InstanceID,
+		Group: a.group, MemberID: memberID, InstanceID: &as.opts.InstanceID,
 		ProtocolType: want.ProtocolType, Protocols: protocols,
 		SessionTimeout: as.opts.SessionTimeout, RebalanceTimeout: as.opts.RebalanceTimeout,
 	}.Request()
@@ -682,7 +692,15 @@ func (as *anchorSet) join(a *anchor) error {
 	case kerr.FencedInstanceID.Code:
 		as.lose(a, AnchorFenced)
 		return nil
-	case kerr.MemberIDRequired.Code, kerr.UnknownMemberID.Code, kerr.RebalanceInProgress.Code:
+	case kerr.UnknownMemberID.Code:
+		// The cluster forgot the anchor (its session ended): join
+		// again as a new instance.
+		err := fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
+		a.mu.Lock()
+		a.rejoinKnown = false
+		a.mu.Unlock()
+		return err
+	case kerr.MemberIDRequired.Code, kerr.RebalanceInProgress.Code:
 		// A pre-KIP-345 answer or a race with a rebalance: try again.
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
 	default:
@@ -775,7 +793,7 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 	case classic.OK:
 		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
 	case classic.Rejoin, classic.Stale:
-		a.rejoin = true
+		a.rejoin, a.rejoinKnown = true, code != kerr.UnknownMemberID.Code
 		a.broadcastLocked()
 	default:
 		return fmt.Errorf("anchor heartbeat of group %q: %w", a.group, kerr.ErrorForCode(code))
@@ -874,14 +892,14 @@ func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID
 
 // needRejoin marks group's anchor for a rejoin after a commit found its
 // generation or member id stale.
-func (as *anchorSet) needRejoin(group, memberID string) {
+func (as *anchorSet) needRejoin(group, memberID string, known bool) {
 	a := as.get(group, false)
 	if a == nil {
 		return
 	}
 	a.mu.Lock()
 	if a.memberID == memberID && a.state == anchorIn {
-		a.rejoin = true
+		a.rejoin, a.rejoinKnown = true, known
 		a.broadcastLocked()
 	}
 	a.mu.Unlock()
@@ -1063,7 +1081,7 @@ func (s *Store) anchoredSend(ctx context.Context, group, what string, build func
 			if attempt+1 >= maxAnchoredAttempts {
 				return nil, true, fmt.Errorf("kafkastore: %s for group %q: anchor kept failing: %w", what, group, kerr.ErrorForCode(c))
 			}
-			as.needRejoin(group, memberID)
+			as.needRejoin(group, memberID, c != kerr.UnknownMemberID.Code)
 			continue
 		}
 		return resp, true, nil
@@ -1170,7 +1188,7 @@ func (as *anchorSet) pollRebalances() {
 				}
 				a.mu.Lock()
 				if a.state == anchorIn {
-					a.rejoin = true
+					a.rejoin, a.rejoinKnown = true, true
 				}
 				a.mu.Unlock()
 				as.kick(a)
