@@ -335,11 +335,29 @@ func GroupKeys() []int16 {
 	return keys
 }
 
+// Forwardable reports whether key names one group that kproxy may
+// forward to the cluster's coordinator when the cluster serves that group
+// (per-group forwarding, docs/anchors.md): the single-group requests of
+// the classic and KIP-848 protocols, and the offsets APIs.
+func Forwardable(key int16) bool {
+	switch key {
+	case KeyOffsetCommit, KeyOffsetFetch, KeyJoinGroup, KeyHeartbeat, KeyLeaveGroup, KeySyncGroup, KeyDescribeGroups,
+		KeyTxnOffsetCommit, KeyOffsetDelete, KeyConsumerGroupHeartbeat, KeyConsumerGroupDescribe:
+		return true
+	}
+	return false
+}
+
 // MergeApiVersions edits an upstream ApiVersions response in place into
 // what kproxy advertises: keys kmsg cannot parse are dropped (the proxy
 // could not read their headers), refused keys are dropped, capped keys are
 // capped, and when localGroups is set every group key is advertised at the
-// versions the engine serves whatever the broker supports.
+// versions the engine serves, capped at the broker's for the keys of a
+// group kproxy may forward to the cluster's coordinator (Forwardable), so
+// a client never sends a forwarded request in a version the broker does
+// not read (OffsetFetch and OffsetCommit v10 through kproxy in front of
+// Kafka 4.1, which reads v9). A key the broker lacks (KIP-848's on an
+// older cluster) is advertised at the engine's versions.
 func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 	seen := make(map[int16]bool, len(resp.ApiKeys))
 	keys := resp.ApiKeys[:0]
@@ -355,11 +373,15 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 			if info.route == Refuse {
 				continue
 			}
+			brokerMax := k.MaxVersion
 			if info.maxVersion >= 0 && k.MaxVersion > info.maxVersion {
 				k.MaxVersion = info.maxVersion
 			}
 			if localGroups && IsGroupKey(k.ApiKey) {
 				k.MinVersion, k.MaxVersion = 0, info.maxVersion
+				if Forwardable(k.ApiKey) {
+					k.MaxVersion = min(k.MaxVersion, brokerMax)
+				}
 			}
 			if k.ApiKey == KeySaslHandshake && k.MinVersion < 1 {
 				k.MinVersion = 1 // v0 is refused (RouteFor)

@@ -215,9 +215,9 @@ func TestMergeApiVersions(t *testing.T) {
 	want := map[int16][2]int16{
 		KeyProduce:                {3, MaxVersion(KeyProduce)},
 		KeyFetch:                  {4, 15},
-		KeyJoinGroup:              {0, MaxVersion(KeyJoinGroup)},
+		KeyJoinGroup:              {0, 3}, // forwardable: the broker's max
 		KeyListOffsetsForTest:     {1, 5},
-		KeyConsumerGroupHeartbeat: {0, MaxVersion(KeyConsumerGroupHeartbeat)},
+		KeyConsumerGroupHeartbeat: {0, min(1, MaxVersion(KeyConsumerGroupHeartbeat))},
 		KeyConsumerGroupDescribe:  {0, MaxVersion(KeyConsumerGroupDescribe)},
 	}
 	for key, w := range want {
@@ -230,6 +230,7 @@ func TestMergeApiVersions(t *testing.T) {
 			t.Errorf("key %d advertised", key)
 		}
 	}
+	// Keys the broker lacks: the engine's versions.
 	for _, key := range []int16{KeySyncGroup, KeyHeartbeat, KeyOffsetCommit, KeyOffsetFetch, KeyDeleteGroups, KeyFindCoordinator} {
 		if got[key][1] != MaxVersion(key) {
 			t.Errorf("group key %d not advertised at the engine's versions: %v", key, got[key])

@@ -82,7 +82,18 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 				return
 			}
 			s.whenLoaded(fg.group, func() { s.fetchOffsets(fg, r.RequireStable, v10, set) },
-				func(code int16) { set(fetchResult{code: code}) })
+				func(code int16) {
+					// A group the cluster's coordinator serves (its
+					// load refused): its offsets as the cluster has
+					// them, as an admin reads them (the members'
+					// own fetches are forwarded upstream).
+					if refusedAsLive(e, fg.group, code) && e.goStore(func(ctx context.Context) {
+						set(e.fetch(ctx, fg, r.RequireStable, v10))
+					}) {
+						return
+					}
+					set(fetchResult{code: code})
+				})
 		}) {
 			set(fetchResult{code: errCoordinatorNotAvailable})
 		}

@@ -18,9 +18,21 @@ import (
 //
 // A Stable group reports its protocol and each member's metadata and
 // assignment; other states report members without them. A group the
-// engine does not hold but the store has offsets for (a simple group) is
-// reported Empty with protocol type "". A group the engine does not own
-// (Config.Owns) answers NOT_COORDINATOR in its slot.
+// engine does not own (Config.Owns) answers NOT_COORDINATOR in its slot.
+//
+// A group the engine owns but does not hold (neither a classic nor a
+// KIP-848 group once loaded, or refused at its load because the
+// cluster's coordinator serves it, ErrGroupLiveOnCluster) is described
+// as the cluster describes it when the store implements ClusterGroups:
+// a group live on the brokers shows its real members, protocol and state
+// in a multi-group request (kafka-consumer-groups --describe
+// --all-groups; a single-group request for it is forwarded upstream by
+// the proxy before it reaches the engine). The cluster's entry is passed
+// on as it is, authorized operations included, but in the shape of the
+// request's version: before v6 an unknown group is Dead without an
+// error, from v6 GROUP_ID_NOT_FOUND (a cluster older than v6 answers
+// Dead). Without ClusterGroups, a group the store has offsets for (a
+// simple group) is reported Empty with protocol type "".
 
 // groupOperations is the authorized-operations bit set of a group for a
 // proxy that does not authorize: READ (3), DELETE (6), DESCRIBE (8).
@@ -28,6 +40,7 @@ const groupOperations int32 = 1<<3 | 1<<6 | 1<<8
 
 // describeGroups fans a DescribeGroups out to the loops owning its groups.
 func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.Response)) {
+	cg, _ := e.cfg.Store.(ClusterGroups)
 	finish := func(res []*kmsg.DescribeGroupsResponseGroup) {
 		resp := kmsg.NewPtrDescribeGroupsResponse()
 		var missing []int
@@ -46,6 +59,10 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 		}
 		if len(missing) == 0 {
 			reply(resp)
+			return
+		}
+		if cg != nil {
+			e.describeOnCluster(cg, r, resp, missing, reply)
 			return
 		}
 		dead := func(known []string) {
@@ -88,6 +105,10 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 				return
 			}
 			s.whenLoaded(id, func() { ga.set(i, s.describe(id)) }, func(code int16) {
+				if cg != nil && refusedAsLive(e, id, code) {
+					ga.set(i, nil) // described by the cluster
+					return
+				}
 				dg := kmsg.NewDescribeGroupsResponseGroup()
 				dg.Group, dg.ErrorCode = id, code
 				ga.set(i, &dg)
@@ -98,6 +119,76 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 			ga.set(i, &dg)
 		}
 	}
+}
+
+// refusedAsLive reports whether a load of group id that failed with code
+// refused the group because the cluster's coordinator serves it
+// (ErrGroupLiveOnCluster, answered NOT_COORDINATOR to the group's own
+// requests): the engine still owns the group, so the NOT_COORDINATOR did
+// not come from ownership moving away. The engine does not hold such a
+// group, so it is described as the cluster describes it.
+func refusedAsLive(e *Engine, id string, code int16) bool {
+	return code == errNotCoordinator && e.owns(id)
+}
+
+// describeOnCluster fills the slots missing of resp (groups the engine
+// owns and does not hold) with the cluster's descriptions, then replies.
+func (e *Engine) describeOnCluster(cg ClusterGroups, r *kmsg.DescribeGroupsRequest, resp *kmsg.DescribeGroupsResponse, missing []int, reply func(kmsg.Response)) {
+	ids := make([]string, len(missing))
+	for j, i := range missing {
+		ids[j] = resp.Groups[i].Group
+	}
+	fill := func(got []kmsg.DescribeGroupsResponseGroup, code int16) {
+		byID := make(map[string]kmsg.DescribeGroupsResponseGroup, len(got))
+		for _, g := range got {
+			byID[g.Group] = g
+		}
+		for _, i := range missing {
+			id := resp.Groups[i].Group
+			g, ok := byID[id]
+			if !ok {
+				g = kmsg.NewDescribeGroupsResponseGroup()
+				g.Group, g.ErrorCode = id, code
+			}
+			resp.Groups[i] = describedForVersion(g, r.Version)
+		}
+		reply(resp)
+	}
+	if !e.goStore(func(ctx context.Context) {
+		got, err := cg.DescribeClusterGroups(ctx, ids, r.IncludeAuthorizedOperations)
+		if err != nil {
+			e.log.Warn("groupstate: describing groups on the cluster failed", "err", err)
+		}
+		fill(got, errCoordinatorNotAvailable)
+	}) {
+		fill(nil, errCoordinatorNotAvailable)
+	}
+}
+
+// describedForVersion puts the cluster's description g in the shape of
+// DescribeGroups version v (the cluster answered in the newest version
+// it speaks): KIP-1043 made an unknown group GROUP_ID_NOT_FOUND at v6;
+// before, it is Dead without an error.
+func describedForVersion(g kmsg.DescribeGroupsResponseGroup, v int16) kmsg.DescribeGroupsResponseGroup {
+	switch {
+	case v < 6 && g.ErrorCode == errGroupIDNotFound:
+		g.ErrorCode, g.ErrorMessage, g.State = errNone, nil, stateDead.String()
+	case v >= 6 && g.ErrorCode == errNone && g.State == stateDead.String() && len(g.Members) == 0:
+		g.ErrorCode = errGroupIDNotFound
+		msg := "group " + g.Group + " not found"
+		g.ErrorMessage = &msg
+	}
+	return g
+}
+
+// holds reports whether the engine holds group id: a KIP-848 group, or a
+// classic group that is not Dead.
+func (s *shard) holds(id string) bool {
+	if _, ok := s.consumerGroups[id]; ok {
+		return true
+	}
+	g, ok := s.classicGroups[id]
+	return ok && g.state != stateDead
 }
 
 // describe returns the description of group id, or nil if the engine does

@@ -16,12 +16,18 @@ import (
 //   - v5: TypesFilter and GroupType (KIP-848): "classic", or "consumer"
 //     for KIP-848 groups.
 //
-// The engine's groups are merged with the groups the store has offsets
-// for that the engine does not hold; those are loaded first (their
-// metadata may be persisted from before a restart), and the ones still
-// unknown are simple groups, protocol type "", state Empty. Only groups
-// the engine owns (Config.Owns) are listed: in a fleet the router merges
-// the lists of every owner.
+// The engine's groups are merged with the groups the store knows that
+// the engine does not hold; those without members on the cluster are
+// loaded first (their metadata may be persisted from before a restart),
+// and the ones still not held are listed as the store knows them. A store over a cluster (ClusterGroups)
+// knows every group of the cluster, with the cluster's protocol type,
+// state and type, so a group the cluster's coordinator serves is listed
+// as the brokers list it; a group the engine holds is listed once, as the
+// engine sees it (its anchor on the cluster is a member of it, not a
+// group). With any other store the groups it has offsets for are simple
+// groups, protocol type "", state Empty. Only groups the engine owns
+// (Config.Owns) are listed: in a fleet the router merges the lists of
+// every owner, and each group of the cluster has one owner.
 
 // listGroups gathers the groups of every loop and of the store.
 func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)) {
@@ -50,27 +56,42 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 			sort.Slice(resp.Groups, func(i, j int) bool { return resp.Groups[i].Group < resp.Groups[j].Group })
 			reply(resp)
 		}
-		done := func(stored []string, code int16) {
-			var missing []string
-			for _, id := range stored {
-				if !seen[id] && e.owns(id) {
-					seen[id] = true
-					missing = append(missing, id)
+		// done completes the list with stored, the store's groups the
+		// engine did not list, each as the store knows it: a group the
+		// engine holds once loaded is listed as the engine sees it.
+		done := func(stored []kmsg.ListGroupsResponseGroup, code int16) {
+			// Groups with offsets that this engine has not loaded since
+			// its start may have persisted metadata: they are loaded
+			// first. Not a group live on the cluster (members there,
+			// in any state but Empty and Dead): either the cluster's
+			// coordinator serves it, and its load would only be
+			// refused (ErrGroupLiveOnCluster, after one DescribeGroups
+			// per group and per ListGroups), or it is a group of this
+			// engine's that a kproxy's anchor keeps live while no
+			// request has loaded it yet (just after a failover; its
+			// members' next request loads it), listed meanwhile as
+			// the cluster sees it.
+			var listed, missing []kmsg.ListGroupsResponseGroup
+			for _, sg := range stored {
+				if seen[sg.Group] || !e.owns(sg.Group) {
+					continue
+				}
+				seen[sg.Group] = true
+				if e.meta == nil || liveOnCluster(sg.GroupState) {
+					listed = append(listed, sg)
+				} else {
+					missing = append(missing, sg)
 				}
 			}
-			if e.meta == nil || len(missing) == 0 {
-				extra := make([]kmsg.ListGroupsResponseGroup, len(missing))
-				for i, id := range missing {
-					extra[i] = simpleListEntry(id)
-				}
-				complete(extra, code)
+			if len(missing) == 0 {
+				complete(listed, code)
 				return
 			}
-			// Groups with offsets that this engine has not loaded since
-			// its start may have persisted metadata: load them.
 			// A part is nil for a group this engine no longer owns.
+			// A group whose load fails is listed as the store knows
+			// it.
 			lg := newGather(len(missing), func(parts []*kmsg.ListGroupsResponseGroup) {
-				extra := make([]kmsg.ListGroupsResponseGroup, 0, len(parts))
+				extra := listed
 				for _, p := range parts {
 					if p != nil {
 						extra = append(extra, *p)
@@ -78,7 +99,8 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 				}
 				complete(extra, code)
 			})
-			for i, id := range missing {
+			for i, sg := range missing {
+				id := sg.Group
 				s := e.shardFor(id)
 				set := func(v *kmsg.ListGroupsResponseGroup) { lg.set(i, v) }
 				if !s.post(func() {
@@ -86,12 +108,37 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 						set(nil)
 						return
 					}
-					s.whenLoaded(id, func() { g := s.listOne(id); set(&g) }, func(int16) { g := simpleListEntry(id); set(&g) })
+					s.whenLoaded(id, func() {
+						if g, ok := s.heldListEntry(id); ok {
+							set(&g)
+							return
+						}
+						set(&sg)
+					}, func(int16) {
+						if !e.owns(id) {
+							set(nil) // ownership moved during the load
+							return
+						}
+						set(&sg)
+					})
 				}) {
-					g := simpleListEntry(id)
-					set(&g)
+					set(&sg)
 				}
 			}
+		}
+		if cg, ok := e.cfg.Store.(ClusterGroups); ok {
+			if !e.goStore(func(ctx context.Context) {
+				groups, err := cg.ListClusterGroups(ctx)
+				code := errNone
+				if err != nil {
+					e.log.Warn("groupstate: listing the cluster's groups failed", "err", err)
+					code = storeErrorCode(err)
+				}
+				done(groups, code)
+			}) {
+				done(nil, errCoordinatorNotAvailable)
+			}
+			return
 		}
 		if !e.goStore(func(ctx context.Context) {
 			stored, err := e.cfg.Store.ListGroups(ctx)
@@ -100,7 +147,11 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 				e.log.Warn("groupstate: listing store groups failed", "err", err)
 				code = storeErrorCode(err)
 			}
-			done(stored, code)
+			simple := make([]kmsg.ListGroupsResponseGroup, len(stored))
+			for i, id := range stored {
+				simple[i] = simpleListEntry(id)
+			}
+			done(simple, code)
 		}) {
 			done(nil, errCoordinatorNotAvailable)
 		}
@@ -139,18 +190,25 @@ func (g *consumerGroup) listEntry() kmsg.ListGroupsResponseGroup {
 	return lg
 }
 
-// listOne returns the ListGroups entry of group id: the engine's group,
-// or a simple group if the engine holds none.
-func (s *shard) listOne(id string) kmsg.ListGroupsResponseGroup {
+// heldListEntry returns the ListGroups entry of group id if the engine
+// holds it.
+func (s *shard) heldListEntry(id string) (kmsg.ListGroupsResponseGroup, bool) {
 	if g, ok := s.consumerGroups[id]; ok {
-		return g.listEntry()
+		return g.listEntry(), true
 	}
 	if g, ok := s.classicGroups[id]; ok && g.state != stateDead {
 		lg := kmsg.NewListGroupsResponseGroup()
 		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
-		return lg
+		return lg, true
 	}
-	return simpleListEntry(id)
+	return kmsg.ListGroupsResponseGroup{}, false
+}
+
+// liveOnCluster reports whether a group the cluster lists in state has
+// members there. A state the cluster does not report (ListGroups before
+// v4) counts as not live: the group is loaded, as before.
+func liveOnCluster(state string) bool {
+	return state != "" && !strings.EqualFold(state, stateEmpty.String()) && !strings.EqualFold(state, stateDead.String())
 }
 
 // simpleListEntry is the ListGroups entry of a group only the store

@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"context"
+
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -11,24 +13,55 @@ import (
 //   - v1: MemberType per member (1 = consumer; classic members inside a
 //     consumer group, type 0, do not exist here: no online migration).
 //
-// A group the engine does not hold as a KIP-848 group answers
-// GROUP_ID_NOT_FOUND, a group it does not own (Config.Owns)
-// NOT_COORDINATOR. Authorized operations are not computed (kproxy has
-// no ACLs): the field keeps its "not requested" value.
+// A group the engine holds as a classic group answers GROUP_ID_NOT_FOUND
+// ("not a consumer group", as Kafka 4 answers), a group it does not own
+// (Config.Owns) NOT_COORDINATOR. Authorized operations are not computed
+// for the engine's groups (kproxy has no ACLs): the field keeps its "not
+// requested" value.
+//
+// A group the engine owns but does not hold at all (neither a classic
+// nor a KIP-848 group once loaded, or refused at its load because the
+// cluster's coordinator serves it) is described as the cluster describes
+// it when the store implements ClusterGroups, entry as it is (a KIP-848
+// group live on the brokers shows its members and assignments); without
+// it, such a group answers GROUP_ID_NOT_FOUND.
+
+// cgDescribed is one group's part of a ConsumerGroupDescribe: the
+// engine's answer, and whether the cluster is to answer instead.
+type cgDescribed struct {
+	dg      kmsg.ConsumerGroupDescribeResponseGroup
+	cluster bool
+}
 
 // consumerGroupDescribe fans a ConsumerGroupDescribe out to the loops.
 func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, reply func(kmsg.Response)) {
-	ga := newGather(len(r.Groups), func(res []kmsg.ConsumerGroupDescribeResponseGroup) {
+	cg, _ := e.cfg.Store.(ClusterGroups)
+	ga := newGather(len(r.Groups), func(res []cgDescribed) {
 		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
-		resp.Groups = append(resp.Groups, res...)
-		reply(resp)
+		var missing []int
+		for i, p := range res {
+			resp.Groups = append(resp.Groups, p.dg)
+			if p.cluster {
+				missing = append(missing, i)
+			}
+		}
+		if len(missing) == 0 {
+			reply(resp)
+			return
+		}
+		e.consumerDescribeOnCluster(cg, r, resp, missing, reply)
 	})
 	for i, id := range r.Groups {
 		s := e.shardFor(id)
-		set := func(v kmsg.ConsumerGroupDescribeResponseGroup) { ga.set(i, v) }
+		set := func(v kmsg.ConsumerGroupDescribeResponseGroup) { ga.set(i, cgDescribed{dg: v}) }
 		notFound := func(code int16) {
+			// (Possibly off the loop: only the group id is read.)
 			dg := kmsg.NewConsumerGroupDescribeResponseGroup()
 			dg.Group, dg.ErrorCode = id, code
+			if cg != nil && refusedAsLive(e, id, code) {
+				ga.set(i, cgDescribed{dg: dg, cluster: true})
+				return
+			}
 			set(dg)
 		}
 		if !s.post(func() {
@@ -36,10 +69,48 @@ func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, rep
 				notFound(errNotCoordinator)
 				return
 			}
-			s.whenLoaded(id, func() { set(s.describeConsumerGroup(id, r.Version)) }, notFound)
+			s.whenLoaded(id, func() {
+				ga.set(i, cgDescribed{dg: s.describeConsumerGroup(id, r.Version), cluster: cg != nil && !s.holds(id)})
+			}, notFound)
 		}) {
 			notFound(errCoordinatorNotAvailable)
 		}
+	}
+}
+
+// consumerDescribeOnCluster replaces the slots missing of resp (groups
+// the engine owns and does not hold) with the cluster's descriptions,
+// then replies. The cluster's entries need no version shaping: v1 only
+// adds MemberType, which encoding leaves out of v0.
+func (e *Engine) consumerDescribeOnCluster(cg ClusterGroups, r *kmsg.ConsumerGroupDescribeRequest, resp *kmsg.ConsumerGroupDescribeResponse, missing []int, reply func(kmsg.Response)) {
+	ids := make([]string, len(missing))
+	for j, i := range missing {
+		ids[j] = resp.Groups[i].Group
+	}
+	fill := func(got []kmsg.ConsumerGroupDescribeResponseGroup, code int16) {
+		byID := make(map[string]kmsg.ConsumerGroupDescribeResponseGroup, len(got))
+		for _, g := range got {
+			byID[g.Group] = g
+		}
+		for _, i := range missing {
+			id := resp.Groups[i].Group
+			g, ok := byID[id]
+			if !ok {
+				g = kmsg.NewConsumerGroupDescribeResponseGroup()
+				g.Group, g.ErrorCode = id, code
+			}
+			resp.Groups[i] = g
+		}
+		reply(resp)
+	}
+	if !e.goStore(func(ctx context.Context) {
+		got, err := cg.DescribeClusterConsumerGroups(ctx, ids, r.IncludeAuthorizedOperations)
+		if err != nil {
+			e.log.Warn("groupstate: describing consumer groups on the cluster failed", "err", err)
+		}
+		fill(got, errCoordinatorNotAvailable)
+	}) {
+		fill(nil, errCoordinatorNotAvailable)
 	}
 }
 

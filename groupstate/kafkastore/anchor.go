@@ -94,6 +94,10 @@ type AnchorOptions struct {
 	// must stop serving the group (unload it). It runs on a goroutine of
 	// its own.
 	OnLost func(group string, why AnchorLoss)
+	// OnLive, when set, is told of a group whose load found it live on
+	// the cluster (groupstate.ErrGroupLiveOnCluster): the engine does not
+	// hold it. It must not block.
+	OnLive func(group string)
 	// OnRequest, when set, is told of every request an anchor sends
 	// (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups,
 	// OffsetCommit), for metrics. It must not block.
@@ -954,8 +958,8 @@ func (as *anchorSet) checkLoad(ctx context.Context, group string) error {
 		return err
 	}
 	if live {
-		if as.opts.OnLost != nil {
-			go as.opts.OnLost(group, AnchorLiveOnCluster)
+		if as.opts.OnLive != nil {
+			as.opts.OnLive(group)
 		}
 		return fmt.Errorf("kafkastore: group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
 	}

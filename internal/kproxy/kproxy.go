@@ -400,6 +400,12 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 			}
 			log.Info("group handed to the cluster's coordinator", "group", group, "why", why.String())
 		},
+		OnLive: func(group string) {
+			if !fw.Forwarded(group) {
+				log.Info("group live on the cluster's coordinator: forwarded to it", "group", group)
+			}
+			fw.mark(group)
+		},
 	})
 	w.forwarder = fw
 	// Runs before the upstream client closes (closers run in reverse).
