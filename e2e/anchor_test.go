@@ -76,9 +76,15 @@ func TestAnchorClusterKnows(t *testing.T) {
 	waitOwners(t, own, 3, "m1")
 	adm := directAdmin(t, s)
 
-	d := waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool {
-		return d.State == "Stable" && len(d.Members) == 1 && d.Members[0].InstanceID != nil &&
-			*d.Members[0].InstanceID == kafkastore.DefaultAnchorInstanceID
+	// The anchor holds, on the cluster, the partitions kproxy's member
+	// owns: direct tools show them assigned.
+	d := waitDirect(ctx, t, adm, group, "anchored with the member's partitions", func(d kadm.DescribedGroup) bool {
+		if d.State != "Stable" || len(d.Members) != 1 || d.Members[0].InstanceID == nil ||
+			*d.Members[0].InstanceID != kafkastore.DefaultAnchorInstanceID {
+			return false
+		}
+		a, ok := d.Members[0].Assigned.AsConsumer()
+		return ok && len(a.Topics) == 1 && a.Topics[0].Topic == topic && len(a.Topics[0].Partitions) == 3
 	})
 	if d.ProtocolType != "consumer" {
 		t.Fatalf("anchored group's protocol type on the cluster is %q, want consumer", d.ProtocolType)

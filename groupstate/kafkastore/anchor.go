@@ -154,11 +154,12 @@ type anchor struct {
 	// rejoin is set when the cluster asked for a rejoin (a rebalance,
 	// an unknown member id, a generation moved on).
 	rejoin bool
-	// rejoinKnown says the rejoin goes with the anchor's member id: the
-	// cluster is rebalancing (a member reached it directly) and waits
-	// for this member, whose leadership a known member's rejoin keeps; a
-	// rejoin for any other reason (a change of subscription, an unknown
-	// member id) goes with an empty member id, a static replacement.
+	// rejoinKnown says the rejoin asked for goes with the anchor's
+	// member id: the cluster is rebalancing (a member reached it
+	// directly) and waits for this member, whose leadership a known
+	// member's rejoin keeps. A rejoin after an unknown member id goes
+	// with an empty one (a static replacement); a change of what the
+	// anchor stands for (sameMembership) with the known one.
 	rejoinKnown bool
 	// checked is set once the cluster was asked whether the group is
 	// live without an anchor (before the first join).
@@ -436,12 +437,27 @@ func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
 }
 
 // sameMembership reports whether a membership joined for have still
-// stands for want: the same protocol type, protocol names and topics.
-// A change of the owned partitions alone needs no new generation: the
-// anchor assigns itself what kproxy's members own whenever the cluster's
-// group rebalances.
+// stands for want: the same protocol type, protocol names, topics and
+// owned partitions. Otherwise the anchor rejoins with its member id,
+// which makes the cluster's group (the anchor leads it) start a new
+// generation: the cluster then recomputes the topics the group is
+// subscribed to (OffsetDelete's check) and the anchor assigns itself
+// what kproxy's members own now, so direct tools show those partitions
+// held, and a direct KIP-848 member that converts the group keeps off
+// them. kproxy's groups change owners at their rebalances, so this costs
+// one cluster rebalance of the anchor alone per kproxy rebalance that
+// moves partitions in or out of the group.
 func sameMembership(have, want groupstate.Anchor) bool {
-	return have.ProtocolType == want.ProtocolType && slices.Equal(have.Protocols, want.Protocols) && slices.Equal(have.Topics, want.Topics)
+	if have.ProtocolType != want.ProtocolType || !slices.Equal(have.Protocols, want.Protocols) ||
+		!slices.Equal(have.Topics, want.Topics) || len(have.Owned) != len(want.Owned) {
+		return false
+	}
+	for t, ps := range want.Owned {
+		if !slices.Equal(ps, have.Owned[t]) {
+			return false
+		}
+	}
+	return true
 }
 
 // work runs a's requests until it has nothing to do.
@@ -649,7 +665,7 @@ func (as *anchorSet) join(a *anchor) error {
 	}
 	want := a.want
 	memberID := ""
-	if prev == anchorIn && a.rejoinKnown {
+	if prev == anchorIn && (!a.rejoin || a.rejoinKnown) {
 		memberID = a.memberID
 	}
 	a.rejoin, a.rejoinKnown = false, false
