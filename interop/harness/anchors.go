@@ -50,6 +50,7 @@ const (
 	adoptionEvery     = 30                     // ms between streamed records
 	adoptionFleet     = 3                      // kproxies of the adoption fleet, one per member
 	adoptionIdleGrace = 10 * time.Second       // a moved-back member may idle (docs/anchors.md) once this passed
+	adoptionProgress  = 15 * time.Second       // every moved-in member commits within this
 	anchorSampleEvery = 300 * time.Millisecond // committed offsets sampling period
 	anchorToolTimeout = 60 * time.Second       // one kafka-consumer-groups run
 	anchorClientID    = "kproxy"               // the anchor's client id
@@ -137,8 +138,8 @@ type describedOffset struct {
 
 // describedMember is one line of `kafka-consumer-groups --describe --members`.
 type describedMember struct {
-	consumer, cliID string
-	partitions      int
+	consumer, instance, cliID string // instance "" when the tool prints no such column
+	partitions                int
 }
 
 // toolInt parses a number column; "-" is -1.
@@ -176,7 +177,9 @@ func parseDescribeOffsets(out, group string) ([]describedOffset, error) {
 }
 
 // parseDescribeMembers reads the data lines of --describe --members:
-// GROUP CONSUMER-ID HOST CLIENT-ID #PARTITIONS.
+// GROUP CONSUMER-ID [GROUP-INSTANCE-ID] HOST CLIENT-ID #PARTITIONS (the
+// tool adds the instance id column when a member is static, as the
+// anchor is).
 func parseDescribeMembers(out, group string) ([]describedMember, error) {
 	var rows []describedMember
 	for _, l := range strings.Split(out, "\n") {
@@ -184,14 +187,18 @@ func parseDescribeMembers(out, group string) ([]describedMember, error) {
 		if len(f) == 0 || f[0] != group {
 			continue
 		}
-		if len(f) != 5 {
+		if len(f) != 5 && len(f) != 6 {
 			return nil, fmt.Errorf("unexpected --describe --members line %q", l)
 		}
-		n, err := strconv.Atoi(f[4])
+		n, err := strconv.Atoi(f[len(f)-1])
 		if err != nil {
 			return nil, fmt.Errorf("unexpected --describe --members line %q: %v", l, err)
 		}
-		rows = append(rows, describedMember{consumer: f[1], cliID: f[3], partitions: n})
+		m := describedMember{consumer: f[1], cliID: f[len(f)-2], partitions: n}
+		if len(f) == 6 {
+			m.instance = f[2]
+		}
+		rows = append(rows, m)
 	}
 	return rows, nil
 }
@@ -247,6 +254,17 @@ func (h *harness) clusterGroup(ctx context.Context, group string) (kadm.Describe
 		return kadm.DescribedGroup{}, fmt.Errorf("group %s missing from DescribeGroups", group)
 	}
 	return g, g.Err
+}
+
+// errorSummary names the client error events seen so far and the first
+// one, for failure messages (the notes list more).
+func (s *scenario) errorSummary() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.errorsSeen == 0 {
+		return "no client error events"
+	}
+	return fmt.Sprintf("%d client error events, the first %s", s.errorsSeen, s.errorSamples[0])
 }
 
 // finish fills the common end of a row's result: elapsed time, notes and
@@ -323,16 +341,25 @@ func (s *scenario) runAnchorAdmin(ctx context.Context) (res result) {
 	if err != nil {
 		return fail("%v", err)
 	}
+	// Every partition at its committed offset with lag 0, held by the
+	// member directly and by the anchor through kproxy (it assigns
+	// itself the partitions kproxy's members own: kafkastore's
+	// sameMembership).
 	var bad []string
 	seenParts := map[int32]bool{}
+	held := 0
 	for _, o := range offs {
 		if o.topic != s.topic {
 			bad = append(bad, "topic "+o.topic)
 			continue
 		}
 		seenParts[o.partition] = true
-		if c, ok := before[o.partition]; !ok || o.current != c || o.lag != 0 || o.end != c || o.cliID != wantClient {
+		okClient := o.cliID == wantClient
+		if c, ok := before[o.partition]; !ok || o.current != c || o.lag != 0 || o.end != c || !okClient {
 			bad = append(bad, fmt.Sprintf("p%d current %d end %d lag %d client %s (committed %d)", o.partition, o.current, o.end, o.lag, o.cliID, c))
+		}
+		if o.cliID == wantClient {
+			held++
 		}
 	}
 	if len(seenParts) != parts || len(bad) > 0 {
@@ -347,8 +374,8 @@ func (s *scenario) runAnchorAdmin(ctx context.Context) (res result) {
 	if err != nil {
 		return fail("%v", err)
 	}
-	if len(mems) != 1 || mems[0].cliID != wantClient || mems[0].partitions != parts {
-		return fail("kafka-consumer-groups --describe --members: want one member, client id %s, owning %d partitions; got %+v; output: %s", wantClient, parts, mems, out)
+	if len(mems) != 1 || mems[0].cliID != wantClient || mems[0].partitions != held {
+		return fail("kafka-consumer-groups --describe --members: want one member, client id %s, owning %d partitions (as --describe showed); got %+v; output: %s", wantClient, held, mems, out)
 	}
 	out, err = tool.run(ctx, "--describe", "--state", "--group", s.group)
 	if err != nil {
@@ -361,8 +388,11 @@ func (s *scenario) runAnchorAdmin(ctx context.Context) (res result) {
 	if state != "Stable" || count != 1 {
 		return fail("kafka-consumer-groups --describe --state: want Stable with 1 member, got %s with %d; output: %s", state, count, out)
 	}
-	s.note("kafka-consumer-groups --describe (broker %s): %s, 1 member %s (client id %s) owning %d partitions, %d of %d partitions at the committed offsets with lag 0",
-		s.h.broker, state, mems[0].consumer, mems[0].cliID, mems[0].partitions, len(offs), parts)
+	if s.path == "kproxy" && !strings.HasPrefix(mems[0].instance, "kproxy-anchor") {
+		return fail("kafka-consumer-groups --describe --members: the member's group.instance.id is %q, not kproxy-anchor...; output: %s", mems[0].instance, out)
+	}
+	s.note("kafka-consumer-groups --describe (broker %s): %s, 1 member %s (instance id %q, client id %s) owning %d partitions, %d of %d partitions at the committed offsets with lag 0",
+		s.h.broker, state, mems[0].consumer, mems[0].instance, mems[0].cliID, mems[0].partitions, len(offs), parts)
 
 	// The cluster refuses to delete a live group or a subscribed topic's
 	// offsets: through the tool, and by error code with raw requests.
@@ -742,6 +772,28 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		}
 		moves = append(moves, fmt.Sprintf("%s@%s %s", m.name, targets[i], fmtDur(time.Since(at))))
 	}
+	s.note("moves in (member@bootstrap settle): %s", strings.Join(moves, ", "))
+	moves = nil
+	// Every moved member consumes where it was moved to: records keep
+	// streaming, so each commits within adoptionProgress.
+	if _, err := s.waitFor(adoptionProgress, "every moved member to commit", func() bool {
+		for _, m := range ms {
+			if len(m.commits) == 0 {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		s.mu.Lock()
+		var idle []string
+		for i, m := range ms {
+			if len(m.commits) == 0 {
+				idle = append(idle, fmt.Sprintf("%s@%s (owns %v)", m.name, targets[i], m.owned))
+			}
+		}
+		s.mu.Unlock()
+		return fail("after the moves in, %s consumed nothing within %s while records streamed: %v; %s", strings.Join(idle, ", "), adoptionProgress, err, s.errorSummary())
+	}
 	settles = append(settles, fmtDur(time.Since(rolled)))
 	if s.path == "kproxy" {
 		// The group stays the cluster's while it is rolled in
@@ -796,7 +848,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 	}
 	settles = append(settles, fmtDur(time.Since(rolled)))
 	res.settle = strings.Join(settles, "/")
-	s.note("moves (member@bootstrap settle): %s; settle column = initial/roll in/roll back", strings.Join(moves, ", "))
+	s.note("moves back (member@bootstrap settle): %s; settle column = initial/roll in/roll back", strings.Join(moves, ", "))
 	if idle > 0 {
 		s.note("%d moved-back member(s) idled until the last member left kproxy (documented: the anchor keeps kproxy's partitions)", idle)
 	}
