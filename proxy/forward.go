@@ -32,8 +32,9 @@ type GroupForwarder interface {
 	Lookup(ctx context.Context, group string) (node int32, forward bool, err error)
 }
 
-// lookupTimeout bounds the lookups of one FindCoordinator.
-const lookupTimeout = 5 * time.Second
+// lookupTimeout bounds the lookups of one FindCoordinator: the answer
+// holds the connection's later answers in their order meanwhile.
+const lookupTimeout = 2 * time.Second
 
 // forwardedGroup returns the single group req is about when the
 // forwarder forwards it; "" otherwise (multi-group requests are served
@@ -101,8 +102,10 @@ func (s *session) queueFindCoordinator(h codec.RequestHeader, start int64, req *
 			}
 			node, forward, err := fw.Lookup(ctx, key)
 			if err != nil {
+				// The cluster cannot say now (a broker down): kproxy
+				// answers for itself; the owner's load checks again
+				// before it serves the group.
 				s.p.log.Debug("forwarding: lookup failed", "group", key, "err", err)
-				*nodeID, *host, *port, *code = -1, "", -1, kerr.CoordinatorNotAvailable.Code
 				return
 			}
 			if !forward {
