@@ -356,9 +356,14 @@ func Forwardable(key int16) bool {
 // group kproxy may forward to the cluster's coordinator (Forwardable), so
 // a client never sends a forwarded request in a version the broker does
 // not read (OffsetFetch and OffsetCommit v10 through kproxy in front of
-// Kafka 4.1, which reads v9). A key the broker lacks (KIP-848's on an
-// older cluster) is advertised at the engine's versions.
+// Kafka 4.1, which reads v9). The cap applies only in front of a cluster
+// that speaks KIP-848 (ConsumerGroupHeartbeat): on an older one the
+// engine's versions stand, since KIP-848 members need OffsetCommit and
+// OffsetFetch v9 that such a cluster lacks (kproxy gives it KIP-848), and
+// a group forwarded there must be one whose clients' versions the
+// cluster reads.
 func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
+	cap848 := slices.ContainsFunc(resp.ApiKeys, func(k kmsg.ApiVersionsResponseApiKey) bool { return k.ApiKey == KeyConsumerGroupHeartbeat })
 	seen := make(map[int16]bool, len(resp.ApiKeys))
 	keys := resp.ApiKeys[:0]
 	for _, k := range resp.ApiKeys {
@@ -379,7 +384,7 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 			}
 			if localGroups && IsGroupKey(k.ApiKey) {
 				k.MinVersion, k.MaxVersion = 0, info.maxVersion
-				if Forwardable(k.ApiKey) {
+				if cap848 && Forwardable(k.ApiKey) {
 					k.MaxVersion = min(k.MaxVersion, brokerMax)
 				}
 			}

@@ -69,7 +69,8 @@ func advertised(resp *kmsg.ApiVersionsResponse) map[int16][2]int16 {
 // nothing above what kmsg parses; no version that RouteFor refuses, so a
 // client that believes the answer is never disconnected; and, with groups
 // local, every group key at the engine's versions (capped at the
-// broker's for the keys kproxy may forward, when the broker has them) and
+// broker's for the keys kproxy may forward, when the broker has them and
+// speaks KIP-848) and
 // FindCoordinator (forwarded for transactions) at most at the broker's.
 func checkMerged(t *testing.T, name string, broker, merged *kmsg.ApiVersionsResponse, groupsLocal bool) {
 	t.Helper()
@@ -94,7 +95,8 @@ func checkMerged(t *testing.T, name string, broker, merged *kmsg.ApiVersionsResp
 	if groupsLocal {
 		for _, key := range GroupKeys() {
 			want := [2]int16{0, MaxVersion(key)}
-			if b, ok := advertised(broker)[key]; ok && Forwardable(key) {
+			_, kip848 := advertised(broker)[KeyConsumerGroupHeartbeat]
+			if b, ok := advertised(broker)[key]; ok && kip848 && Forwardable(key) {
 				want[1] = min(want[1], b[1])
 			}
 			if got[key] != want {
