@@ -134,34 +134,55 @@ func refusedAsLive(e *Engine, id string, code int16) bool {
 // describeOnCluster fills the slots missing of resp (groups the engine
 // owns and does not hold) with the cluster's descriptions, then replies.
 func (e *Engine) describeOnCluster(cg ClusterGroups, r *kmsg.DescribeGroupsRequest, resp *kmsg.DescribeGroupsResponse, missing []int, reply func(kmsg.Response)) {
+	fromCluster(e, resp.Groups, missing, "groups",
+		func(g kmsg.DescribeGroupsResponseGroup) string { return g.Group },
+		func(id string, code int16) kmsg.DescribeGroupsResponseGroup {
+			g := kmsg.NewDescribeGroupsResponseGroup()
+			g.Group, g.ErrorCode = id, code
+			return g
+		},
+		func(g kmsg.DescribeGroupsResponseGroup) kmsg.DescribeGroupsResponseGroup {
+			return describedForVersion(g, r.Version)
+		},
+		func(ctx context.Context, ids []string) ([]kmsg.DescribeGroupsResponseGroup, error) {
+			return cg.DescribeClusterGroups(ctx, ids, r.IncludeAuthorizedOperations)
+		},
+		func() { reply(resp) })
+}
+
+// fromCluster replaces slots[i] for every i of missing (groups the engine
+// owns and does not hold) with the cluster's entry for that group, asked
+// with one ask off the loops (DescribeGroups or ConsumerGroupDescribe),
+// put in the request's shape by shape; a group the cluster did not
+// answer gets absent(id, COORDINATOR_NOT_AVAILABLE). Then done runs.
+func fromCluster[G any](e *Engine, slots []G, missing []int, what string, groupOf func(G) string,
+	absent func(id string, code int16) G, shape func(G) G, ask func(ctx context.Context, ids []string) ([]G, error), done func()) {
 	ids := make([]string, len(missing))
 	for j, i := range missing {
-		ids[j] = resp.Groups[i].Group
+		ids[j] = groupOf(slots[i])
 	}
-	fill := func(got []kmsg.DescribeGroupsResponseGroup, code int16) {
-		byID := make(map[string]kmsg.DescribeGroupsResponseGroup, len(got))
+	fill := func(got []G) {
+		byID := make(map[string]G, len(got))
 		for _, g := range got {
-			byID[g.Group] = g
+			byID[groupOf(g)] = g
 		}
-		for _, i := range missing {
-			id := resp.Groups[i].Group
-			g, ok := byID[id]
+		for j, i := range missing {
+			g, ok := byID[ids[j]]
 			if !ok {
-				g = kmsg.NewDescribeGroupsResponseGroup()
-				g.Group, g.ErrorCode = id, code
+				g = absent(ids[j], errCoordinatorNotAvailable)
 			}
-			resp.Groups[i] = describedForVersion(g, r.Version)
+			slots[i] = shape(g)
 		}
-		reply(resp)
+		done()
 	}
 	if !e.goStore(func(ctx context.Context) {
-		got, err := cg.DescribeClusterGroups(ctx, ids, r.IncludeAuthorizedOperations)
+		got, err := ask(ctx, ids)
 		if err != nil {
-			e.log.Warn("groupstate: describing groups on the cluster failed", "err", err)
+			e.log.Warn("groupstate: describing "+what+" on the cluster failed", "err", err)
 		}
-		fill(got, errCoordinatorNotAvailable)
+		fill(got)
 	}) {
-		fill(nil, errCoordinatorNotAvailable)
+		fill(nil)
 	}
 }
 

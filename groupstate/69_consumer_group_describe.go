@@ -83,35 +83,18 @@ func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, rep
 // then replies. The cluster's entries need no version shaping: v1 only
 // adds MemberType, which encoding leaves out of v0.
 func (e *Engine) consumerDescribeOnCluster(cg ClusterGroups, r *kmsg.ConsumerGroupDescribeRequest, resp *kmsg.ConsumerGroupDescribeResponse, missing []int, reply func(kmsg.Response)) {
-	ids := make([]string, len(missing))
-	for j, i := range missing {
-		ids[j] = resp.Groups[i].Group
-	}
-	fill := func(got []kmsg.ConsumerGroupDescribeResponseGroup, code int16) {
-		byID := make(map[string]kmsg.ConsumerGroupDescribeResponseGroup, len(got))
-		for _, g := range got {
-			byID[g.Group] = g
-		}
-		for _, i := range missing {
-			id := resp.Groups[i].Group
-			g, ok := byID[id]
-			if !ok {
-				g = kmsg.NewConsumerGroupDescribeResponseGroup()
-				g.Group, g.ErrorCode = id, code
-			}
-			resp.Groups[i] = g
-		}
-		reply(resp)
-	}
-	if !e.goStore(func(ctx context.Context) {
-		got, err := cg.DescribeClusterConsumerGroups(ctx, ids, r.IncludeAuthorizedOperations)
-		if err != nil {
-			e.log.Warn("groupstate: describing consumer groups on the cluster failed", "err", err)
-		}
-		fill(got, errCoordinatorNotAvailable)
-	}) {
-		fill(nil, errCoordinatorNotAvailable)
-	}
+	fromCluster(e, resp.Groups, missing, "consumer groups",
+		func(g kmsg.ConsumerGroupDescribeResponseGroup) string { return g.Group },
+		func(id string, code int16) kmsg.ConsumerGroupDescribeResponseGroup {
+			g := kmsg.NewConsumerGroupDescribeResponseGroup()
+			g.Group, g.ErrorCode = id, code
+			return g
+		},
+		func(g kmsg.ConsumerGroupDescribeResponseGroup) kmsg.ConsumerGroupDescribeResponseGroup { return g },
+		func(ctx context.Context, ids []string) ([]kmsg.ConsumerGroupDescribeResponseGroup, error) {
+			return cg.DescribeClusterConsumerGroups(ctx, ids, r.IncludeAuthorizedOperations)
+		},
+		func() { reply(resp) })
 }
 
 // describeConsumerGroup describes one group on its loop.

@@ -40,10 +40,12 @@ type Anchor struct {
 	Owned map[string][]int32
 }
 
-// equal reports whether a and b are the same.
-func (a Anchor) equal(b Anchor) bool {
-	if a.Members != b.Members || a.ProtocolType != b.ProtocolType ||
-		!slices.Equal(a.Protocols, b.Protocols) || !slices.Equal(a.Topics, b.Topics) || len(a.Owned) != len(b.Owned) {
+// SameMembership reports whether a and b stand for the same membership
+// in the cluster's group: the same protocol type, protocol names, topics
+// and owned partitions, whatever their member counts.
+func (a Anchor) SameMembership(b Anchor) bool {
+	if a.ProtocolType != b.ProtocolType || !slices.Equal(a.Protocols, b.Protocols) ||
+		!slices.Equal(a.Topics, b.Topics) || len(a.Owned) != len(b.Owned) {
 		return false
 	}
 	for t, ps := range a.Owned {
@@ -53,6 +55,9 @@ func (a Anchor) equal(b Anchor) bool {
 	}
 	return true
 }
+
+// equal reports whether a and b are the same.
+func (a Anchor) equal(b Anchor) bool { return a.Members == b.Members && a.SameMembership(b) }
 
 // AnchorStore is implemented by an OffsetStore that anchors the engine's
 // groups in the cluster's coordinator.
@@ -128,12 +133,7 @@ func (g *classicGroup) anchor() Anchor {
 			}
 		}
 		for t, ps := range decodeOwned(m.assignment) {
-			if owned[t] == nil {
-				owned[t] = make(map[int32]struct{}, len(ps))
-			}
-			for p := range ps {
-				owned[t][p] = struct{}{}
-			}
+			addOwned(owned, t, ps)
 		}
 	}
 	a.Topics = sortedKeys(topics)
@@ -163,14 +163,8 @@ func (g *consumerGroup) anchorChanged() {
 					if !ok && g.snap != nil {
 						name, ok = g.snap.byID[id]
 					}
-					if !ok {
-						continue
-					}
-					if owned[name] == nil {
-						owned[name] = make(map[int32]struct{}, len(ps))
-					}
-					for p := range ps {
-						owned[name][p] = struct{}{}
+					if ok {
+						addOwned(owned, name, ps)
 					}
 				}
 			}
@@ -189,6 +183,16 @@ func (g *consumerGroup) anchorChanged() {
 func (s *shard) unanchor(id string) {
 	if s.e.anchors != nil {
 		s.e.anchors.Unanchor(id)
+	}
+}
+
+// addOwned adds partitions ps of topic t to owned.
+func addOwned(owned map[string]map[int32]struct{}, t string, ps map[int32]struct{}) {
+	if owned[t] == nil {
+		owned[t] = make(map[int32]struct{}, len(ps))
+	}
+	for p := range ps {
+		owned[t][p] = struct{}{}
 	}
 }
 

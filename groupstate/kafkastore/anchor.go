@@ -98,10 +98,6 @@ type AnchorOptions struct {
 	// the cluster (groupstate.ErrGroupLiveOnCluster): the engine does not
 	// hold it. It must not block.
 	OnLive func(group string)
-	// OnRequest, when set, is told of every request an anchor sends
-	// (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups,
-	// OffsetCommit), for metrics. It must not block.
-	OnRequest func(key int16)
 }
 
 // anchorSet is the anchors of a Store (nil without EnableAnchors).
@@ -159,7 +155,7 @@ type anchor struct {
 	// directly) and waits for this member, whose leadership a known
 	// member's rejoin keeps. A rejoin after an unknown member id goes
 	// with an empty one (a static replacement); a change of what the
-	// anchor stands for (sameMembership) with the known one.
+	// anchor stands for (Anchor.SameMembership) with the known one.
 	rejoinKnown bool
 	// checked is set once the cluster was asked whether the group is
 	// live without an anchor (before the first join).
@@ -318,28 +314,6 @@ func (s *Store) AnchorIdentity(group string) (memberID string, generation int32,
 	return a.memberID, a.gen, a.state == anchorIn
 }
 
-// Anchors returns the number of groups with an anchor entry, and how many
-// of them hold a membership in the cluster now.
-func (s *Store) Anchors() (entries, held int) {
-	if s.anchors == nil {
-		return 0, 0
-	}
-	s.anchors.mu.Lock()
-	all := make([]*anchor, 0, len(s.anchors.groups))
-	for _, a := range s.anchors.groups {
-		all = append(all, a)
-	}
-	s.anchors.mu.Unlock()
-	for _, a := range all {
-		a.mu.Lock()
-		if a.state == anchorIn {
-			held++
-		}
-		a.mu.Unlock()
-	}
-	return len(all), held
-}
-
 // get returns group's anchor, creating it if create.
 func (as *anchorSet) get(group string, create bool) *anchor {
 	as.mu.Lock()
@@ -428,36 +402,21 @@ func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
 		return 0, false
 	case a.want.Members == 0:
 		return opLeave, a.state == anchorIn
-	case a.state != anchorIn || a.rejoin || !sameMembership(a.have, a.want):
+	case a.state != anchorIn || a.rejoin || !a.have.SameMembership(a.want):
+		// A membership that no longer stands for what kproxy's members
+		// subscribe to and own rejoins with the anchor's member id: the
+		// cluster's group (the anchor leads it) starts a new generation,
+		// recomputes the topics it is subscribed to (OffsetDelete's
+		// check), and the anchor assigns itself what the members own
+		// now, so direct tools show it held and a direct KIP-848 member
+		// that converts the group keeps off it. kproxy's groups change
+		// owners at their rebalances, so this costs one rebalance of the
+		// anchor alone per kproxy rebalance that moves partitions.
 		return opJoin, true
 	case !now.Before(a.nextHeartbeat):
 		return opHeartbeat, true
 	}
 	return 0, false
-}
-
-// sameMembership reports whether a membership joined for have still
-// stands for want: the same protocol type, protocol names, topics and
-// owned partitions. Otherwise the anchor rejoins with its member id,
-// which makes the cluster's group (the anchor leads it) start a new
-// generation: the cluster then recomputes the topics the group is
-// subscribed to (OffsetDelete's check) and the anchor assigns itself
-// what kproxy's members own now, so direct tools show those partitions
-// held, and a direct KIP-848 member that converts the group keeps off
-// them. kproxy's groups change owners at their rebalances, so this costs
-// one cluster rebalance of the anchor alone per kproxy rebalance that
-// moves partitions in or out of the group.
-func sameMembership(have, want groupstate.Anchor) bool {
-	if have.ProtocolType != want.ProtocolType || !slices.Equal(have.Protocols, want.Protocols) ||
-		!slices.Equal(have.Topics, want.Topics) || len(have.Owned) != len(want.Owned) {
-		return false
-	}
-	for t, ps := range want.Owned {
-		if !slices.Equal(ps, have.Owned[t]) {
-			return false
-		}
-	}
-	return true
 }
 
 // work runs a's requests until it has nothing to do.
@@ -522,9 +481,6 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 		return nil, ctx.Err()
 	}
 	defer func() { <-as.sem }()
-	if as.opts.OnRequest != nil {
-		as.opts.OnRequest(req.Key())
-	}
 	return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 }
 
@@ -1085,9 +1041,6 @@ func (s *Store) anchoredSend(ctx context.Context, group, what string, build func
 			return nil, false, nil
 		}
 		req := build(memberID, gen)
-		if as.opts.OnRequest != nil {
-			as.opts.OnRequest(req.Key())
-		}
 		resp, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 		done()
 		if err != nil {
@@ -1191,9 +1144,6 @@ func (as *anchorSet) pollRebalances() {
 			groups = groups[len(batch):]
 			req := kmsg.NewPtrDescribeGroupsRequest()
 			req.Groups = batch
-			if as.opts.OnRequest != nil {
-				as.opts.OnRequest(req.Key())
-			}
 			resp, err := req.RequestWith(ctx, as.s.cl.Broker(int(node)))
 			if err != nil {
 				continue

@@ -3,6 +3,7 @@ package kproxy
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
@@ -19,10 +20,15 @@ import (
 type forwardSet struct {
 	store *kafkastore.Store // immutable
 
-	mu sync.Mutex // guards groups
+	mu sync.RWMutex // guards groups
 	// groups holds what was last decided for each group looked up, and
 	// when; entries older than forwardRecheck are decided again.
 	groups map[string]forwardEntry
+	// forwarded counts the entries of groups that forward, so that
+	// Forwarded, asked for every group request of every connection,
+	// answers without a lock while no group is forwarded; written under
+	// mu.
+	forwarded atomic.Int64
 }
 
 // forwardEntry is one decision.
@@ -46,17 +52,20 @@ func newForwardSet(store *kafkastore.Store) *forwardSet {
 
 // Forwarded implements proxy.GroupForwarder.
 func (f *forwardSet) Forwarded(group string) bool {
-	f.mu.Lock()
+	if f.forwarded.Load() == 0 {
+		return false
+	}
+	f.mu.RLock()
 	e := f.groups[group]
-	f.mu.Unlock()
+	f.mu.RUnlock()
 	return e.forward
 }
 
 // Lookup implements proxy.GroupForwarder.
 func (f *forwardSet) Lookup(ctx context.Context, group string) (int32, bool, error) {
-	f.mu.Lock()
+	f.mu.RLock()
 	e, ok := f.groups[group]
-	f.mu.Unlock()
+	f.mu.RUnlock()
 	if !ok || time.Since(e.at) > forwardRecheck {
 		live, err := f.store.LiveOnCluster(ctx, group)
 		if err != nil {
@@ -89,9 +98,22 @@ func (f *forwardSet) set(group string, e forwardEntry) {
 		cut := time.Now().Add(-forwardRecheck)
 		for g, old := range f.groups {
 			if old.at.Before(cut) {
+				f.count(old, forwardEntry{})
 				delete(f.groups, g)
 			}
 		}
 	}
+	f.count(f.groups[group], e)
 	f.groups[group] = e
+}
+
+// count keeps the forwarded count as an entry goes from old to new;
+// f.mu is held.
+func (f *forwardSet) count(old, new forwardEntry) {
+	switch {
+	case old.forward && !new.forward:
+		f.forwarded.Add(-1)
+	case !old.forward && new.forward:
+		f.forwarded.Add(1)
+	}
 }

@@ -343,8 +343,8 @@ func (s *scenario) runAnchorAdmin(ctx context.Context) (res result) {
 	}
 	// Every partition at its committed offset with lag 0, held by the
 	// member directly and by the anchor through kproxy (it assigns
-	// itself the partitions kproxy's members own: kafkastore's
-	// sameMembership).
+	// itself the partitions kproxy's members own: groupstate's
+	// Anchor.SameMembership).
 	var bad []string
 	seenParts := map[int32]bool{}
 	held := 0
