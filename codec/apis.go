@@ -111,8 +111,15 @@ const (
 	KeyConsumerGroupDescribe  = 69
 	KeySaslAuthenticate       = 36
 
+	KeyShareGroupHeartbeat                   = 76
+	KeyShareGroupDescribe                    = 77
+	KeyShareFetch                            = 78
+	KeyShareAcknowledge                      = 79
 	KeyStreamsGroupHeartbeat                 = 88
 	KeyStreamsGroupDescribe                  = 89
+	KeyDescribeShareGroupOffsets             = 90
+	KeyAlterShareGroupOffsets                = 91
+	KeyDeleteShareGroupOffsets               = 92
 	KeyStreamsGroupTopologyDescriptionUpdate = 93
 )
 
@@ -192,33 +199,53 @@ var apis = map[int16]apiRow{
 	KeyConsumerGroupHeartbeat: {Local, MaxVersion(KeyConsumerGroupHeartbeat), EditNone, 0, "coordinator engine (KIP-848)"},
 	KeyConsumerGroupDescribe:  {Local, MaxVersion(KeyConsumerGroupDescribe), EditNone, 0, "coordinator engine (KIP-848)"},
 
-	76: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	77: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
-	78: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	79: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied: their responses carry leader endpoints"},
-	90: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
-	91: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
-	92: {Refuse, -1, EditNone, 0, "share groups (KIP-932) are not proxied"},
-
-	// Kafka 4.4 advertises streams groups by default (4.1 did not). Their
-	// coordinator is found with FindCoordinator for a group, which kproxy
-	// answers with itself, and its engine has no streams groups: while it
-	// serves groups they are not advertised (a Streams application with
-	// group.protocol=streams is told the cluster lacks them, as by an
-	// older broker) and a request for one closes the connection. With
-	// groups forwarded they are forwarded like any other key
-	// (refusedWhileLocal).
-	KeyStreamsGroupHeartbeat:                 {Refuse, -1, EditNone, 0, streamsWhy},
-	KeyStreamsGroupDescribe:                  {Refuse, -1, EditNone, 0, streamsWhy},
-	KeyStreamsGroupTopologyDescriptionUpdate: {Refuse, -1, EditNone, 0, streamsWhy},
+	// Share groups (KIP-932) and streams groups (KIP-1071) are served by
+	// the cluster's own coordinator, never by kproxy's engine: their
+	// coordinator requests are forwarded on the client's connection at
+	// the broker's versions, and kproxy answers FindCoordinator for such a
+	// group with its listener for the cluster's coordinator (GroupKind,
+	// proxy/forward.go). ShareFetch and ShareAcknowledge go to partition
+	// leaders like Fetch; their responses carry leader endpoints for
+	// partitions that moved, edited only when they do.
+	KeyShareGroupHeartbeat:                   {Forward, -1, EditNone, 0, shareWhy},
+	KeyShareGroupDescribe:                    {Forward, -1, EditNone, 0, shareWhy},
+	KeyDescribeShareGroupOffsets:             {Forward, -1, EditNone, 0, shareWhy},
+	KeyAlterShareGroupOffsets:                {Forward, -1, EditNone, 0, shareWhy},
+	KeyDeleteShareGroupOffsets:               {Forward, -1, EditNone, 0, shareWhy},
+	KeyStreamsGroupHeartbeat:                 {Forward, -1, EditNone, 0, streamsWhy},
+	KeyStreamsGroupDescribe:                  {Forward, -1, EditNone, 0, streamsWhy},
+	KeyStreamsGroupTopologyDescriptionUpdate: {Forward, -1, EditNone, 0, streamsWhy},
+	KeyShareFetch: {Rewrite, MaxVersion(KeyShareFetch), EditIfEndpoints, 0,
+		"responses carry the endpoints of partitions' new leaders (KIP-932), edited only when they do; capped to what kmsg parses"},
+	KeyShareAcknowledge: {Rewrite, MaxVersion(KeyShareAcknowledge), EditIfEndpoints, 0,
+		"responses carry the endpoints of partitions' new leaders (KIP-932), edited only when they do; capped to what kmsg parses"},
 }
 
-const streamsWhy = "streams groups (KIP-1071) are not served by kproxy's engine, which answers FindCoordinator for every group"
+const (
+	shareWhy   = "share groups (KIP-932): the cluster's coordinator serves them, kproxy forwards"
+	streamsWhy = "streams groups (KIP-1071): the cluster's coordinator serves them, kproxy forwards"
+)
 
-// refusedWhileLocal reports whether key's Refuse row applies only while
-// kproxy serves groups: the streams group keys.
-func refusedWhileLocal(key int16) bool {
-	return key == KeyStreamsGroupHeartbeat || key == KeyStreamsGroupDescribe || key == KeyStreamsGroupTopologyDescriptionUpdate
+// Group kinds kproxy forwards to the cluster's coordinator, as Kafka
+// names them in ListGroups (KIP-848's group types).
+const (
+	KindShare   = "share"
+	KindStreams = "streams"
+)
+
+// GroupKind returns the kind of group a coordinator request of key is
+// about when the cluster's coordinator, not kproxy's engine, serves that
+// kind ("share", "streams"); "" for every other key. The session reads
+// the group ids of such a request, so that FindCoordinator for them
+// names the cluster's coordinator.
+func GroupKind(key int16) string {
+	switch key {
+	case KeyShareGroupHeartbeat, KeyShareGroupDescribe, KeyDescribeShareGroupOffsets, KeyAlterShareGroupOffsets, KeyDeleteShareGroupOffsets:
+		return KindShare
+	case KeyStreamsGroupHeartbeat, KeyStreamsGroupDescribe, KeyStreamsGroupTopologyDescriptionUpdate:
+		return KindStreams
+	}
+	return ""
 }
 
 // RouteFor says what kproxy does with a request of key at version:
@@ -239,9 +266,6 @@ func RouteFor(key, version int16, groupsLocal bool) Decision {
 		return Decision{Route: Forward, MaxVersion: -1}
 	}
 	d := Decision{Route: a.route, MaxVersion: a.maxVersion, Edit: a.edit, Why: a.why}
-	if !groupsLocal && refusedWhileLocal(key) {
-		return Decision{Route: Forward, MaxVersion: -1}
-	}
 	if d.Route == Local && !groupsLocal {
 		d.Route = Forward
 		if a.edit != EditNone {
@@ -371,9 +395,6 @@ func MergeApiVersions(resp *kmsg.ApiVersionsResponse, localGroups bool) {
 			continue
 		}
 		info, special := row(k.ApiKey)
-		if special && !localGroups && refusedWhileLocal(k.ApiKey) {
-			special = false
-		}
 		if special {
 			if info.route == Refuse {
 				continue

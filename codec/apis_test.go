@@ -38,7 +38,12 @@ func TestRouteFor(t *testing.T) {
 		{"join group beyond kmsg", KeyJoinGroup, over(KeyJoinGroup), true, Refuse, EditNone, MaxVersion(KeyJoinGroup), true},
 		{"find coordinator, groups local", KeyFindCoordinator, 4, true, Local, EditAlways, MaxVersion(KeyFindCoordinator), false},
 		{"find coordinator, groups forwarded", KeyFindCoordinator, 4, false, Rewrite, EditAlways, MaxVersion(KeyFindCoordinator), false},
-		{"share fetch", 78, 0, true, Refuse, EditNone, -1, false},
+		{"share fetch", KeyShareFetch, 1, true, Rewrite, EditIfEndpoints, MaxVersion(KeyShareFetch), false},
+		{"share fetch, groups forwarded", KeyShareFetch, 1, false, Rewrite, EditIfEndpoints, MaxVersion(KeyShareFetch), false},
+		{"share fetch beyond kmsg", KeyShareFetch, over(KeyShareFetch), true, Refuse, EditNone, MaxVersion(KeyShareFetch), true},
+		{"share acknowledge", KeyShareAcknowledge, 1, true, Rewrite, EditIfEndpoints, MaxVersion(KeyShareAcknowledge), false},
+		{"share group heartbeat", KeyShareGroupHeartbeat, 1, true, Forward, EditNone, -1, false},
+		{"streams group heartbeat", KeyStreamsGroupHeartbeat, 0, true, Forward, EditNone, -1, false},
 	} {
 		d := RouteFor(c.key, c.v, c.groupsLocal)
 		if d.Route != c.route || d.Edit != c.edit || d.MaxVersion != c.max {

@@ -1,6 +1,7 @@
 package codec
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"reflect"
@@ -204,7 +205,7 @@ func TestMergeApiVersions(t *testing.T) {
 	add(KeyFetch, 4, 99)
 	add(KeyJoinGroup, 2, 3)
 	add(KeyConsumerGroupHeartbeat, 0, 1)
-	add(78, 0, 1)  // ShareFetch
+	add(KeyShareFetch, 0, 1)
 	add(999, 0, 1) // unknown to kmsg
 	add(KeyListOffsetsForTest, 1, 5)
 	MergeApiVersions(resp, true)
@@ -219,13 +220,14 @@ func TestMergeApiVersions(t *testing.T) {
 		KeyListOffsetsForTest:     {1, 5},
 		KeyConsumerGroupHeartbeat: {0, min(1, MaxVersion(KeyConsumerGroupHeartbeat))},
 		KeyConsumerGroupDescribe:  {0, MaxVersion(KeyConsumerGroupDescribe)},
+		KeyShareFetch:             {0, 1}, // the cluster's
 	}
 	for key, w := range want {
 		if got[key] != w {
 			t.Errorf("key %d: got %v, want %v", key, got[key], w)
 		}
 	}
-	for _, key := range []int16{78, 999} {
+	for _, key := range []int16{999} {
 		if _, ok := got[key]; ok {
 			t.Errorf("key %d advertised", key)
 		}
@@ -308,6 +310,37 @@ func TestKproxyTopicsAreInternal(t *testing.T) {
 		out := rewrite(t, resp, &fakeMap{}).(*kmsg.MetadataResponse)
 		if v >= 1 && (!out.Topics[0].IsInternal || out.Topics[1].IsInternal) {
 			t.Fatalf("v%d: internal flags %v %v", v, out.Topics[0].IsInternal, out.Topics[1].IsInternal)
+		}
+	}
+}
+
+// TestRewriteShareResponses: a ShareFetch or ShareAcknowledge response
+// naming new leaders gets kproxy's addresses for them, everything else
+// (records, acquired ranges, leader ids) as the broker sent it; one
+// without endpoints is passed as it came.
+func TestRewriteShareResponses(t *testing.T) {
+	for _, key := range []int16{KeyShareFetch, KeyShareAcknowledge} {
+		for v := int16(0); v <= MaxVersion(key); v++ {
+			plain := shareResponse(key, v, false).AppendTo(nil)
+			if out, err := RewriteResponse(key, v, plain, &fakeMap{}, true); err != nil || out != nil {
+				t.Fatalf("%s v%d without endpoints: edited (%v, %v)", kmsg.NameForKey(key), v, out, err)
+			}
+			in := shareResponse(key, v, true)
+			m := &fakeMap{}
+			out := rewrite(t, in, m)
+			want := shareResponse(key, v, true)
+			switch r := want.(type) {
+			case *kmsg.ShareFetchResponse:
+				r.NodeEndpoints[0].Host, r.NodeEndpoints[0].Port = "proxy.test", 30003
+			case *kmsg.ShareAcknowledgeResponse:
+				r.NodeEndpoints[0].Host, r.NodeEndpoints[0].Port = "proxy.test", 30003
+			}
+			if got, w := out.AppendTo(nil), want.AppendTo(nil); !bytes.Equal(got, w) {
+				t.Fatalf("%s v%d: rewritten response differs from the broker's beyond the endpoints", kmsg.NameForKey(key), v)
+			}
+			if m.learned[3] != "upstream:9092" {
+				t.Fatalf("%s v%d: learned %v", kmsg.NameForKey(key), v, m.learned)
+			}
 		}
 	}
 }

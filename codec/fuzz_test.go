@@ -71,6 +71,13 @@ func FuzzRewriteResponse(f *testing.F) {
 			f.Add(key, v, resp.AppendTo(nil))
 		}
 	}
+	for _, key := range []int16{KeyShareFetch, KeyShareAcknowledge} {
+		for v := int16(0); v <= MaxVersion(key); v++ {
+			for _, withEP := range []bool{false, true} {
+				f.Add(key, v, shareResponse(key, v, withEP).AppendTo(nil))
+			}
+		}
+	}
 	f.Fuzz(func(t *testing.T, key, v int16, body []byte) {
 		if RouteFor(key, v, true).Edit == EditNone || v < 0 {
 			return
@@ -102,6 +109,18 @@ func FuzzRewriteResponse(f *testing.F) {
 			for _, b := range r.Brokers {
 				if b.Host != "proxy.test" {
 					t.Fatalf("describe cluster host %q survived", b.Host)
+				}
+			}
+		case *kmsg.ShareFetchResponse:
+			for _, b := range r.NodeEndpoints {
+				if b.Host != "proxy.test" {
+					t.Fatalf("share fetch endpoint host %q survived", b.Host)
+				}
+			}
+		case *kmsg.ShareAcknowledgeResponse:
+			for _, b := range r.NodeEndpoints {
+				if b.Host != "proxy.test" {
+					t.Fatalf("share acknowledge endpoint host %q survived", b.Host)
 				}
 			}
 		}

@@ -138,12 +138,19 @@ func TestMergeApiVersionsOfReleases(t *testing.T) {
 			if fetch := got[KeyFetch]; fetch[1] != min(15, broker[KeyFetch][1]) {
 				t.Errorf("%s: Fetch advertised up to v%d, want v15 or the broker's lower max", name, fetch[1])
 			}
-			for _, key := range []int16{76, 78, KeyStreamsGroupHeartbeat, KeyStreamsGroupDescribe} {
-				_, had := broker[key]
-				_, has := got[key]
-				refused := !(refusedWhileLocal(key) && !groupsLocal)
-				if has != (had && !refused) {
-					t.Errorf("%s: %s advertised %v (broker %v), refused %v", name, kmsg.NameForKey(key), has, had, refused)
+			// Share and streams groups are the cluster's: advertised
+			// exactly as the broker does, in every mode (capped only
+			// for ShareFetch/ShareAcknowledge at what kmsg parses).
+			for _, key := range []int16{KeyShareGroupHeartbeat, KeyShareGroupDescribe, KeyShareFetch, KeyShareAcknowledge,
+				KeyDescribeShareGroupOffsets, KeyAlterShareGroupOffsets, KeyDeleteShareGroupOffsets,
+				KeyStreamsGroupHeartbeat, KeyStreamsGroupDescribe, KeyStreamsGroupTopologyDescriptionUpdate} {
+				want, had := broker[key]
+				if had {
+					want[1] = min(want[1], MaxVersion(key))
+				}
+				mm, has := got[key]
+				if has != had || (had && mm != want) {
+					t.Errorf("%s: %s advertised %v (%v), the broker %v (%v)", name, kmsg.NameForKey(key), mm, has, broker[key], had)
 				}
 			}
 		}
@@ -210,16 +217,27 @@ func TestMergeApiVersionsCapsNewerBroker(t *testing.T) {
 	}
 }
 
-// TestStreamsGroupsRefusedWhileLocal: streams group requests close the
-// connection while kproxy serves groups and are forwarded when the
-// brokers do.
-func TestStreamsGroupsRefusedWhileLocal(t *testing.T) {
-	for _, key := range []int16{KeyStreamsGroupHeartbeat, KeyStreamsGroupDescribe, KeyStreamsGroupTopologyDescriptionUpdate} {
-		if d := RouteFor(key, 0, true); d.Route != Refuse || d.Refusal(key, 0) == nil {
-			t.Errorf("%s with groups local: route %s, want refused", kmsg.NameForKey(key), d.Route)
+// TestKindsForwardedInEveryMode: share and streams group requests are
+// forwarded at the broker's versions whether kproxy serves groups or
+// not, and GroupKind names their kind.
+func TestKindsForwardedInEveryMode(t *testing.T) {
+	for key, kind := range map[int16]string{
+		KeyShareGroupHeartbeat: KindShare, KeyShareGroupDescribe: KindShare, KeyDescribeShareGroupOffsets: KindShare,
+		KeyAlterShareGroupOffsets: KindShare, KeyDeleteShareGroupOffsets: KindShare,
+		KeyStreamsGroupHeartbeat: KindStreams, KeyStreamsGroupDescribe: KindStreams, KeyStreamsGroupTopologyDescriptionUpdate: KindStreams,
+	} {
+		for _, local := range []bool{true, false} {
+			if d := RouteFor(key, 0, local); d.Route != Forward || d.MaxVersion != -1 || d.Refusal(key, 0) != nil {
+				t.Errorf("%s, groups local %v: route %s max %d, want forwarded at the broker's versions", kmsg.NameForKey(key), local, d.Route, d.MaxVersion)
+			}
 		}
-		if d := RouteFor(key, 0, false); d.Route != Forward || d.MaxVersion != -1 {
-			t.Errorf("%s with groups forwarded: route %s max %d, want forwarded at the broker's versions", kmsg.NameForKey(key), d.Route, d.MaxVersion)
+		if got := GroupKind(key); got != kind {
+			t.Errorf("GroupKind(%s) = %q, want %q", kmsg.NameForKey(key), got, kind)
+		}
+	}
+	for _, key := range []int16{KeyJoinGroup, KeyConsumerGroupHeartbeat, KeyShareFetch, KeyShareAcknowledge, KeyFetch} {
+		if got := GroupKind(key); got != "" {
+			t.Errorf("GroupKind(%s) = %q, want none", kmsg.NameForKey(key), got)
 		}
 	}
 }

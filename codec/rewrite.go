@@ -30,8 +30,8 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 	case EditNone, EditObserve:
 		return nil, nil
 	case EditIfEndpoints:
-		// Skimmed without decoding: most Produce responses carry none.
-		if has, ok := ProduceHasEndpoints(body, version); ok && !has {
+		// Skimmed without decoding: most responses carry none.
+		if has, ok := HasEndpoints(key, body, version); ok && !has {
 			return nil, nil
 		}
 	}
@@ -80,6 +80,22 @@ func RewriteResponse(key, version int16, body []byte, m AddrMap, localGroups boo
 		}
 		for i := range r.Brokers {
 			b := &r.Brokers[i]
+			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
+		}
+	case *kmsg.ShareFetchResponse:
+		if len(r.NodeEndpoints) == 0 { // when the skim failed
+			return nil, nil
+		}
+		for i := range r.NodeEndpoints {
+			b := &r.NodeEndpoints[i]
+			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
+		}
+	case *kmsg.ShareAcknowledgeResponse:
+		if len(r.NodeEndpoints) == 0 {
+			return nil, nil
+		}
+		for i := range r.NodeEndpoints {
+			b := &r.NodeEndpoints[i]
 			b.Host, b.Port = m.Broker(b.NodeID, b.Host, b.Port)
 		}
 	case *kmsg.ApiVersionsResponse:

@@ -85,3 +85,58 @@ func ProduceHasEndpoints(body []byte, version int16) (has, ok bool) {
 	has = s.skipTags()
 	return has, s.ok && len(s.b) == 0
 }
+
+// HasEndpoints reports whether a response body of key at version carries
+// leader endpoints, for the keys whose responses kproxy edits only when
+// they do (Decision.Edit is EditIfEndpoints). ok is false when the body
+// does not parse, or key is not one of them: the caller then decodes it.
+func HasEndpoints(key int16, body []byte, version int16) (has, ok bool) {
+	switch key {
+	case KeyProduce:
+		return ProduceHasEndpoints(body, version)
+	case KeyShareFetch, KeyShareAcknowledge:
+		return shareHasEndpoints(key, body, version)
+	}
+	return false, false
+}
+
+// shareHasEndpoints reports whether a ShareFetch or ShareAcknowledge
+// response body carries NodeEndpoints, the array after its topics
+// (KIP-932; both are flexible from v0). The records a ShareFetch carries
+// are skipped by their length, never read.
+func shareHasEndpoints(key int16, body []byte, version int16) (has, ok bool) {
+	s := skimmer{b: body, ok: true}
+	s.skip(4 + 2)          // throttle, error code
+	s.skip(s.compactLen()) // error message
+	if (key == KeyShareFetch && version >= 1) || (key == KeyShareAcknowledge && version >= 2) {
+		s.skip(4) // acquisition lock timeout
+	}
+	for t := s.compactLen(); t > 0 && s.ok; t-- {
+		s.skip(16) // topic id
+		for p := s.compactLen(); p > 0 && s.ok; p-- {
+			s.skip(4 + 2)          // partition, error code
+			s.skip(s.compactLen()) // error message
+			if key == KeyShareFetch {
+				s.skip(2)              // acknowledge error code
+				s.skip(s.compactLen()) // acknowledge error message
+			}
+			s.skip(4 + 4) // current leader: id and epoch, no address
+			s.skipTags()
+			if key == KeyShareFetch {
+				s.skip(s.compactLen()) // records
+				for a := s.compactLen(); a > 0 && s.ok; a-- {
+					s.skip(8 + 8 + 2) // first, last offset, delivery count
+					s.skipTags()
+				}
+			}
+			s.skipTags()
+		}
+		s.skipTags()
+	}
+	has = s.compactLen() > 0
+	if has {
+		return true, s.ok
+	}
+	s.skipTags()
+	return false, s.ok && len(s.b) == 0
+}

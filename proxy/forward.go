@@ -30,6 +30,14 @@ type GroupForwarder interface {
 	// returns the node id of the cluster's coordinator of a forwarded
 	// group. It may block (it runs off the session's reader).
 	Lookup(ctx context.Context, group string) (node int32, forward bool, err error)
+	// Claim records that a client asked for group as a group of kind
+	// (codec.GroupKind: share or streams), which only the cluster's
+	// coordinator serves, so that FindCoordinator for it names that
+	// coordinator from now on. served reports that kproxy serves group
+	// as a consumer group instead: the request is then answered as the
+	// cluster answers a request of the wrong kind. It may block; ctx
+	// bounds it.
+	Claim(ctx context.Context, group, kind string) (served bool)
 }
 
 // lookupTimeout bounds the lookups of one FindCoordinator: the answer
@@ -140,4 +148,124 @@ func (p *Proxy) brokerListener(node int32) (string, int32, bool) {
 		return p.cfg.AdvertiseHost, l.port, true
 	}
 	return "", 0, false
+}
+
+// routeKind sends a share or streams group request (codec.GroupKind)
+// to the cluster's coordinator: upstream on the client's connection,
+// unchanged, once the forwarder knows the group as the cluster's, so a
+// broker that is not the group's coordinator answers NOT_COORDINATOR and
+// the client's next FindCoordinator, which kproxy now answers with the
+// cluster's coordinator, puts it right. Only a group kproxy serves as a
+// consumer group is answered by kproxy, with the error Kafka gives for a
+// group of another kind (wrongKind). Without a forwarder (anchors off)
+// the request goes upstream as it came.
+func (s *session) routeKind(h codec.RequestHeader, kind string, start int64, head []byte, total int) error {
+	fw := s.p.cfg.Forwarder
+	if fw == nil {
+		return s.forward(h, codec.Forward, start, head, total)
+	}
+	if err := s.authGate(h); err != nil {
+		return err
+	}
+	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+		// Larger than any group request kproxy reads: the broker
+		// judges it, as directly.
+		return s.forward(h, codec.Forward, start, head, total)
+	}
+	frame, done, err := s.readFrame(total)
+	if err != nil {
+		return err
+	}
+	defer done()
+	req := kmsg.RequestForKey(h.Key)
+	req.SetVersion(h.Version)
+	if err := req.ReadFrom(frame[4+h.Len:]); err != nil {
+		// The broker answers a malformed request as it does directly.
+		return s.forwardBytes(h, codec.Forward, start, frame)
+	}
+	ctx, cancel := context.WithTimeout(s.p.ctx, lookupTimeout)
+	defer cancel()
+	groups := kindGroups(req)
+	served := len(groups) > 0
+	for _, g := range groups {
+		if !fw.Claim(ctx, g, kind) {
+			served = false
+		}
+	}
+	if !served {
+		return s.forwardBytes(h, codec.Forward, start, frame)
+	}
+	s.p.log.Debug("forwarding: a consumer group asked for as another kind", "kind", kind, "groups", groups)
+	return s.queueLocal(h, start, wrongKind(req, kind))
+}
+
+// kindGroups returns the group ids of a share or streams group request.
+func kindGroups(req kmsg.Request) []string {
+	switch r := req.(type) {
+	case *kmsg.ShareGroupHeartbeatRequest:
+		return []string{r.GroupID}
+	case *kmsg.ShareGroupDescribeRequest:
+		return r.GroupIDs
+	case *kmsg.DescribeShareGroupOffsetsRequest:
+		ids := make([]string, len(r.Groups))
+		for i, g := range r.Groups {
+			ids[i] = g.GroupID
+		}
+		return ids
+	case *kmsg.AlterShareGroupOffsetsRequest:
+		return []string{r.GroupID}
+	case *kmsg.DeleteShareGroupOffsetsRequest:
+		return []string{r.GroupID}
+	case *kmsg.StreamsGroupHeartbeatRequest:
+		return []string{r.Group}
+	case *kmsg.StreamsGroupDescribeRequest:
+		return r.Groups
+	case *kmsg.StreamsGroupTopologyDescriptionUpdateRequest:
+		return []string{r.Group}
+	}
+	return nil
+}
+
+// wrongKind answers req, a request of kind for groups kproxy serves as
+// consumer groups, as Kafka's coordinator answers a request for a group
+// of another type: GROUP_ID_NOT_FOUND, "Group <id> is not a share group."
+// (GroupMetadataManager: one group id is one group, whatever its kind).
+func wrongKind(req kmsg.Request, kind string) kmsg.Response {
+	code := kerr.GroupIDNotFound.Code
+	msg := func(g string) *string {
+		m := "Group " + g + " is not a " + kind + " group."
+		return &m
+	}
+	resp := req.ResponseKind()
+	switch r := resp.(type) {
+	case *kmsg.ShareGroupHeartbeatResponse:
+		r.ErrorCode, r.ErrorMessage = code, msg(req.(*kmsg.ShareGroupHeartbeatRequest).GroupID)
+	case *kmsg.StreamsGroupHeartbeatResponse:
+		r.ErrorCode, r.ErrorMessage = code, msg(req.(*kmsg.StreamsGroupHeartbeatRequest).Group)
+	case *kmsg.AlterShareGroupOffsetsResponse:
+		r.ErrorCode, r.ErrorMessage = code, msg(req.(*kmsg.AlterShareGroupOffsetsRequest).GroupID)
+	case *kmsg.DeleteShareGroupOffsetsResponse:
+		r.ErrorCode, r.ErrorMessage = code, msg(req.(*kmsg.DeleteShareGroupOffsetsRequest).GroupID)
+	case *kmsg.StreamsGroupTopologyDescriptionUpdateResponse:
+		r.ErrorCode, r.ErrorMessage = code, msg(req.(*kmsg.StreamsGroupTopologyDescriptionUpdateRequest).Group)
+	case *kmsg.ShareGroupDescribeResponse:
+		for _, g := range req.(*kmsg.ShareGroupDescribeRequest).GroupIDs {
+			d := kmsg.NewShareGroupDescribeResponseGroup()
+			d.GroupID, d.ErrorCode, d.ErrorMessage = g, code, msg(g)
+			r.Groups = append(r.Groups, d)
+		}
+	case *kmsg.StreamsGroupDescribeResponse:
+		for _, g := range req.(*kmsg.StreamsGroupDescribeRequest).Groups {
+			d := kmsg.NewStreamsGroupDescribeResponseGroup()
+			d.Group, d.ErrorCode, d.ErrorMessage = g, code, msg(g)
+			r.Groups = append(r.Groups, d)
+		}
+	case *kmsg.DescribeShareGroupOffsetsResponse:
+		for _, g := range req.(*kmsg.DescribeShareGroupOffsetsRequest).Groups {
+			d := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
+			d.GroupID, d.ErrorCode, d.ErrorMessage = g.GroupID, code, msg(g.GroupID)
+			r.Groups = append(r.Groups, d)
+		}
+	}
+	return resp
 }

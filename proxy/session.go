@@ -303,6 +303,9 @@ func (s *session) readLoop() error {
 func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	start := nanotime()
 	d := codec.RouteFor(h.Key, h.Version, s.p.cfg.Coordinator != nil)
+	if kind := codec.GroupKind(h.Key); kind != "" && s.p.cfg.Coordinator != nil {
+		return s.routeKind(h, kind, start, head, total)
+	}
 	switch d.Route {
 	case codec.Forward, codec.Rewrite:
 		if d.Edit == codec.EditObserve {

@@ -46,7 +46,9 @@ type httpAPI struct {
 // NewHTTPHandler returns tap's HTTP handler: health and metrics
 // (/healthz, /readyz, /metrics; health.go), the group API and event
 // stream (/api/groups, /api/groups/{id}, /api/events; api.go), the fleet
-// (/api/fleet; api_fleet.go) and the web view at / (webview.go).
+// (/api/fleet; api_fleet.go), the groups kproxy forwards to the
+// cluster's coordinator (/api/forwarded) and the web view at /
+// (webview.go).
 func NewHTTPHandler(cfg HTTPConfig) http.Handler {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 3 * time.Second
@@ -66,6 +68,7 @@ func NewHTTPHandler(cfg HTTPConfig) http.Handler {
 	mux.HandleFunc("GET /api/groups/{id...}", a.group)
 	mux.HandleFunc("GET /api/events", a.events)
 	mux.HandleFunc("GET /api/fleet", a.fleet)
+	mux.HandleFunc("GET /api/forwarded", a.forwardedGroups)
 	mux.Handle("GET /", webView())
 	return mux
 }
@@ -84,4 +87,20 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// forwardedGroups serves /api/forwarded: the groups kproxy does not
+// serve because the cluster's own coordinator does, with their kind
+// there (Tap.SetForwardedSource); an empty list when there are none.
+func (a *httpAPI) forwardedGroups(w http.ResponseWriter, _ *http.Request) {
+	var out []ForwardedGroup
+	if a.cfg.Tap != nil {
+		out = a.cfg.Tap.forwardedGroups()
+	}
+	if out == nil {
+		out = []ForwardedGroup{}
+	}
+	writeJSON(w, struct {
+		Groups []ForwardedGroup `json:"groups"`
+	}{out})
 }

@@ -29,6 +29,7 @@ const (
 	attrState        = attribute.Key("kproxy.group.state")
 	attrKind         = attribute.Key("kproxy.event.kind")
 	attrExpireReason = attribute.Key("kproxy.member.expire_reason")
+	attrGroupKind    = attribute.Key("kproxy.group.kind")
 )
 
 // instruments are tap's metric instruments. Immutable after
@@ -85,6 +86,12 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tap: instrument kproxy.group.generation: %w", err)
 	}
+	forwarded, err := m.Int64ObservableGauge("kproxy.groups.forwarded",
+		metric.WithDescription("Groups whose requests kproxy forwards to the cluster's own coordinator, by the kind of group there (classic, consumer, share, streams)."),
+		metric.WithUnit("{group}"))
+	if err != nil {
+		return nil, fmt.Errorf("tap: instrument kproxy.groups.forwarded: %w", err)
+	}
 	dropped, err := m.Int64ObservableCounter("kproxy.tap.events.dropped",
 		metric.WithDescription("Engine events dropped because tap's queue was full."),
 		metric.WithUnit("{event}"))
@@ -101,6 +108,13 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 	in.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(dropped, t.dropped.Load())
 		o.ObserveInt64(subDropped, t.hub.droppedTotal())
+		byKind := map[string]int64{}
+		for _, g := range t.forwardedGroups() {
+			byKind[g.Kind]++
+		}
+		for kind, n := range byKind {
+			o.ObserveInt64(forwarded, n, metric.WithAttributes(attrGroupKind.String(kindOrUnknown(kind))))
+		}
 		src := t.groupSource()
 		if src == nil {
 			return nil
@@ -116,7 +130,7 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 			o.ObserveInt64(groups, n, metric.WithAttributes(attrState.String(state)))
 		}
 		return nil
-	}, groups, members, generation, dropped, subDropped)
+	}, groups, members, generation, forwarded, dropped, subDropped)
 	if err != nil {
 		return nil, fmt.Errorf("tap: registering gauge callback: %w", err)
 	}
@@ -142,6 +156,14 @@ func (in *instruments) recordDuration(d time.Duration, cause, outcome string) {
 	in.duration.Record(context.Background(), d.Seconds(), metric.WithAttributes(
 		attrCause.String(causeOrUnknown(cause)),
 		attrOutcome.String(outcome)))
+}
+
+// kindOrUnknown keeps a forwarded group of unread kind visible.
+func kindOrUnknown(k string) string {
+	if k == "" {
+		return "unknown"
+	}
+	return k
 }
 
 // causeOrUnknown keeps empty causes visible as "unknown".

@@ -16,6 +16,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -135,6 +136,9 @@ type Tap struct {
 
 	dropped atomic.Int64                // events OnEvent could not queue
 	groups  atomic.Pointer[groupSource] // set by New or SetGroupSource
+	// forwarded lists the groups kproxy forwards to the cluster's
+	// coordinator; set by SetForwardedSource.
+	forwarded atomic.Pointer[func() []ForwardedGroup]
 
 	// rebalances is the per-group trace state; owned by the run goroutine.
 	rebalances *rebalanceTracker
@@ -262,6 +266,33 @@ func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 		return nil, fmt.Errorf("tap: building resource: %w", err)
 	}
 	return res, nil
+}
+
+// ForwardedGroup is a group kproxy does not serve: the cluster's own
+// coordinator does, and kproxy forwards its requests there (groups with
+// members on the brokers, share groups, streams groups).
+type ForwardedGroup struct {
+	Group string `json:"group"`
+	// Kind is the group's type on the cluster ("classic", "consumer",
+	// "share", "streams"), as ListGroups names it; empty when kproxy
+	// learned the cluster serves it without reading its type.
+	Kind string `json:"kind"`
+	// Since is when kproxy last decided.
+	Since time.Time `json:"decided_at"`
+}
+
+// SetForwardedSource sets where the forwarded-groups gauge and
+// /api/forwarded read from; fn must be safe to call from any goroutine.
+func (t *Tap) SetForwardedSource(fn func() []ForwardedGroup) {
+	t.forwarded.Store(&fn)
+}
+
+// forwardedGroups returns the groups forwarded now; nil without a source.
+func (t *Tap) forwardedGroups() []ForwardedGroup {
+	if fn := t.forwarded.Load(); fn != nil {
+		return (*fn)()
+	}
+	return nil
 }
 
 // SetGroupSource sets where the group gauges read snapshots from. It is

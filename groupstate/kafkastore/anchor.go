@@ -484,9 +484,42 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 	return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 }
 
-// liveOnCluster asks the cluster whether group has members and none of
-// them is an anchor of ours: then the cluster's coordinator serves it.
+// ClusterGroup is what the cluster's coordinator holds for one group id.
+type ClusterGroup struct {
+	// Kind is the group's type on the cluster, as ListGroups names it
+	// ("classic", "consumer", "share", "streams"), or "" when the
+	// cluster has no group of that id.
+	Kind string
+	// Members is whether the group has members there.
+	Members bool
+	// Anchored is whether one of those members is our anchor.
+	Anchored bool
+}
+
+// Live reports whether the cluster's coordinator serves the group: it
+// has members there and none is our anchor, or it is of a kind only the
+// cluster serves (share and streams groups, KIP-932 and KIP-1071, even
+// with no members: their state lives on the cluster).
+func (c ClusterGroup) Live() bool {
+	return (c.Members && !c.Anchored) || c.Kind == "share" || c.Kind == "streams"
+}
+
+// liveOnCluster asks the cluster whether it serves group itself
+// (ClusterGroup.Live).
 func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, error) {
+	c, err := as.describeOnCluster(ctx, group)
+	return c.Live(), err
+}
+
+// describeOnCluster asks the cluster what it holds for group. Kafka 4
+// answers DescribeGroups for a group of another type with
+// GROUP_ID_NOT_FOUND "Group <id> is not a classic group." and for a
+// group it does not have with "Group <id> not found." (its
+// GroupMetadataManager); only the former costs the describes of the
+// other types, in the order a group is likeliest to be found: consumer,
+// share, streams. Kafka 3.x answers with no error and no members (state
+// Dead for a group it does not have).
+func (as *anchorSet) describeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{group}
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
@@ -496,55 +529,105 @@ func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, err
 		return 0
 	})
 	if err != nil {
-		return false, fmt.Errorf("describing group %q: %w", group, err)
+		return ClusterGroup{}, fmt.Errorf("describing group %q: %w", group, err)
 	}
 	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
 	if len(groups) == 0 {
-		return false, nil
+		return ClusterGroup{}, nil
 	}
 	g := groups[0]
 	switch g.ErrorCode {
-	case 0, kerr.GroupIDNotFound.Code:
+	case 0:
+		if len(g.Members) > 0 {
+			c := ClusterGroup{Kind: "classic", Members: true}
+			for _, m := range g.Members {
+				if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
+					c.Anchored = true
+				}
+			}
+			return c, nil
+		}
+		if g.State != "Dead" {
+			// An empty classic group (offsets only), or, on 3.x, a
+			// KIP-848 group described without its members.
+			c, err := as.describeKind(ctx, group, "consumer")
+			if err != nil || c.Kind != "" {
+				return c, err
+			}
+			return ClusterGroup{Kind: "classic"}, nil
+		}
+	case kerr.GroupIDNotFound.Code:
+		if g.ErrorMessage != nil && *g.ErrorMessage == "Group "+group+" not found." {
+			return ClusterGroup{}, nil
+		}
 	default:
-		return false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
+		return ClusterGroup{}, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
 	}
-	if len(g.Members) == 0 {
-		// Kafka 4 answers DescribeGroups for a KIP-848 group with
-		// GROUP_ID_NOT_FOUND ("not a classic group"), and 3.x with no
-		// members: ask ConsumerGroupDescribe.
-		return as.liveConsumerGroup(ctx, group)
-	}
-	for _, m := range g.Members {
-		if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
-			return false, nil
+	for _, kind := range []string{"consumer", "share", "streams"} {
+		c, err := as.describeKind(ctx, group, kind)
+		if err != nil || c.Kind != "" {
+			return c, err
 		}
 	}
-	return true, nil
+	return ClusterGroup{}, nil
 }
 
-// liveConsumerGroup reports whether group is a KIP-848 group with members
-// on the cluster. A cluster without ConsumerGroupDescribe has none.
-func (as *anchorSet) liveConsumerGroup(ctx context.Context, group string) (bool, error) {
-	if !as.s.supportsKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
-		return false, nil
-	}
-	req := kmsg.NewPtrConsumerGroupDescribeRequest()
-	req.Groups = []string{group}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		if g := r.(*kmsg.ConsumerGroupDescribeResponse).Groups; len(g) > 0 {
-			return g[0].ErrorCode
+// describeKind describes group with the describe API of kind (KIP-848's
+// ConsumerGroupDescribe, KIP-932's ShareGroupDescribe, KIP-1071's
+// StreamsGroupDescribe); Kind is "" when the cluster lacks that API or
+// has no group of that kind.
+func (as *anchorSet) describeKind(ctx context.Context, group, kind string) (ClusterGroup, error) {
+	var req kmsg.Request
+	var read func(kmsg.Response) (code int16, members int)
+	switch kind {
+	case "consumer":
+		r := kmsg.NewPtrConsumerGroupDescribeRequest()
+		r.Groups = []string{group}
+		req, read = r, func(resp kmsg.Response) (int16, int) {
+			for _, g := range resp.(*kmsg.ConsumerGroupDescribeResponse).Groups {
+				return g.ErrorCode, len(g.Members)
+			}
+			return kerr.GroupIDNotFound.Code, 0
 		}
-		return 0
+	case "share":
+		r := kmsg.NewPtrShareGroupDescribeRequest()
+		r.GroupIDs = []string{group}
+		req, read = r, func(resp kmsg.Response) (int16, int) {
+			for _, g := range resp.(*kmsg.ShareGroupDescribeResponse).Groups {
+				return g.ErrorCode, len(g.Members)
+			}
+			return kerr.GroupIDNotFound.Code, 0
+		}
+	case "streams":
+		r := kmsg.NewPtrStreamsGroupDescribeRequest()
+		r.Groups = []string{group}
+		req, read = r, func(resp kmsg.Response) (int16, int) {
+			for _, g := range resp.(*kmsg.StreamsGroupDescribeResponse).Groups {
+				return g.ErrorCode, len(g.Members)
+			}
+			return kerr.GroupIDNotFound.Code, 0
+		}
+	default:
+		return ClusterGroup{}, fmt.Errorf("describing group %q: unknown kind %q", group, kind)
+	}
+	if !as.s.supportsKey(ctx, req.Key()) {
+		return ClusterGroup{}, nil
+	}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		code, _ := read(r)
+		return code
 	})
 	if err != nil {
-		return false, fmt.Errorf("describing consumer group %q: %w", group, err)
+		return ClusterGroup{}, fmt.Errorf("describing %s group %q: %w", kind, group, err)
 	}
-	for _, g := range resp.(*kmsg.ConsumerGroupDescribeResponse).Groups {
-		if g.ErrorCode == 0 && len(g.Members) > 0 {
-			return true, nil
-		}
+	code, members := read(resp)
+	switch code {
+	case 0:
+		return ClusterGroup{Kind: kind, Members: members > 0}, nil
+	case kerr.GroupIDNotFound.Code:
+		return ClusterGroup{}, nil
 	}
-	return false, nil
+	return ClusterGroup{}, fmt.Errorf("describing %s group %q: %w", kind, group, kerr.ErrorForCode(code))
 }
 
 // subscription is the consumer protocol metadata of an anchor for a.
@@ -1092,10 +1175,17 @@ func firstTxnCommitCode(resp kmsg.Response) int16 {
 // instance id (a KIP-848 group with members counts too). Anchoring must
 // be on.
 func (s *Store) LiveOnCluster(ctx context.Context, group string) (bool, error) {
+	c, err := s.DescribeOnCluster(ctx, group)
+	return c.Live(), err
+}
+
+// DescribeOnCluster asks the cluster what it holds for group: its kind
+// there, whether it has members, whether our anchor is one of them.
+func (s *Store) DescribeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
 	if s.anchors == nil {
-		return false, errors.New("kafkastore: anchors are off")
+		return ClusterGroup{}, errors.New("kafkastore: anchors are off")
 	}
-	return s.anchors.liveOnCluster(ctx, group)
+	return s.anchors.describeOnCluster(ctx, group)
 }
 
 // GroupCoordinator asks the cluster for the node id of group's

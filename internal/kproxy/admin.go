@@ -45,6 +45,9 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if w.engine != nil {
 		w.tap.SetGroupSource(w.engine)
 	}
+	if w.forwarder != nil {
+		w.tap.SetForwardedSource(w.forwarder.list)
+	}
 	addr := w.cfg.AdminListen
 	if addr == "" {
 		return nil

@@ -2,23 +2,27 @@ package kproxy
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/tap"
 )
 
 // forwardSet is the proxy.GroupForwarder of a kproxy that serves groups
 // with anchors (docs/anchors.md): a group is forwarded to the cluster's
 // own coordinator while the cluster serves it (it has members there and
-// none of them is a kproxy anchor). Each kproxy decides from the
-// cluster's state itself, when a client looks the coordinator up
-// (Lookup), and when the store finds a group it was about to serve live
-// on the cluster (mark); the owner's load-time check is the safety net
-// behind both (groupstate.ErrGroupLiveOnCluster).
+// none of them is a kproxy anchor, or it is a share or streams group,
+// which only the cluster serves). Each kproxy decides from the cluster's
+// state itself, when a client looks the coordinator up (Lookup), when a
+// client asks for a share or streams group (Claim), and when the store
+// finds a group it was about to serve live on the cluster (mark); the
+// owner's load-time check is the safety net behind them all
+// (groupstate.ErrGroupLiveOnCluster).
 type forwardSet struct {
-	store *kafkastore.Store // immutable
+	cluster clusterView // immutable
 
 	mu sync.RWMutex // guards groups
 	// groups holds what was last decided for each group looked up, and
@@ -31,10 +35,26 @@ type forwardSet struct {
 	forwarded atomic.Int64
 }
 
+// clusterView is what the forwardSet asks the cluster; *kafkastore.Store
+// implements it.
+type clusterView interface {
+	DescribeOnCluster(ctx context.Context, group string) (kafkastore.ClusterGroup, error)
+	GroupCoordinator(ctx context.Context, group string) (int32, error)
+}
+
 // forwardEntry is one decision.
 type forwardEntry struct {
 	forward bool
-	at      time.Time
+	// kind is the group's kind on the cluster when it forwards ("" when
+	// the cluster's state was not read: marked by the store), or the
+	// kind a client claimed for a group the cluster does not have yet.
+	kind string
+	at   time.Time // when decided
+	// claimKind and claimed are the kind a client last asked for the
+	// group as (a share or streams request, Claim) and when; zero if
+	// none did.
+	claimKind string
+	claimed   time.Time
 }
 
 // forwardRecheck is how long a decision stands before a lookup asks the
@@ -42,12 +62,18 @@ type forwardEntry struct {
 // never flap within one FindCoordinator.
 const forwardRecheck = 2 * time.Second
 
+// claimTTL is how long a client's share or streams request for a group
+// the cluster does not have yet keeps FindCoordinator for it pointing at
+// the cluster's coordinator, which creates the group on the client's
+// first heartbeat; every such request renews it.
+const claimTTL = time.Minute
+
 // maxForwardEntries bounds the decisions kept; past it the oldest half
 // is dropped.
 const maxForwardEntries = 100_000
 
-func newForwardSet(store *kafkastore.Store) *forwardSet {
-	return &forwardSet{store: store, groups: make(map[string]forwardEntry)}
+func newForwardSet(cluster clusterView) *forwardSet {
+	return &forwardSet{cluster: cluster, groups: make(map[string]forwardEntry)}
 }
 
 // Forwarded implements proxy.GroupForwarder.
@@ -67,21 +93,71 @@ func (f *forwardSet) Lookup(ctx context.Context, group string) (int32, bool, err
 	e, ok := f.groups[group]
 	f.mu.RUnlock()
 	if !ok || time.Since(e.at) > forwardRecheck {
-		live, err := f.store.LiveOnCluster(ctx, group)
-		if err != nil {
+		var err error
+		if e, err = f.decide(ctx, group, e); err != nil {
 			return -1, false, err
 		}
-		e = forwardEntry{forward: live, at: time.Now()}
-		f.set(group, e)
 	}
 	if !e.forward {
 		return -1, false, nil
 	}
-	node, err := f.store.GroupCoordinator(ctx, group)
+	node, err := f.cluster.GroupCoordinator(ctx, group)
 	if err != nil {
 		return -1, false, err
 	}
 	return node, true, nil
+}
+
+// Claim implements proxy.GroupForwarder: a share or streams request for
+// group. A group the cluster serves, or does not have at all, is
+// forwarded from now on (the client's next FindCoordinator names the
+// cluster's coordinator); one kproxy serves as a consumer group
+// (anchored, or known to the cluster as a classic or consumer group
+// without members of its own) is not, and served reports it. A cluster
+// that cannot say leaves the request to the broker.
+func (f *forwardSet) Claim(ctx context.Context, group, kind string) (served bool) {
+	now := time.Now()
+	f.mu.Lock()
+	e, ok := f.groups[group]
+	e.claimKind, e.claimed = kind, now
+	if ok {
+		f.groups[group] = e // renew the claim; counts unchanged
+	}
+	f.mu.Unlock()
+	if ok && e.forward && now.Sub(e.at) <= forwardRecheck {
+		return false
+	}
+	e, err := f.decide(ctx, group, e)
+	if err != nil {
+		return false
+	}
+	return !e.forward
+}
+
+// decide asks the cluster about group and records the decision; prev
+// carries the client's claim, if any.
+func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry) (forwardEntry, error) {
+	c, err := f.cluster.DescribeOnCluster(ctx, group)
+	if err != nil {
+		return forwardEntry{}, err
+	}
+	now := time.Now()
+	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed}
+	switch {
+	case c.Live():
+		e.forward, e.kind = true, c.Kind
+	case c.Kind == "" && e.claimKind != "" && now.Sub(e.claimed) <= claimTTL:
+		// Nobody has the group yet and a client wants it as a share
+		// or streams group: the cluster's coordinator creates it.
+		e.forward, e.kind = true, e.claimKind
+	}
+	f.mu.Lock()
+	if cur, ok := f.groups[group]; ok && cur.claimed.After(e.claimed) {
+		e.claimKind, e.claimed = cur.claimKind, cur.claimed
+	}
+	f.setLocked(group, e)
+	f.mu.Unlock()
+	return e, nil
 }
 
 // mark records that the cluster serves group (the store found it live,
@@ -94,6 +170,11 @@ func (f *forwardSet) mark(group string) {
 func (f *forwardSet) set(group string, e forwardEntry) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.setLocked(group, e)
+}
+
+// setLocked records e for group; f.mu is held.
+func (f *forwardSet) setLocked(group string, e forwardEntry) {
 	if len(f.groups) >= maxForwardEntries {
 		cut := time.Now().Add(-forwardRecheck)
 		for g, old := range f.groups {
@@ -116,4 +197,18 @@ func (f *forwardSet) count(old, new forwardEntry) {
 	case !old.forward && new.forward:
 		f.forwarded.Add(1)
 	}
+}
+
+// list returns the groups forwarded now, by name.
+func (f *forwardSet) list() []tap.ForwardedGroup {
+	f.mu.RLock()
+	out := make([]tap.ForwardedGroup, 0, f.forwarded.Load())
+	for g, e := range f.groups {
+		if e.forward {
+			out = append(out, tap.ForwardedGroup{Group: g, Kind: e.kind, Since: e.at})
+		}
+	}
+	f.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	return out
 }

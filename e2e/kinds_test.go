@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/kproxy"
+	"github.com/kproxy/kproxy/tap"
+)
+
+// Share groups (KIP-932) through kproxy, against kfake, which serves
+// them (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge, the share
+// admin APIs) on three brokers, so a group's coordinator is often not
+// the broker a client bootstraps from. kfake has no streams groups: the
+// interop tier runs those against Kafka 4.4.
+
+// setShareReset makes a share group start from the log's start
+// (share.auto.offset.reset, a group config), directly at the cluster.
+func setShareReset(ctx context.Context, t testing.TB, cl *kgo.Client, group string) {
+	t.Helper()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name, c.Value = "share.auto.offset.reset", kmsg.StringPtr("earliest")
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("setting share.auto.offset.reset of %s: %v", group, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			t.Fatalf("setting share.auto.offset.reset of %s: %v", group, err)
+		}
+	}
+}
+
+// shareRun is what the share consumers of one group read.
+type shareRun struct {
+	mu         sync.Mutex
+	deliveries int            // records handed to the consumers
+	seen       map[string]int // value -> times delivered
+	errs       []error        // fetch errors the consumers saw
+}
+
+// consumeShare runs members share consumers of group bootstrapped at
+// addr until n distinct records were read or within passes; every
+// record is accepted (acknowledged on the next poll).
+func consumeShare(t *testing.T, addr, group, topic string, members, n int, within time.Duration) *shareRun {
+	t.Helper()
+	run := &shareRun{seen: make(map[string]int)}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	var once sync.Once
+	for i := range members {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("share-"+strconv.Itoa(i)),
+			kgo.ShareGroup(group), kgo.ConsumeTopics(topic))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cl.Close()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				fs := cl.PollFetches(ctx)
+				if ctx.Err() != nil {
+					return
+				}
+				run.mu.Lock()
+				fs.EachError(func(_ string, _ int32, err error) { run.errs = append(run.errs, err) })
+				fs.EachRecord(func(r *kgo.Record) {
+					run.deliveries++
+					run.seen[string(r.Value)]++
+				})
+				enough := len(run.seen) >= n
+				run.mu.Unlock()
+				if enough {
+					once.Do(func() { close(done) })
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return run
+}
+
+// TestShareGroupsThroughKproxy: two share consumers of one group read
+// every record through kproxy, in local mode and in a fleet, as two
+// read them directly in the same run; the group lives on the cluster
+// (kproxy's engine never serves it), kproxy's admin API lists it as a
+// forwarded share group, and ListGroups and the share admin APIs through
+// kproxy answer as the cluster does.
+func TestShareGroupsThroughKproxy(t *testing.T) {
+	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
+		t.Run(string(mode), func(t *testing.T) {
+			ctx := context.Background()
+			s := newStack(t, func(c *kproxy.Config) {
+				c.Groups.Mode = mode
+				c.Groups.Fleet.Name = "share-" + string(mode)
+				c.AdminListen = "127.0.0.1:0"
+			})
+			const n = 600
+			topic := "share-t-" + string(mode)
+			direct, through := "share-direct-"+string(mode), "share-kproxy-"+string(mode)
+			dcl := directClient(t, s)
+			for _, g := range []string{direct, through} {
+				setShareReset(ctx, t, dcl, g)
+			}
+			s.produce(ctx, topic, 3, n)
+
+			d := consumeShare(t, s.cluster.ListenAddrs()[0], direct, topic, 2, n, 30*time.Second)
+			k := consumeShare(t, s.addr(), through, topic, 2, n, 30*time.Second)
+			for name, r := range map[string]*shareRun{"directly": d, "through kproxy": k} {
+				if len(r.seen) != n {
+					t.Errorf("%s: %d of %d records read (%d deliveries, errors %v)", name, len(r.seen), n, r.deliveries, r.errs)
+				}
+			}
+			t.Logf("deliveries: directly %d, through kproxy %d (of %d records)", d.deliveries, k.deliveries, n)
+			if k.deliveries > d.deliveries+n/10 {
+				t.Errorf("through kproxy %d deliveries, directly %d: redelivered more", k.deliveries, d.deliveries)
+			}
+			if s.engine != nil {
+				for _, g := range s.engine.Groups() {
+					if g.Group == through {
+						t.Errorf("kproxy's engine holds share group %s (%+v)", through, g)
+					}
+				}
+			}
+
+			// The admin API names it as a share group the cluster serves.
+			var fw struct{ Groups []tap.ForwardedGroup }
+			resp, err := http.Get("http://" + s.kproxy.AdminAddr() + "/api/forwarded")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = json.NewDecoder(resp.Body).Decode(&fw)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, g := range fw.Groups {
+				found = found || (g.Group == through && g.Kind == "share")
+			}
+			if !found {
+				t.Errorf("/api/forwarded lacks share group %s: %+v", through, fw.Groups)
+			}
+
+			// ListGroups of share groups and DescribeShareGroupOffsets
+			// through kproxy answer as directly.
+			kcl := s.client()
+			for _, cl := range []*kgo.Client{dcl, kcl} {
+				lreq := kmsg.NewPtrListGroupsRequest()
+				lreq.TypesFilter = []string{"share"}
+				lresp, err := lreq.RequestWith(ctx, cl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				listed := map[string]bool{}
+				for _, g := range lresp.Groups {
+					listed[g.Group] = true
+				}
+				if !listed[direct] || !listed[through] || len(lresp.Groups) != 2 {
+					t.Errorf("ListGroups of share groups: %+v, want %s and %s", lresp.Groups, direct, through)
+				}
+			}
+			offsets := func(cl *kgo.Client, group string) map[int32]int64 {
+				req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
+				g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
+				g.GroupID = group
+				req.Groups = append(req.Groups, g)
+				resp, err := req.RequestWith(ctx, cl)
+				if err != nil {
+					t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
+				}
+				out := map[int32]int64{}
+				for _, g := range resp.Groups {
+					if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+						t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
+					}
+					for _, tp := range g.Topics {
+						for _, p := range tp.Partitions {
+							out[p.Partition] = p.StartOffset
+						}
+					}
+				}
+				return out
+			}
+			if got, want := offsets(kcl, through), offsets(dcl, through); len(got) != 3 || !equalOffsets(got, want) {
+				t.Errorf("share offsets of %s through kproxy %v, directly %v", through, got, want)
+			}
+		})
+	}
+}
+
+func equalOffsets(a, b map[int32]int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for p, o := range a {
+		if b[p] != o {
+			return false
+		}
+	}
+	return true
+}
+
+// TestOneGroupWhateverItsKind: a group id is one group, whatever its
+// kind, through kproxy as directly. A share heartbeat for a consumer
+// group kproxy serves gets the error the cluster gives for the same mix
+// directly, and a classic member joining an id that is a share group
+// on the cluster gets the cluster's own answer; kproxy never makes a
+// second group of the name.
+func TestOneGroupWhateverItsKind(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const topic = "kinds-t"
+	s.produce(ctx, topic, 2, 10)
+	dcl, kcl := directClient(t, s), s.client()
+
+	// A consumer group with a member, directly and through kproxy; then
+	// a share heartbeat for each.
+	ownD, ownK := newOwnership(t), newOwnership(t)
+	startMemberAt(t, s.cluster.ListenAddrs()[0], "cd", memberCfg{group: "kinds-consumer-direct", topic: topic, own: ownD, recs: newRecords(),
+		opts: []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}})
+	s.startMember("ck", memberCfg{group: "kinds-consumer-kproxy", topic: topic, own: ownK, recs: newRecords()})
+	waitOwners(t, ownD, 2, "cd")
+	waitOwners(t, ownK, 2, "ck")
+	shareBeat := func(cl *kgo.Client, group string) (int16, string) {
+		req := kmsg.NewPtrShareGroupHeartbeatRequest()
+		req.GroupID, req.MemberID, req.MemberEpoch = group, "m-"+group, 0
+		req.SubscribedTopicNames = []string{topic}
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatalf("ShareGroupHeartbeat %s: %v", group, err)
+		}
+		msg := ""
+		if resp.ErrorMessage != nil {
+			msg = *resp.ErrorMessage
+		}
+		return resp.ErrorCode, msg
+	}
+	dc, dm := shareBeat(dcl, "kinds-consumer-direct")
+	kc, km := shareBeat(kcl, "kinds-consumer-kproxy")
+	t.Logf("share heartbeat for a consumer group: directly %v %q, through kproxy %v %q", kerr.ErrorForCode(dc), dm, kerr.ErrorForCode(kc), km)
+	if dc == 0 {
+		t.Fatalf("directly, a share heartbeat for a live consumer group succeeded: the cluster mixes kinds, this test proves nothing")
+	}
+	if kc != dc {
+		t.Errorf("share heartbeat for a consumer group: through kproxy %v %q, directly %v %q", kerr.ErrorForCode(kc), km, kerr.ErrorForCode(dc), dm)
+	}
+
+	// A share group on the cluster, made through kproxy; then a classic
+	// member's JoinGroup for it, directly and through kproxy.
+	for _, g := range []string{"kinds-share"} {
+		setShareReset(ctx, t, dcl, g)
+	}
+	if r := consumeShare(t, s.addr(), "kinds-share", topic, 1, 10, 20*time.Second); len(r.seen) != 10 {
+		t.Fatalf("share group through kproxy read %d of 10 records (errors %v)", len(r.seen), r.errs)
+	}
+	join := func(cl *kgo.Client) int16 {
+		req := kmsg.NewPtrJoinGroupRequest()
+		req.Group, req.ProtocolType = "kinds-share", "consumer"
+		req.SessionTimeoutMillis, req.RebalanceTimeoutMillis = 6000, 6000
+		p := kmsg.NewJoinGroupRequestProtocol()
+		p.Name, p.Metadata = "range", (&kmsg.ConsumerMemberMetadata{Topics: []string{topic}}).AppendTo(nil)
+		req.Protocols = append(req.Protocols, p)
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatalf("JoinGroup kinds-share: %v", err)
+		}
+		return resp.ErrorCode
+	}
+	dj, kj := join(dcl), join(kcl)
+	t.Logf("classic JoinGroup for a share group: directly %v, through kproxy %v", kerr.ErrorForCode(dj), kerr.ErrorForCode(kj))
+	if dj == 0 || dj == kerr.MemberIDRequired.Code {
+		t.Fatalf("directly, a classic JoinGroup for a share group was accepted (%v): this test proves nothing", kerr.ErrorForCode(dj))
+	}
+	if kj != dj {
+		t.Errorf("classic JoinGroup for a share group: through kproxy %v, directly %v", kerr.ErrorForCode(kj), kerr.ErrorForCode(dj))
+	}
+	for _, g := range s.engine.Groups() {
+		if g.Group == "kinds-share" {
+			t.Errorf("kproxy's engine made a group of share group kinds-share's name: %+v", g)
+		}
+	}
+}
