@@ -616,12 +616,19 @@ func (s *scenario) coveredLocked(ms []*member) bool {
 // listen ports basePort+10*i, admin servers +9, and waits until they
 // serve the groups topic between them.
 func (s *scenario) startAdoptionFleet(ctx context.Context, bin string, basePort int) ([]*fleetNode, error) {
+	return s.startFleetOf(ctx, bin, basePort, adoptionFleet)
+}
+
+// startFleetOf starts n kproxies in distributed mode as one fleet named
+// after the row's group, on ports basePort+10, +20, ... (admin +9), and
+// waits until every one serves the groups topic's partitions.
+func (s *scenario) startFleetOf(ctx context.Context, bin string, basePort, n int) ([]*fleetNode, error) {
 	bin, err := s.h.kproxyBinary(bin)
 	if err != nil {
 		return nil, err
 	}
 	fleetName := strings.TrimPrefix(s.group, "interop-")
-	nodes := make([]*fleetNode, adoptionFleet)
+	nodes := make([]*fleetNode, n)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -656,13 +663,13 @@ func (s *scenario) startAdoptionFleet(ctx context.Context, bin string, basePort 
 		}
 	}
 	if len(startErr) > 0 {
-		return up, fmt.Errorf("adoption fleet did not start: %s", strings.Join(startErr, "; "))
+		return up, fmt.Errorf("fleet did not start: %s", strings.Join(startErr, "; "))
 	}
 	_, _, formed, err := waitFleet(ctx, up, true, 60*time.Second)
 	if err != nil {
 		return up, err
 	}
-	s.note("fleet of %d kproxies (distributed mode, fleet name %s) formed in %s", adoptionFleet, fleetName, fmtDur(formed))
+	s.note("fleet of %d kproxies (distributed mode, fleet name %s) formed in %s", n, fleetName, fmtDur(formed))
 	return up, nil
 }
 

@@ -169,6 +169,11 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 			brokerGroupTraffic: "the group is live on the cluster while its members move, so kproxy forwards their group requests to the cluster's coordinator (docs/anchors.md, per-group forwarding)"},
 		// security.go: alice, bob and carol with their ACLs over
 		// SASL_SSL; only with -security (run.sh's security phase).
+		// Share and streams groups (kinds.go): the cluster's coordinator
+		// serves them, kproxy forwards; direct, through kproxy and
+		// through a fleet of two.
+		{name: "java-share", kind: "share", brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
+		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
 		{name: "java-sasl-acls", client: java, security: true},
 		{name: "py-confluent-sasl-acls", client: append(append([]string(nil), py...), "--client", "confluent"), security: true},
 	}
@@ -282,8 +287,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	}
 	groupsTopic, persisted := h.groupsTopic()
 	groupRecords, groupRows := 0, 0
-	var killPrior *brokerOutage // the direct path's outcome of the broker-kill row
-	var adoptPrior *adoption    // the direct path's outcome of the adoption row
+	var killPrior *brokerOutage            // the direct path's outcome of the broker-kill row
+	var adoptPrior *adoption               // the direct path's outcome of the adoption row
+	kindPrior := map[string]*kindOutcome{} // the direct path's outcome of each kinds row
 	var skipped []string
 	var results []result
 	directBlind := false // set when a direct row shows the request log counter sees nothing
@@ -354,6 +360,12 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				res = s.runMigration(ctx)
 			} else if r.anchorAdmin {
 				res = s.runAnchorAdmin(ctx)
+			} else if r.kind != "" {
+				var o *kindOutcome
+				res, o = s.runKind(ctx, kproxyBin, kproxyPort, kindPrior[r.name])
+				if path == "direct" {
+					kindPrior[r.name] = o
+				}
 			} else if r.adoption {
 				var o *adoption
 				res, o = s.runAdoption(ctx, kproxyBin, kproxyPort, adoptPrior)

@@ -52,6 +52,9 @@ type row struct {
 	// adoption: the row moves a live group's members behind a fleet of
 	// kproxies and back, one at a time (anchors.go).
 	adoption bool
+	// kind: the row runs share or streams groups (kinds.go): "share"
+	// or "streams".
+	kind string
 	// brokerGroupTraffic, when set, says why the broker legitimately
 	// serves the row's group requests on the kproxy path; it exempts
 	// the row from KPROXY_INTEROP_EXPECT_ENGINE's 0/0/0.

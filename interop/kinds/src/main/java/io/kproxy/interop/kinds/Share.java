@@ -1,0 +1,89 @@
+package io.kproxy.interop.kinds;
+
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+
+import org.apache.kafka.clients.consumer.ConsumerConfig;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.common.serialization.StringDeserializer;
+
+/**
+ * A share-group member (KIP-932) for the interop harness: a
+ * KafkaShareConsumer of --group on --topic with implicit acknowledgement
+ * (each poll accepts the records of the one before). It prints one line per
+ * record, "REC partition offset deliveryCount value", then "BATCH n" after
+ * each non-empty poll, and holds the batch --hold-ms before polling again, so
+ * that the harness can kill it while it holds acquired records. Errors are
+ * printed as "ERROR class: message" and the program goes on polling, as an
+ * application would; it runs until killed or --seconds pass.
+ */
+public final class Share {
+    public static void main(String[] argv) {
+        Map<String, String> a = args(argv);
+        Properties p = new Properties();
+        p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, a.get("bootstrap"));
+        p.put(ConsumerConfig.GROUP_ID_CONFIG, a.get("group"));
+        p.put(ConsumerConfig.CLIENT_ID_CONFIG, a.getOrDefault("name", "share"));
+        p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        long hold = Long.parseLong(a.getOrDefault("hold-ms", "0"));
+        long until = System.currentTimeMillis() + 1000L * Long.parseLong(a.getOrDefault("seconds", "120"));
+        int batches = 0;
+        try (KafkaShareConsumer<String, String> c = new KafkaShareConsumer<>(p)) {
+            c.subscribe(List.of(a.get("topic")));
+            System.out.println("STARTED");
+            while (System.currentTimeMillis() < until) {
+                ConsumerRecords<String, String> recs;
+                try {
+                    recs = c.poll(Duration.ofMillis(500));
+                } catch (RuntimeException e) {
+                    System.out.println("ERROR " + e.getClass().getName() + ": " + e.getMessage());
+                    sleep(500);
+                    continue;
+                }
+                if (recs.isEmpty()) {
+                    continue;
+                }
+                StringBuilder b = new StringBuilder();
+                for (ConsumerRecord<String, String> r : recs) {
+                    b.append("REC ").append(r.partition()).append(' ').append(r.offset()).append(' ')
+                        .append(r.deliveryCount().orElse((short) 0)).append(' ').append(r.value()).append('\n');
+                }
+                b.append("BATCH ").append(++batches);
+                System.out.println(b);
+                System.out.flush();
+                sleep(hold);
+            }
+        }
+        System.out.println("DONE");
+    }
+
+    static void sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+
+    static Map<String, String> args(String[] argv) {
+        Map<String, String> m = new HashMap<>();
+        for (int i = 0; i + 1 < argv.length; i += 2) {
+            if (!argv[i].startsWith("--")) {
+                throw new IllegalArgumentException("expected --flag value, got " + argv[i]);
+            }
+            m.put(argv[i].substring(2), argv[i + 1]);
+        }
+        for (String need : List.of("bootstrap", "group", "topic")) {
+            if (!m.containsKey(need)) {
+                throw new IllegalArgumentException("missing --" + need);
+            }
+        }
+        return m;
+    }
+}
