@@ -66,7 +66,12 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	g := s.consumerGroups[r.Group]
 	if r.MemberEpoch != 0 {
 		if g == nil {
-			fail(errGroupIDNotFound, "the group is not a consumer group")
+			// Kafka's texts (GroupMetadataManager.getOrMaybeCreateConsumerGroup).
+			if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
+				fail(errGroupIDNotFound, "Group "+r.Group+" is not a consumer group.")
+			} else {
+				fail(errGroupIDNotFound, "Consumer group "+r.Group+" not found.")
+			}
 			return
 		}
 	} else if g == nil {

@@ -738,3 +738,35 @@ func TestConsumerGroupOlderEpochCommit(t *testing.T) {
 		t.Fatalf("commit at m2's epoch: %s", errName(code))
 	}
 }
+
+// TestConsumerGroupNotFoundTexts guards the error messages of a missing
+// group and of a classic group, as Kafka's GroupMetadataManager words
+// them (kafka-consumer-groups --describe shows them to the user).
+func TestConsumerGroupNotFoundTexts(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 2})
+	h.stableGroup("classic", 1)
+	msgOf := func(p *string) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return *p
+	}
+	for _, tc := range []struct{ group, want string }{
+		{"nope", "Group nope not found."},
+		{"classic", "Group classic is not a consumer group."},
+	} {
+		d := h.describe(tc.group)
+		if d.ErrorCode != errGroupIDNotFound || msgOf(d.ErrorMessage) != tc.want {
+			t.Errorf("describe %s: %s %q, want GROUP_ID_NOT_FOUND %q", tc.group, errName(d.ErrorCode), msgOf(d.ErrorMessage), tc.want)
+		}
+	}
+	for _, tc := range []struct{ group, want string }{
+		{"nope", "Consumer group nope not found."},
+		{"classic", "Group classic is not a consumer group."},
+	} {
+		resp := h.consumerResp(consumerBeat(tc.group, "m1", 3, nil), errGroupIDNotFound)
+		if msgOf(resp.ErrorMessage) != tc.want {
+			t.Errorf("heartbeat to %s: %q, want %q", tc.group, msgOf(resp.ErrorMessage), tc.want)
+		}
+	}
+}
