@@ -293,3 +293,69 @@ func TestKIP848PartitionIncrease(t *testing.T) {
 		t.Fatalf("through kproxy the member owns %v, want 0-3", owned)
 	}
 }
+
+// TestKIP848RegexAfterLiteralTopics guards the order in which kproxy
+// assigns a member subscribed to a literal topic and a regex: the first
+// heartbeat answer carries the literal topic, the regex's matches come on
+// the next heartbeat, as Kafka resolves regexes asynchronously (KIP-848).
+// kfake resolves them synchronously (all partitions in the first answer),
+// so the direct path is logged, not compared.
+func TestKIP848RegexAfterLiteralTopics(t *testing.T) {
+	s := freshStack(t, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.createTopic(ctx, "lit", 2)
+	s.createTopic(ctx, "rx-a", 2)
+	s.createTopic(ctx, "rx-b", 1)
+	for _, p := range s.freshPaths() {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(p.seeds...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		group, member := "regex-order-"+p.name, "member-"+p.name
+		join := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		join.Version, join.Group, join.MemberID, join.MemberEpoch = 1, group, member, 0
+		join.RebalanceTimeoutMillis = 30000
+		join.SubscribedTopicNames = []string{"lit"}
+		re := "rx-.*"
+		join.SubscribedTopicRegex = &re
+		join.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{}
+		first, err := join.RequestWith(ctx, cl)
+		if err != nil || first.ErrorCode != 0 {
+			t.Fatalf("%s: join: %v (error %d)", p.name, err, first.ErrorCode)
+		}
+		beat := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		beat.Version, beat.Group, beat.MemberID, beat.MemberEpoch = 1, group, member, first.MemberEpoch
+		beat.RebalanceTimeoutMillis = -1
+		beat.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{}
+		if first.Assignment != nil {
+			for _, at := range first.Assignment.Topics {
+				beat.Topics = append(beat.Topics, kmsg.ConsumerGroupHeartbeatRequestTopic{TopicID: at.TopicID, Partitions: at.Partitions})
+			}
+		}
+		second, err := beat.RequestWith(ctx, cl)
+		if err != nil || second.ErrorCode != 0 {
+			t.Fatalf("%s: second heartbeat: %v (error %d)", p.name, err, second.ErrorCode)
+		}
+		secondSays := itoa(assignedCount(second)) + " partitions"
+		if second.Assignment == nil {
+			secondSays = "no assignment (unchanged)"
+		}
+		t.Logf("%s: first answer %d partitions at epoch %d, second %s at epoch %d",
+			p.name, assignedCount(first), first.MemberEpoch, secondSays, second.MemberEpoch)
+		leave := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		leave.Version, leave.Group, leave.MemberID, leave.MemberEpoch = 1, group, member, -1
+		_, _ = leave.RequestWith(ctx, cl)
+		if p.name != "kproxy" {
+			continue
+		}
+		if assignedCount(first) != 2 || first.Assignment == nil || len(first.Assignment.Topics) != 1 {
+			t.Fatalf("through kproxy the first answer assigns %d partitions, want the literal topic's 2 only", assignedCount(first))
+		}
+		if assignedCount(second) != 5 || second.MemberEpoch <= first.MemberEpoch {
+			t.Fatalf("through kproxy the second answer assigns %d partitions at epoch %d, want all 5 at an epoch after %d",
+				assignedCount(second), second.MemberEpoch, first.MemberEpoch)
+		}
+	}
+}

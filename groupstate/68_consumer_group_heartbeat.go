@@ -260,7 +260,7 @@ func (g *consumerGroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *con
 			// assignment and target under its own id.
 			nm := g.newMember(r)
 			nm.instanceID = inst
-			nm.subscribedNames, nm.regex, nm.re = old.subscribedNames, old.regex, old.re
+			nm.subscribedNames, nm.regex, nm.re, nm.regexPending = old.subscribedNames, old.regex, old.re, old.regexPending
 			nm.serverAssignor, nm.topics, nm.rebalanceTimeout = old.serverAssignor, old.topics, old.rebalanceTimeout
 			target := g.targets[old.id]
 			assigned := old.Assigned.clone()
@@ -355,6 +355,7 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	}
 	if r.Version >= 1 && r.SubscribedTopicRegex != nil && *r.SubscribedTopicRegex != m.regex {
 		m.regex, m.re = *r.SubscribedTopicRegex, re
+		m.regexPending = re != nil && !g.regexResolved(m.regex, m)
 		subChanged = true
 	}
 	if r.ServerAssignor != nil && *r.ServerAssignor != m.serverAssignor {
@@ -400,6 +401,11 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	// they are durable, so a restarted engine never knows less than the
 	// client.
 	g.persistThen(answerWith(resp, reply))
+	if m.regexPending {
+		// Resolved after this answer, as Kafka resolves it off the
+		// heartbeat: the matches come on a later heartbeat.
+		g.s.post(g.resolvePendingRegexes)
+	}
 }
 
 // answerWith returns the durability callback that sends resp, or the
