@@ -85,9 +85,9 @@ func (e *Engine) refreshTopics(ctx context.Context) error {
 
 // maxTopicWait bounds how long a heartbeat waits for a topic refresh
 // before it is answered with the topics known. It stays well inside a
-// heartbeat's deadline: clients give a heartbeat request at least their
-// request timeout (30s by default, franz-go's 10s plus the rebalance
-// timeout), and the heartbeat interval is 5s.
+// heartbeat's deadline: clients give a request their request timeout
+// (the Java client's request.timeout.ms, 30s by default; franz-go's
+// RequestTimeoutOverhead, 10s) and heartbeat every 5s by default.
 const maxTopicWait = 2 * time.Second
 
 // topicWaiter is one heartbeat waiting for a refresh (awaitTopics).
@@ -131,7 +131,9 @@ func (e *Engine) requestTopicRefresh() {
 // refresh that started at or after since has completed (or failed), or
 // after maxTopicWait, whichever comes first; at once if the store lists
 // no topics. fn is called exactly once; Close calls it too if it is
-// still waiting, so a posting fn answers COORDINATOR_NOT_AVAILABLE.
+// still waiting, so a posting fn answers COORDINATOR_NOT_AVAILABLE. It is
+// called on the loops only, so none is added after Close stopped them
+// and released the waiters.
 func (e *Engine) awaitTopics(since time.Time, fn func()) {
 	w := &topicWaiter{since: since, fn: fn}
 	if _, ok := e.cfg.Store.(TopicMetadataStore); !ok || e.closed.Load() {
