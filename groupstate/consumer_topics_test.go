@@ -169,3 +169,32 @@ func TestConsumerTopicRefreshCoalesces(t *testing.T) {
 	case <-time.After(20 * time.Millisecond):
 	}
 }
+
+// TestConsumerTopicDeletedWithinRefreshInterval guards that a deleted
+// topic leaves a KIP-848 group's assignment after one periodic refresh
+// (Config.TopicRefreshInterval, 2s by default) and the next heartbeat.
+func TestConsumerTopicDeletedWithinRefreshInterval(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 2, "u": 2})
+	m := h.join("g", "m1", "t", "u")
+	h.settle("g", m)
+	if m.owned.size() != 4 {
+		t.Fatalf("before the deletion owns %v", m.owned)
+	}
+	h.store.DeleteTopic("u")
+	h.advance(defaultTopicRefreshInterval)
+	deadline := time.Now().Add(5 * time.Second)
+	for _, ok := h.e.topicsNow().byName["u"]; ok; _, ok = h.e.topicsNow().byName["u"] {
+		if time.Now().After(deadline) {
+			t.Fatalf("no refresh after %v", defaultTopicRefreshInterval)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	before := h.describe("g").Epoch
+	h.beat("g", m)
+	if !m.owned.equal(ps(h.topicID("t"), 0, 1)) {
+		t.Fatalf("the heartbeat after the refresh leaves %v, want t 0-1", m.owned)
+	}
+	if d := h.describe("g"); d.Epoch != before+1 {
+		t.Fatalf("group epoch %d -> %d, want one bump (topics changed)", before, d.Epoch)
+	}
+}
