@@ -61,8 +61,14 @@ func testLogger() *slog.Logger {
 
 func newStack(t testing.TB, opts ...stackOpt) *stack {
 	t.Helper()
+	return newStackOn(t, nil, opts...)
+}
+
+// newStackOn is newStack with options for the in-memory cluster.
+func newStackOn(t testing.TB, clusterOpts []kfake.Opt, opts ...stackOpt) *stack {
+	t.Helper()
 	s := &stack{t: t, opts: opts, listen: "127.0.0.1:0"}
-	c, err := kproxy.NewDevCluster(3, 0, testLogger())
+	c, err := kproxy.NewDevCluster(3, 0, testLogger(), clusterOpts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,9 @@ const (
 )
 
 // consumerHeartbeat serves a ConsumerGroupHeartbeat on the owning loop.
-func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartbeatRequest, reply func(kmsg.Response)) {
+// waited is set when the heartbeat already waited for a topic refresh
+// (waitsForTopics): it then runs with the topics known.
+func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartbeatRequest, reply func(kmsg.Response), waited bool) {
 	fail := func(code int16, msg string) {
 		resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
 		resp.ErrorCode = code
@@ -49,10 +51,27 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		fail(code, msg)
 		return
 	}
+	if !waited && s.waitsForTopics(r) {
+		// The member subscribes to a topic the cache does not know
+		// (most often created just before the member started): Kafka's
+		// coordinator knows it from its metadata image and assigns it in
+		// this answer. Refresh now and serve the heartbeat again, on
+		// this loop, once the refresh completed or maxTopicWait passed;
+		// nothing of the group changes meanwhile on its behalf.
+		s.e.awaitTopics(s.e.clock.Now(), func() {
+			s.e.onGroup(r.Group, r, reply, func(s *shard) { s.consumerHeartbeat(rc, r, reply, true) })
+		})
+		return
+	}
 	g := s.consumerGroups[r.Group]
 	if r.MemberEpoch != 0 {
 		if g == nil {
-			fail(errGroupIDNotFound, "the group is not a consumer group")
+			// Kafka's texts (GroupMetadataManager.getOrMaybeCreateConsumerGroup).
+			if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
+				fail(errGroupIDNotFound, "Group "+r.Group+" is not a consumer group.")
+			} else {
+				fail(errGroupIDNotFound, "Consumer group "+r.Group+" not found.")
+			}
 			return
 		}
 	} else if g == nil {
@@ -115,6 +134,44 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		return
 	}
 	g.heartbeat(rc, r, re, m, joined, reply)
+}
+
+// waitsForTopics reports whether heartbeat r must wait for a topic
+// refresh before it is served: it subscribes to a topic name the topic
+// cache does not know (or the cache was never loaded) and the member did
+// not subscribe to that name already. A member that keeps a subscription
+// to a missing topic is not held up on every heartbeat: the periodic
+// refresh and requestTopicRefresh find the topic once it exists, as
+// Kafka's coordinator bumps the group epoch when its metadata changes.
+// Regular expressions never wait: Kafka resolves them asynchronously and
+// assigns their matches on a later heartbeat (KIP-848).
+func (s *shard) waitsForTopics(r *kmsg.ConsumerGroupHeartbeatRequest) bool {
+	if r.MemberEpoch < 0 || r.SubscribedTopicNames == nil {
+		return false
+	}
+	if _, ok := s.e.cfg.Store.(TopicMetadataStore); !ok {
+		return false
+	}
+	snap, known := s.e.topicsNow(), s.e.topicsKnown()
+	var already []string
+	if g := s.consumerGroups[r.Group]; g != nil {
+		m := g.members[r.MemberID]
+		if m == nil && r.InstanceID != nil {
+			m = g.members[g.static[*r.InstanceID]]
+		}
+		if m != nil {
+			already = m.subscribedNames
+		}
+	}
+	for _, n := range r.SubscribedTopicNames {
+		if _, ok := snap.byName[n]; ok && known {
+			continue
+		}
+		if !slices.Contains(already, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // validateConsumerHeartbeat checks the request's fields as Kafka does
@@ -203,7 +260,7 @@ func (g *consumerGroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *con
 			// assignment and target under its own id.
 			nm := g.newMember(r)
 			nm.instanceID = inst
-			nm.subscribedNames, nm.regex, nm.re = old.subscribedNames, old.regex, old.re
+			nm.subscribedNames, nm.regex, nm.re, nm.regexPending = old.subscribedNames, old.regex, old.re, old.regexPending
 			nm.serverAssignor, nm.topics, nm.rebalanceTimeout = old.serverAssignor, old.topics, old.rebalanceTimeout
 			target := g.targets[old.id]
 			assigned := old.Assigned.clone()
@@ -298,6 +355,7 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	}
 	if r.Version >= 1 && r.SubscribedTopicRegex != nil && *r.SubscribedTopicRegex != m.regex {
 		m.regex, m.re = *r.SubscribedTopicRegex, re
+		m.regexPending = re != nil && !g.regexResolved(m.regex, m)
 		subChanged = true
 	}
 	if r.ServerAssignor != nil && *r.ServerAssignor != m.serverAssignor {
@@ -343,6 +401,11 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	// they are durable, so a restarted engine never knows less than the
 	// client.
 	g.persistThen(answerWith(resp, reply))
+	if m.regexPending {
+		// Resolved after this answer, as Kafka resolves it off the
+		// heartbeat: the matches come on a later heartbeat.
+		g.s.post(g.resolvePendingRegexes)
+	}
 }
 
 // answerWith returns the durability callback that sends resp, or the

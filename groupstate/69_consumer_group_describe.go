@@ -14,8 +14,10 @@ import (
 //     consumer group, type 0, do not exist here: no online migration).
 //
 // A group the engine holds as a classic group answers GROUP_ID_NOT_FOUND
-// ("not a consumer group", as Kafka 4 answers), a group it does not own
-// (Config.Owns) NOT_COORDINATOR. Authorized operations are not computed
+// "Group <id> is not a consumer group.", a group that does not exist
+// GROUP_ID_NOT_FOUND "Group <id> not found." (the texts of Kafka's
+// GroupMetadataManager), a group it does not own (Config.Owns)
+// NOT_COORDINATOR. Authorized operations are not computed
 // for the engine's groups (kproxy has no ACLs): the field keeps its "not
 // requested" value.
 //
@@ -103,8 +105,14 @@ func (s *shard) describeConsumerGroup(id string, version int16) kmsg.ConsumerGro
 	dg.Group = id
 	g, ok := s.consumerGroups[id]
 	if !ok {
+		// Kafka's texts (GroupMetadataManager.group and consumerGroup):
+		// a group that does not exist is not found; "not a consumer
+		// group" is kept for a group of another type.
 		dg.ErrorCode = errGroupIDNotFound
-		msg := "group " + id + " is not a consumer group"
+		msg := "Group " + id + " not found."
+		if classic, held := s.classicGroups[id]; held && classic.state != stateDead {
+			msg = "Group " + id + " is not a consumer group."
+		}
 		dg.ErrorMessage = &msg
 		return dg
 	}

@@ -77,8 +77,16 @@ type consumerMember struct {
 	regex            string
 	re               *regexp.Regexp
 	serverAssignor   string
+	// regexPending is set while regex waits for its resolution: Kafka
+	// resolves a regex no member of the group resolved yet
+	// asynchronously (KIP-848; GroupMetadataManager's
+	// maybeUpdateRegularExpressions), so the heartbeat that brings it is
+	// answered with the literal topics only and the matches come on a
+	// later heartbeat (resolvePendingRegexes).
+	regexPending bool
 	// topics is the effective subscription resolved against the group's
-	// snapshot: subscribed names ∪ regex matches that exist.
+	// snapshot: subscribed names ∪ regex matches that exist (none while
+	// regexPending).
 	topics []string
 
 	memberAssignment
@@ -427,7 +435,7 @@ func (m *consumerMember) resolve(snap *topicSnapshot) {
 			out = append(out, n)
 		}
 	}
-	if m.re != nil {
+	if m.re != nil && !m.regexPending {
 		for n := range snap.byName {
 			if !seen[n] && m.re.MatchString(n) {
 				seen[n] = true
@@ -437,6 +445,46 @@ func (m *consumerMember) resolve(snap *topicSnapshot) {
 	}
 	sort.Strings(out)
 	m.topics = out
+}
+
+// regexResolved reports whether a member other than except subscribes
+// to regex and has it resolved: a member that subscribes to it then uses
+// that resolution at once, as Kafka's group keeps one resolution per
+// regex.
+func (g *consumerGroup) regexResolved(regex string, except *consumerMember) bool {
+	for _, o := range g.members {
+		if o != except && o.regex == regex && !o.regexPending {
+			return true
+		}
+	}
+	return false
+}
+
+// resolvePendingRegexes resolves the regexes that wait for it, on the
+// loop after the heartbeats that brought them were answered, and bumps
+// the group epoch if that changes the subscribed topics: the members get
+// the matches on their next heartbeat, as from Kafka's asynchronous
+// resolution (GroupMetadataManager.handleRegularExpressionsResult).
+func (g *consumerGroup) resolvePendingRegexes() {
+	if !g.live() || g.snap == nil {
+		return
+	}
+	resolved := false
+	for _, m := range g.members {
+		if m.regexPending {
+			m.regexPending = false
+			m.resolve(g.snap)
+			resolved = true
+		}
+	}
+	if !resolved || !g.s.e.topicsKnown() {
+		return
+	}
+	if hash := g.subscriptionHash(); hash != g.subHash {
+		g.subHash = hash
+		g.bumpEpoch(CauseSubscriptionChanged, nil)
+		g.maybePersist()
+	}
 }
 
 // subscriptionHash describes the metadata of every topic a member

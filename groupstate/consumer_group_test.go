@@ -416,6 +416,13 @@ func TestConsumerGroupTopicsChangeAndRegex(t *testing.T) {
 	r.SubscribedTopicRegex = &re
 	m1 := &client{id: "m1"}
 	m1.applyResp(h.consumerResp(r, errNone))
+	// The regex is resolved after the first answer (asynchronously, as
+	// Kafka does): its matches come on a later heartbeat.
+	if m1.owned.size() != 0 {
+		t.Fatalf("the first answer assigns %v before the regex was resolved", m1.owned)
+	}
+	h.flush()
+	h.settle("g", m1)
 	if m1.owned.size() != 4 || m1.owned.has(h.topicID("payments"), 0) {
 		t.Fatalf("regex subscription owns %v", m1.owned)
 	}
@@ -736,5 +743,80 @@ func TestConsumerGroupOlderEpochCommit(t *testing.T) {
 	}
 	if code := commit("m2", 2, moved); code != errNone {
 		t.Fatalf("commit at m2's epoch: %s", errName(code))
+	}
+}
+
+// TestConsumerGroupNotFoundTexts guards the error messages of a missing
+// group and of a classic group, as Kafka's GroupMetadataManager words
+// them (kafka-consumer-groups --describe shows them to the user).
+func TestConsumerGroupNotFoundTexts(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 2})
+	h.stableGroup("classic", 1)
+	msgOf := func(p *string) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return *p
+	}
+	for _, tc := range []struct{ group, want string }{
+		{"nope", "Group nope not found."},
+		{"classic", "Group classic is not a consumer group."},
+	} {
+		d := h.describe(tc.group)
+		if d.ErrorCode != errGroupIDNotFound || msgOf(d.ErrorMessage) != tc.want {
+			t.Errorf("describe %s: %s %q, want GROUP_ID_NOT_FOUND %q", tc.group, errName(d.ErrorCode), msgOf(d.ErrorMessage), tc.want)
+		}
+	}
+	for _, tc := range []struct{ group, want string }{
+		{"nope", "Consumer group nope not found."},
+		{"classic", "Group classic is not a consumer group."},
+	} {
+		resp := h.consumerResp(consumerBeat(tc.group, "m1", 3, nil), errGroupIDNotFound)
+		if msgOf(resp.ErrorMessage) != tc.want {
+			t.Errorf("heartbeat to %s: %q, want %q", tc.group, msgOf(resp.ErrorMessage), tc.want)
+		}
+	}
+}
+
+// TestConsumerRegexResolvedAfterLiteralTopics guards Kafka's order for a
+// member subscribed to a literal topic and a regex (KIP-848; librdkafka's
+// 0045_resubscribe_with_regex relies on it): the first answer carries the
+// literal topic's partitions, the regex's matches come on a later
+// heartbeat after the group epoch bump their resolution causes; a second
+// member with the same regex uses the group's resolution at once.
+func TestConsumerRegexResolvedAfterLiteralTopics(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"orders": 2, "orders-eu": 2, "payments": 3})
+	re := "orders.*"
+	r := consumerJoin("g", "m1", "payments")
+	r.SubscribedTopicRegex = &re
+	m1 := &client{id: "m1"}
+	m1.applyResp(h.consumerResp(r, errNone))
+	pay := h.topicID("payments")
+	if !m1.owned.equal(ps(pay, 0, 1, 2)) || m1.epoch != 1 {
+		t.Fatalf("first answer: epoch %d owns %v, want epoch 1 with payments 0-2 only", m1.epoch, m1.owned)
+	}
+	h.flush()
+	if d := h.describe("g"); d.Epoch != 2 || len(d.Members) != 1 || len(d.Members[0].SubscribedTopics) != 1 {
+		t.Fatalf("after the regex was resolved: group epoch %d, members %+v; want epoch 2", d.Epoch, d.Members)
+	}
+	h.beat("g", m1)
+	if m1.owned.size() != 7 || m1.epoch != 2 {
+		t.Fatalf("the heartbeat after the resolution: epoch %d owns %v, want all 7 partitions at epoch 2", m1.epoch, m1.owned)
+	}
+	// A second member with the same regex: resolved already, so its
+	// first answer counts the matches (the assignor shares them out).
+	r = consumerJoin("g", "m2")
+	r.SubscribedTopicNames = nil
+	r.SubscribedTopicRegex = &re
+	m2 := &client{id: "m2"}
+	m2.applyResp(h.consumerResp(r, errNone))
+	before := h.describe("g").Epoch
+	h.flush()
+	if d := h.describe("g"); d.Epoch != before {
+		t.Fatalf("a resolved regex was resolved again: epoch %d -> %d", before, d.Epoch)
+	}
+	h.settle("g", m1, m2)
+	if n := m1.owned.size() + m2.owned.size(); n != 7 || m2.owned.size() == 0 {
+		t.Fatalf("m1 %v m2 %v, want the 7 partitions shared", m1.owned, m2.owned)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,30 +62,178 @@ func (e *Engine) refreshTopics(ctx context.Context) error {
 	return nil
 }
 
+// Topic refreshes. A refresh reloads the whole topic cache from the
+// store (one Metadata request for kafkastore) off the loops. Three things
+// ask for one:
+//
+//   - the periodic timer, every Config.TopicRefreshInterval, so that a
+//     partition increase, a deleted topic or a new regex match reaches
+//     the groups within that interval (Kafka's coordinator sees them in
+//     its metadata image at once; KIP-848 bumps the group epoch on the
+//     next heartbeat);
+//   - requestTopicRefresh, asynchronous and at most once a second, when a
+//     heartbeat of an unchanged subscription names a topic the cache
+//     does not know;
+//   - awaitTopics, on demand: a heartbeat that joins or changes its
+//     subscription to a topic the cache does not know waits (at most
+//     maxTopicWait) for a refresh started after it arrived, so that its
+//     answer carries the topic's partitions as Kafka's would.
+//
+// At most one refresh runs at a time; requests made while one runs are
+// served by it or, if it started before they were made, by one more
+// right after it.
+
+// maxTopicWait bounds how long a heartbeat waits for a topic refresh
+// before it is answered with the topics known. It stays well inside a
+// heartbeat's deadline: clients give a request their request timeout
+// (the Java client's request.timeout.ms, 30s by default; franz-go's
+// RequestTimeoutOverhead, 10s) and heartbeat every 5s by default.
+const maxTopicWait = 2 * time.Second
+
+// topicWaiter is one heartbeat waiting for a refresh (awaitTopics).
+type topicWaiter struct {
+	since time.Time // immutable: the refresh must start at or after it
+	fn    func()    // immutable: called once, by fire
+	fired atomic.Bool
+	timer Timer // set under Engine.topicMu, read by fire's callers
+}
+
+// fire calls w.fn unless it was called already.
+func (w *topicWaiter) fire() {
+	if w.fired.CompareAndSwap(false, true) {
+		w.fn()
+	}
+}
+
 // requestTopicRefresh starts an asynchronous refresh unless one is under
-// way (a heartbeat named a topic the cache does not know).
+// way or one started less than a second ago (a heartbeat named a topic
+// the cache does not know; however many heartbeats do, at most one
+// refresh a second).
 func (e *Engine) requestTopicRefresh() {
 	if _, ok := e.cfg.Store.(TopicMetadataStore); !ok {
 		return
 	}
-	if !e.topicRefreshing.CompareAndSwap(false, true) {
+	e.topicMu.Lock()
+	if e.topicInflight {
+		e.topicMu.Unlock()
 		return
 	}
-	// At most one refresh a second, however many heartbeats name a
-	// topic that does not exist.
-	now := e.clock.Now().UnixNano()
-	if last := e.topicLastRefresh.Load(); last != 0 && now-last < int64(time.Second) {
-		e.topicRefreshing.Store(false)
+	now := e.clock.Now()
+	if !e.topicLastStart.IsZero() && now.Sub(e.topicLastStart) < time.Second {
+		e.topicMu.Unlock()
 		return
 	}
-	e.topicLastRefresh.Store(now)
+	e.topicMu.Unlock()
+	e.startTopicRefresh()
+}
+
+// awaitTopics calls fn, from any goroutine (it must only post), once a
+// refresh that started at or after since has completed (or failed), or
+// after maxTopicWait, whichever comes first; at once if the store lists
+// no topics. fn is called exactly once; Close calls it too if it is
+// still waiting, so a posting fn answers COORDINATOR_NOT_AVAILABLE. It is
+// called on the loops only, so none is added after Close stopped them
+// and released the waiters.
+func (e *Engine) awaitTopics(since time.Time, fn func()) {
+	w := &topicWaiter{since: since, fn: fn}
+	if _, ok := e.cfg.Store.(TopicMetadataStore); !ok || e.closed.Load() {
+		w.fire()
+		return
+	}
+	e.topicMu.Lock()
+	e.topicWaiters = append(e.topicWaiters, w)
+	// The timer only calls fn, which posts to the waiter's loop: it
+	// changes no group state (timers never do).
+	w.timer = e.clock.AfterFunc(maxTopicWait, func() {
+		e.dropTopicWaiter(w)
+		w.fire()
+	})
+	start := !e.topicInflight
+	if e.topicInflight && e.topicInflightStart.Before(since) {
+		e.topicAgain = true
+	}
+	e.topicMu.Unlock()
+	if start {
+		e.startTopicRefresh()
+	}
+}
+
+// dropTopicWaiter forgets w (its wait timed out).
+func (e *Engine) dropTopicWaiter(w *topicWaiter) {
+	e.topicMu.Lock()
+	defer e.topicMu.Unlock()
+	for i, o := range e.topicWaiters {
+		if o == w {
+			e.topicWaiters = slices.Delete(e.topicWaiters, i, i+1)
+			return
+		}
+	}
+}
+
+// startTopicRefresh starts a refresh unless one runs; when it completes,
+// it answers the waiters it serves and starts the next one if a waiter
+// or a request came after it started.
+func (e *Engine) startTopicRefresh() {
+	e.topicMu.Lock()
+	if e.topicInflight {
+		e.topicMu.Unlock()
+		return
+	}
+	start := e.clock.Now()
+	e.topicInflight, e.topicInflightStart, e.topicLastStart, e.topicAgain = true, start, start, false
+	e.topicMu.Unlock()
 	if !e.goStore(func(ctx context.Context) {
-		defer e.topicRefreshing.Store(false)
-		if err := e.refreshTopics(ctx); err != nil {
+		err := e.refreshTopics(ctx)
+		if err != nil {
 			e.log.Warn("groupstate: refreshing topics failed", "err", err)
 		}
+		e.topicRefreshDone(start, false)
 	}) {
-		e.topicRefreshing.Store(false)
+		// Closed: nothing will refresh again.
+		e.topicRefreshDone(start, true)
+	}
+}
+
+// topicRefreshDone ends the refresh that started at start: it answers
+// every waiter that arrived before it started (a failed refresh answers
+// them too, with the topics known: a heartbeat never waits for more than
+// one refresh) and starts the next refresh if anyone asked for one since.
+// With all, every waiter is answered (the refresh could not start).
+func (e *Engine) topicRefreshDone(start time.Time, all bool) {
+	e.topicMu.Lock()
+	e.topicInflight = false
+	var served []*topicWaiter
+	keep := e.topicWaiters[:0]
+	for _, w := range e.topicWaiters {
+		if !all && w.since.After(start) {
+			keep = append(keep, w)
+		} else {
+			served = append(served, w)
+		}
+	}
+	clear(e.topicWaiters[len(keep):])
+	e.topicWaiters = keep
+	again := (e.topicAgain || len(keep) > 0) && !e.closed.Load()
+	e.topicMu.Unlock()
+	for _, w := range served {
+		w.timer.Stop()
+		w.fire()
+	}
+	if again {
+		e.startTopicRefresh()
+	}
+}
+
+// releaseTopicWaiters answers every heartbeat still waiting for topics
+// (Close, after the last refresh ended).
+func (e *Engine) releaseTopicWaiters() {
+	e.topicMu.Lock()
+	waiters := e.topicWaiters
+	e.topicWaiters = nil
+	e.topicMu.Unlock()
+	for _, w := range waiters {
+		w.timer.Stop()
+		w.fire()
 	}
 }
 
@@ -93,7 +243,7 @@ func (e *Engine) startTopicRefresher() {
 	if _, ok := e.cfg.Store.(TopicMetadataStore); !ok {
 		return
 	}
-	e.requestTopicRefresh()
+	e.startTopicRefresh()
 	e.armTopicTimer()
 }
 
@@ -105,7 +255,7 @@ func (e *Engine) armTopicTimer() {
 		return
 	}
 	e.topicTimer = e.clock.AfterFunc(e.cfg.TopicRefreshInterval, func() {
-		e.requestTopicRefresh()
+		e.startTopicRefresh()
 		e.armTopicTimer()
 	})
 }
@@ -121,7 +271,7 @@ func (e *Engine) stopTopicTimer() {
 }
 
 // defaultTopicRefreshInterval is Config.TopicRefreshInterval's default.
-const defaultTopicRefreshInterval = 30 * time.Second
+const defaultTopicRefreshInterval = 2 * time.Second
 
 // defaultConsumerConfig fills the KIP-848 defaults of cfg and returns
 // every problem found.

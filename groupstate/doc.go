@@ -31,8 +31,11 @@
 // 68_/69_ files): member epochs, server-side assignors (uniform, range)
 // and revoke-before-assign reconciliation as pure functions, subscriptions
 // by name or RE2 regex resolved against the cluster's topics
-// (TopicMetadataStore, refreshed periodically so a partition-count change
-// bumps the group epoch), and persistence of the group as one record in
+// (TopicMetadataStore, refreshed every Config.TopicRefreshInterval so a
+// partition-count change bumps the group epoch, and on demand when a
+// member subscribes to a topic the cache does not know; a new regex is
+// resolved after the heartbeat that brought it, as Kafka resolves regexes
+// asynchronously), and persistence of the group as one record in
 // the same slot (consumer_persist.go). A classic and a KIP-848 group never share
 // an id: an empty group of one kind is replaced by the other. A non-empty
 // classic group is converted online into a consumer group when the first

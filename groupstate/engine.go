@@ -77,8 +77,12 @@ type Config struct {
 	// may ask for; the first is the default. nil means [uniform, range].
 	ConsumerAssignors []string
 	// TopicRefreshInterval is how often the topic metadata KIP-848 groups
-	// assign from is reloaded from the store (TopicMetadataStore); 0
-	// means 30s.
+	// assign from is reloaded from the store (TopicMetadataStore): a
+	// partition increase, a deleted topic or a new regex match changes
+	// a group within it (Kafka's coordinator sees such changes in its
+	// metadata image at once). 0 means 2s. A heartbeat that subscribes
+	// to a topic the cache does not know does not wait for it: it asks
+	// for a refresh at once (consumer_topics.go).
 	TopicRefreshInterval time.Duration
 	// Owns reports whether this engine serves group: in a fleet, whether
 	// this kproxy owns the partition of the groups topic the group lives
@@ -136,20 +140,28 @@ type Engine struct {
 	metaInflight atomic.Int64
 
 	// topics caches the cluster's topics for KIP-848 groups (read by the
-	// loops, replaced by refreshes); topicRefreshing is set while a
-	// refresh runs; topicTimer, guarded by storeMu, is the periodic
-	// refresh.
-	topics          atomic.Pointer[topicSnapshot]
-	topicRefreshing atomic.Bool
-	topicTimer      Timer
-	// topicSeq numbers refreshes as they start; topicMu guards
-	// topicStored, the number of the refresh whose answer topics holds.
+	// loops without a lock, replaced by refreshes); topicTimer, guarded
+	// by storeMu, is the periodic refresh (consumer_topics.go).
+	topics     atomic.Pointer[topicSnapshot]
+	topicTimer Timer
+	// topicSeq numbers refreshes as they start, so that a slower, older
+	// refresh never replaces a newer answer.
 	topicSeq atomic.Uint64
-	// topicLastRefresh is when (Clock, UnixNano) the last refresh was
-	// started by requestTopicRefresh.
-	topicLastRefresh atomic.Int64
-	topicMu          sync.Mutex
-	topicStored      uint64
+	// topicMu guards the refresh scheduler below: topicStored, the number
+	// of the refresh whose answer topics holds; topicInflight, set while
+	// a refresh runs, and topicInflightStart, when (Clock) it started;
+	// topicLastStart, when the last refresh started (rate limit of
+	// requestTopicRefresh); topicAgain, set when a refresh was asked for
+	// after the running one started; topicWaiters, the heartbeats
+	// waiting for a refresh (awaitTopics). No one waits while holding
+	// it: waiters are callbacks that post to their loop.
+	topicMu            sync.Mutex
+	topicStored        uint64
+	topicInflight      bool
+	topicInflightStart time.Time
+	topicLastStart     time.Time
+	topicAgain         bool
+	topicWaiters       []*topicWaiter
 }
 
 // New validates cfg and starts the engine's loops.
@@ -305,7 +317,7 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 	case *kmsg.DeleteGroupsRequest:
 		e.deleteGroups(r, once)
 	case *kmsg.ConsumerGroupHeartbeatRequest:
-		e.onGroup(r.Group, req, once, func(s *shard) { s.consumerHeartbeat(rc, r, once) })
+		e.onGroup(r.Group, req, once, func(s *shard) { s.consumerHeartbeat(rc, r, once, false) })
 	case *kmsg.ConsumerGroupDescribeRequest:
 		e.consumerGroupDescribe(r, once)
 	default:
@@ -406,6 +418,7 @@ func (e *Engine) Close() {
 	e.storeMu.Unlock()
 	e.cancel()
 	e.storeWG.Wait()
+	e.releaseTopicWaiters()
 }
 
 // shard is one single-threaded event loop and the groups it owns.

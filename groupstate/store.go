@@ -91,7 +91,10 @@ type TopicInfo struct {
 // subscriptions (names and regular expressions) and partition counts
 // through it; the engine caches the answer and refreshes it every
 // Config.TopicRefreshInterval, so a partition-count change bumps the
-// epoch of the groups subscribed to the topic. With a store that does not
+// epoch of the groups subscribed to the topic, and when a heartbeat
+// subscribes to a topic the cache does not know (consumer_topics.go). It
+// must be safe for concurrent use with the store's other methods; the
+// engine runs one TopicMetadata at a time. With a store that does not
 // implement it, every subscribed topic counts as missing and KIP-848
 // members get empty assignments.
 type TopicMetadataStore interface {

@@ -111,6 +111,11 @@ type consumerGroupsConfig struct {
 	// MigrationPolicy is group.consumer.migration.policy: bidirectional
 	// (Kafka's default), upgrade, downgrade or disabled.
 	MigrationPolicy string `yaml:"migration_policy"`
+	// TopicRefreshInterval is how often the topics KIP-848 groups are
+	// assigned from are reloaded from the cluster: a partition increase,
+	// a deleted topic or a new regex match changes a group within it
+	// plus a heartbeat (groupstate.Config.TopicRefreshInterval).
+	TopicRefreshInterval time.Duration `yaml:"topic_refresh_interval"`
 }
 
 type telemetryConfig struct {
@@ -144,6 +149,9 @@ func defaultConfig() fileConfig {
 				HeartbeatInterval: 5 * time.Second,
 				Assignors:         []string{"uniform", "range"},
 				MigrationPolicy:   string(groupstate.MigrationBidirectional),
+				// Kafka's coordinator sees topic changes in its metadata
+				// image at once; one Metadata request every 2s comes close.
+				TopicRefreshInterval: 2 * time.Second,
 			},
 			Fleet: fleetConfig{
 				Role:              "owner",
@@ -222,6 +230,9 @@ func (c *fileConfig) validate() error {
 			errs = append(errs, fmt.Errorf("groups.consumer.assignors: unknown assignor %q (uniform, range)", a))
 		}
 	}
+	if d := c.Groups.Consumer.TopicRefreshInterval; d < 100*time.Millisecond {
+		errs = append(errs, fmt.Errorf("groups.consumer.topic_refresh_interval %v must be at least 100ms", d))
+	}
 	if _, err := groupstate.ParseMigrationPolicy(c.Groups.Consumer.MigrationPolicy); err != nil {
 		errs = append(errs, fmt.Errorf("groups.consumer.migration_policy: %w", err))
 	}
@@ -275,6 +286,7 @@ type flagSet struct {
 	checkOwner  bool
 	anchors     anchorsConfig
 	migration   string
+	topicEvery  time.Duration
 	maxFrame    int32
 	fleet       fleetConfig
 	maxGroupReq int32
@@ -314,6 +326,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.BoolVar(&f.anchors.Enabled, "group-anchors", true, "anchor every served group in the cluster's own coordinator with one static member, so direct tools see it live and commits are fenced by the cluster; groups live on the cluster are forwarded to it (docs/anchors.md)")
 	fs.DurationVar(&f.anchors.SessionTimeout, "group-anchor-session-timeout", 2*time.Minute, "session timeout of the anchors in the cluster (how long the cluster keeps the anchor of a kproxy that is gone)")
+	fs.DurationVar(&f.topicEvery, "group-consumer-topic-refresh-interval", 2*time.Second, "how often the topics of KIP-848 groups are reloaded from the cluster: partition increases, deleted topics and new regex matches reach a group within it")
 	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
 	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
@@ -358,6 +371,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
 	set("group-consumer-migration-policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
+	set("group-consumer-topic-refresh-interval", func() { c.Groups.Consumer.TopicRefreshInterval = f.topicEvery })
 	set("group-anchors", func() { c.Groups.Anchors.Enabled = f.anchors.Enabled })
 	set("group-anchor-session-timeout", func() {
 		c.Groups.Anchors.SessionTimeout = f.anchors.SessionTimeout

@@ -25,14 +25,15 @@ func TestShippedConfigParses(t *testing.T) {
 
 func TestFlagsOverrideFile(t *testing.T) {
 	cmd, fs := serveCmd()
-	if err := cmd.Flags().Parse([]string{"--config", "../../configs/kproxy.yaml", "--upstream", "a:1,b:2", "--group-initial-rebalance-delay", "0s"}); err != nil {
+	if err := cmd.Flags().Parse([]string{"--config", "../../configs/kproxy.yaml", "--upstream", "a:1,b:2", "--group-initial-rebalance-delay", "0s",
+		"--group-consumer-topic-refresh-interval", "500ms"}); err != nil {
 		t.Fatal(err)
 	}
 	c, err := fs.resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(c.Upstream, ",") != "a:1,b:2" || c.Groups.InitialRebalanceDelay != 0 {
+	if strings.Join(c.Upstream, ",") != "a:1,b:2" || c.Groups.InitialRebalanceDelay != 0 || c.Groups.Consumer.TopicRefreshInterval != 500*time.Millisecond {
 		t.Fatalf("flags did not override: %+v", c)
 	}
 	if c.Groups.MaxSessionTimeout != 30*time.Minute {
@@ -44,11 +45,12 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c := defaultConfig()
 	c.Groups.Mode = "bogus"
 	c.Log.Format = "xml"
+	c.Groups.Consumer.TopicRefreshInterval = 0
 	err := c.validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"no upstream", "groups.mode", "log.format"} {
+	for _, want := range []string{"no upstream", "groups.mode", "log.format", "groups.consumer.topic_refresh_interval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

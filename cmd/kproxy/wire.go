@@ -63,6 +63,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 				ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
 				ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
 				ConsumerMigrationPolicy:   groupstate.MigrationPolicy(cfg.Groups.Consumer.MigrationPolicy),
+				TopicRefreshInterval:      cfg.Groups.Consumer.TopicRefreshInterval,
 			},
 			Anchors: kproxy.AnchorsConfig{
 				Disabled:          !cfg.Groups.Anchors.Enabled,

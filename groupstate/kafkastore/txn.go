@@ -298,7 +298,7 @@ func (s *Store) Claim(ctx context.Context, p int32, owner []byte) error {
 		return fmt.Errorf("kafkastore: claiming partition %d: dropped while claiming: %w", p, kerr.NotCoordinator)
 	}
 	tp.state = partClaimed
-	s.log.Info("kafkastore: claimed groups partition", "partition", p, "transactional_id", tp.txid,
+	s.log.Debug("kafkastore: claimed groups partition", "partition", p, "transactional_id", tp.txid,
 		"producer_id", tp.pid, "producer_epoch", tp.epoch, "groups", len(tp.index))
 	return nil
 }

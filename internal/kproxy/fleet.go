@@ -334,8 +334,15 @@ func (f *fleetRuntime) ownerRecord(gen int32) []byte {
 // onAssigned claims the partitions the fleet gave this kproxy. A claim
 // that fails leaves the partition unserved; the member is told to drop
 // it so the fleet can give it to someone who can.
+//
+// Each claim is logged at debug; one info line sums them up (a start of
+// `kproxy dev` claims every partition of the groups topic at once).
 func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32) {
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		claimed atomic.Int64
+		begin   = time.Now()
+	)
 	for _, p := range gained {
 		wg.Add(1)
 		go func() {
@@ -352,10 +359,15 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 			f.serving[p].Store(true)
 			f.notify()
 			f.moved(ctx, "claimed")
-			f.log.Info("fleet: partition claimed", "partition", p, "generation", gen, "took", time.Since(start))
+			claimed.Add(1)
+			f.log.Debug("fleet: partition claimed", "partition", p, "generation", gen, "took", time.Since(start))
 		}()
 	}
 	wg.Wait()
+	if len(gained) > 0 {
+		f.log.Info("fleet: partitions claimed", "claimed", claimed.Load(), "failed", int64(len(gained))-claimed.Load(),
+			"generation", gen, "took", time.Since(begin))
+	}
 }
 
 // onRevoked hands partitions over: stop serving, unload their groups
@@ -369,7 +381,10 @@ func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
 		f.store.Release(ctx, p)
 		f.locks[p].Unlock()
 		f.moved(ctx, "released")
-		f.log.Info("fleet: partition handed over", "partition", p)
+		f.log.Debug("fleet: partition handed over", "partition", p)
+	}
+	if len(lost) > 0 {
+		f.log.Info("fleet: partitions handed over", "count", len(lost))
 	}
 }
 
