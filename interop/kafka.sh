@@ -98,9 +98,10 @@ PY
 
 # version_properties prints the server.properties lines that exist only in
 # some versions: the share-group coordinator (KIP-932) came with 4.0, streams
-# groups (KIP-1071) are GA since 4.2. Streams sessions are shortened as the
-# classic ones are (group.min.session.timeout.ms), so a killed instance's
-# tasks move within the kinds rows' time (interop/harness/kinds.go).
+# groups (KIP-1071) are GA since 4.2. Streams and share sessions are
+# shortened as the classic ones are (group.min.session.timeout.ms), so a
+# killed member's tasks or acquired records move within the kinds rows'
+# time (interop/harness/kinds.go).
 version_properties() {
 	local rf=$1 isr=$2
 	if version_ge "$KAFKA_VERSION" 4.0.0; then
@@ -110,7 +111,9 @@ version_properties() {
 	if version_ge "$KAFKA_VERSION" 4.2.0; then
 		printf '%s\n' "group.streams.min.session.timeout.ms=3000" "group.streams.session.timeout.ms=10000" \
 			"group.streams.min.heartbeat.interval.ms=1000" "group.streams.heartbeat.interval.ms=2000" \
-			"group.streams.initial.rebalance.delay.ms=0"
+			"group.streams.initial.rebalance.delay.ms=0" \
+			"group.share.min.session.timeout.ms=3000" "group.share.session.timeout.ms=10000" \
+			"group.share.min.heartbeat.interval.ms=1000" "group.share.heartbeat.interval.ms=2000"
 	fi
 }
 # --- end of broker versions ---------------------------------------------

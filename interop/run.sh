@@ -57,6 +57,16 @@ if [[ "$(cat interop/java/target/.kproxy-stamp 2>/dev/null)" != "$java_stamp" ]]
 	echo "$java_stamp" >interop/java/target/.kproxy-stamp
 fi
 
+# The share and streams group programs (interop/kinds: kafka-clients and
+# kafka-streams 4.4.0), built the same way.
+kinds_stamp=$(stamp interop/kinds/pom.xml interop/kinds/src/main/java/io/kproxy/interop/kinds/*.java)
+if [[ "$(cat interop/kinds/target/.kproxy-stamp 2>/dev/null)" != "$kinds_stamp" ]]; then
+	say "building the share and streams group programs (kafka-clients and kafka-streams 4.4.0 from Maven Central)"
+	mvn -q -B -f interop/kinds/pom.xml package -DskipTests >"$LOGS/mvn-kinds.log" 2>&1 ||
+		{ tail -40 "$LOGS/mvn-kinds.log" >&2; die "share/streams programs build failed"; }
+	echo "$kinds_stamp" >interop/kinds/target/.kproxy-stamp
+fi
+
 # Python clients: a venv in the cache.
 py_stamp=$(stamp interop/python/requirements.txt)
 if [[ "$(cat "$KPROXY_CACHE/venv/.kproxy-stamp" 2>/dev/null)" != "$py_stamp" ]]; then
@@ -147,9 +157,10 @@ version_rows() {
 	# Java and franz-go) and classic rows in two more languages.
 	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions)$' ;;
 	# The newest: both group protocols, transactions, franz-go's ApiVersions
-	# v5 opening (4.4 speaks v5) and librdkafka. Every row: 4.4.0=. (or
+	# v5 opening (4.4 speaks v5), librdkafka, and the share and streams
+	# groups the cluster serves (kinds.go). Every row: 4.4.0=. (or
 	# KAFKA_VERSION=4.4.0 for the main run, 3-broker phase included).
-	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions)$' ;;
+	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|java-streams)$' ;;
 	*) echo '.' ;;
 	esac
 }
