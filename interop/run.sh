@@ -160,7 +160,7 @@ version_rows() {
 	# v5 opening (4.4 speaks v5), librdkafka, and the share and streams
 	# groups the cluster serves (kinds.go). Every row: 4.4.0=. (or
 	# KAFKA_VERSION=4.4.0 for the main run, 3-broker phase included).
-	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|java-streams)$' ;;
+	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|go-franz-share|java-streams)$' ;;
 	*) echo '.' ;;
 	esac
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -179,4 +181,49 @@ func franzCommit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, em *em
 		em.errorf("commit (retrying): %v", err)
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// franzShare is a share-group member (KIP-932, franz-go's share consumer)
+// for the kinds rows (harness/kinds.go). It speaks the plain lines of the
+// Java Share program, not the JSON of the other modes: "STARTED", one
+// "REC partition offset deliveryCount value" per record, "BATCH n" after
+// each non-empty poll, "ERROR text" for fetch errors. Each poll accepts
+// the records of the one before (franz-go's default); after a batch it
+// holds holdMS before polling again, so the harness can kill it holding
+// acquired records. It runs until killed or ctx ends.
+func franzShare(ctx context.Context, o options, holdMS int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(o.bootstrap), kgo.ClientID(o.member),
+		kgo.ShareGroup(o.group), kgo.ConsumeTopics(o.topic))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	fmt.Println("STARTED")
+	batches := 0
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		var b strings.Builder
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ctx.Err() == nil {
+				fmt.Fprintf(&b, "ERROR %v\n", err)
+			}
+		})
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			n++
+			fmt.Fprintf(&b, "REC %d %d %d %s\n", r.Partition, r.Offset, r.DeliveryCount(), r.Value)
+		})
+		if n > 0 {
+			batches++
+			fmt.Fprintf(&b, "BATCH %d\n", batches)
+		}
+		os.Stdout.WriteString(b.String())
+		if n > 0 && holdMS > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(holdMS) * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }

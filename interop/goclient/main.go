@@ -8,7 +8,8 @@
 // Modes: -mode produce writes -count records with ids id-<start>.. (franz
 // with -interval-ms: one at a time, spread over time); -mode
 // consume joins -group and commits after every batch until SIGTERM or
-// SIGINT, then closes cleanly.
+// SIGINT, then closes cleanly; -mode share (franz) is a share-group member
+// printing the plain lines of the kinds rows (harness/kinds.go).
 package main
 
 import (
@@ -39,6 +40,7 @@ type options struct {
 	sessionMS   int
 	heartbeatMS int
 	intervalMS  int // produce: pause between records (0: one batch)
+	holdMS      int // share: pause after each batch before the next poll
 }
 
 // emitter writes JSON lines to stdout; mu serialises writers because some
@@ -113,6 +115,7 @@ func main() {
 	flag.IntVar(&o.sessionMS, "session-ms", 10000, "session timeout in ms")
 	flag.IntVar(&o.heartbeatMS, "heartbeat-ms", 1000, "heartbeat interval in ms")
 	flag.IntVar(&o.intervalMS, "interval-ms", 0, "produce (franz only): send records one at a time, this many ms apart, so records keep flowing while the harness injects a fault")
+	flag.IntVar(&o.holdMS, "hold-ms", 0, "share (franz only): hold each batch this many ms before polling again")
 	flag.Parse()
 
 	em := &emitter{member: o.member}
@@ -129,6 +132,8 @@ func main() {
 		err = franzProduce(ctx, o)
 	case "franz/consume":
 		err = franzConsume(ctx, o, em)
+	case "franz/share":
+		err = franzShare(ctx, o, o.holdMS)
 	case "sarama/produce":
 		err = saramaProduce(o)
 	case "sarama/consume":

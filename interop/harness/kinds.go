@@ -11,6 +11,7 @@ package main
 //     and is SIGKILLed with them. The broker releases them when its
 //     connection closes, so the survivor gets them again (delivery count
 //     2): every record read, none lost.
+//   - go-franz-share: the same with franz-go's share consumer.
 //   - java-streams: a Kafka Streams word count on group.protocol=streams
 //     with exactly-once v2, two instances, one SIGKILLed mid-way: every
 //     count exact once the input is read, the killed instance's tasks
@@ -226,7 +227,7 @@ func (s *scenario) runKindMissing(ctx context.Context, need *feature, prior *kin
 	}
 	var argv []string
 	if s.r.kind == "share" {
-		argv = append(s.h.kindJava("Share"), "--bootstrap", s.bootstrap, "--group", group, "--topic", topic, "--name", "m1", "--seconds", "20")
+		argv = s.shareArgv(s.bootstrap, group, topic, "m1", 0)
 	} else {
 		argv = append(s.h.kindJava("WordCount"), "--bootstrap", s.bootstrap, "--group", group, "--in", topic,
 			"--out", topic+"-out", "--state-dir", s.logPath("state-m1"), "--name", "m1", "--seconds", "20")
@@ -337,6 +338,18 @@ func shareRecs(lines []string) (all []shareRec, batch1 []string) {
 	return all, batch1
 }
 
+// shareArgv returns the argv of share member name of group on topic at
+// addr, holding each batch holdMS: the row's Go client (goclient -mode
+// share, franz-go) when it names one, else the Java Share program.
+func (s *scenario) shareArgv(addr, group, topic, name string, holdMS int) []string {
+	if len(s.r.client) > 0 {
+		return append(append([]string(nil), s.r.client...), "--mode", "share", "--bootstrap", addr, "--group", group,
+			"--topic", topic, "--member", name, "--hold-ms", strconv.Itoa(holdMS))
+	}
+	return append(s.h.kindJava("Share"), "--bootstrap", addr, "--group", group, "--topic", topic,
+		"--name", name, "--hold-ms", strconv.Itoa(holdMS), "--seconds", "120")
+}
+
 // runShareOnce runs the share scenario once with its members bootstrapped
 // at a and b.
 func (s *scenario) runShareOnce(ctx context.Context, suffix, a, b, label string) error {
@@ -354,14 +367,12 @@ func (s *scenario) runShareOnce(ctx context.Context, suffix, a, b, label string)
 	if suffix != "" {
 		pre += "-" + suffix
 	}
-	m1, err := s.startKindProc(pre+"-m1", append(s.h.kindJava("Share"), "--bootstrap", a, "--group", group, "--topic", topic,
-		"--name", "m1", "--hold-ms", "60000", "--seconds", "120"))
+	m1, err := s.startKindProc(pre+"-m1", s.shareArgv(a, group, topic, "m1", 60000))
 	if err != nil {
 		return err
 	}
 	defer m1.kill()
-	m2, err := s.startKindProc(pre+"-m2", append(s.h.kindJava("Share"), "--bootstrap", b, "--group", group, "--topic", topic,
-		"--name", "m2", "--seconds", "120"))
+	m2, err := s.startKindProc(pre+"-m2", s.shareArgv(b, group, topic, "m2", 0))
 	if err != nil {
 		return err
 	}

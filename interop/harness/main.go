@@ -173,6 +173,7 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// serves them, kproxy forwards; direct, through kproxy and
 		// through a fleet of two.
 		{name: "java-share", kind: "share", brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
+		{name: "go-franz-share", kind: "share", client: goc("franz"), brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
 		{name: "java-sasl-acls", client: java, security: true},
 		{name: "py-confluent-sasl-acls", client: append(append([]string(nil), py...), "--client", "confluent"), security: true},
