@@ -172,7 +172,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// Share and streams groups (kinds.go): the cluster's coordinator
 		// serves them, kproxy forwards; direct, through kproxy and
 		// through a fleet of two.
-		{name: "java-share", kind: "share", brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
+		{name: "java-share", kind: "share", tools: []string{"env", "KPROXY_CACHE=" + cacheDir, "bash", filepath.Join(h.root, "interop/kafka.sh"), "tools"},
+			brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "go-franz-share", kind: "share", client: goc("franz"), brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
 		{name: "java-sasl-acls", client: java, security: true},
