@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,6 +166,18 @@ func TestShareGroupsThroughKproxy(t *testing.T) {
 			if !found {
 				t.Errorf("/api/forwarded lacks share group %s: %+v", through, fw.Groups)
 			}
+			mresp, err := http.Get("http://" + s.kproxy.AdminAddr() + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			metrics, err := io.ReadAll(mresp.Body)
+			mresp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !regexp.MustCompile(`(?m)^kproxy_groups_forwarded\{[^}]*kproxy_group_kind="share"[^}]*\} [1-9]`).Match(metrics) {
+				t.Errorf("/metrics has no kproxy_groups_forwarded gauge for share groups:\n%s", grepLines(string(metrics), "forwarded"))
+			}
 
 			// ListGroups of share groups and DescribeShareGroupOffsets
 			// through kproxy answer as directly.
@@ -209,6 +224,17 @@ func TestShareGroupsThroughKproxy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func equalOffsets(a, b map[int32]int64) bool {
