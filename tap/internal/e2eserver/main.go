@@ -1,6 +1,7 @@
 // Command e2eserver runs an in-process kproxy (kfake cluster, proxy,
 // engine, tap, admin server) with real franz-go consumers, for tap's
-// browser test: groups orders and billing commit, group audit never does.
+// browser test: groups orders and billing commit, group audit never does,
+// share group reports is the cluster's (kproxy forwards it).
 // It prints ADMIN_URL=<url> once the groups are Stable,
 // then serves until stdin closes or it is signalled. POST /test/drive
 // plays a scenario of real rebalances: a consumer joins, leaves, and a
@@ -125,10 +126,46 @@ func run(listen string, verbose bool) error {
 	if _, err := sc.join(setup, "audit", "audit-consumer-1", "invoices", 1, kgo.DisableAutoCommit()); err != nil {
 		return err
 	}
+	// A share group (KIP-932): the cluster serves it, kproxy forwards its
+	// requests; the web view lists it among the groups the cluster serves.
+	share, err := kgo.NewClient(kgo.SeedBrokers(st.Bootstrap), kgo.ClientID("reports-share-1"),
+		kgo.ShareGroup("reports"), kgo.ConsumeTopics("invoices"))
+	if err != nil {
+		return err
+	}
+	defer share.Close()
+	go func() {
+		for !share.PollFetches(ctx).IsClientClosed() && ctx.Err() == nil {
+		}
+	}()
+	if err := waitForwarded(setup, st.AdminURL, "reports"); err != nil {
+		return err
+	}
 	fmt.Printf("ADMIN_URL=%s\n", st.AdminURL)
 	fmt.Printf("BOOTSTRAP=%s\n", st.Bootstrap)
 	<-ctx.Done()
 	return nil
+}
+
+// waitForwarded waits until kproxy's /api/forwarded lists group.
+func waitForwarded(ctx context.Context, adminURL, group string) error {
+	for {
+		if resp, err := http.Get(adminURL + "/api/forwarded"); err == nil {
+			var fw struct{ Groups []tap.ForwardedGroup }
+			err := json.NewDecoder(resp.Body).Decode(&fw)
+			resp.Body.Close()
+			for _, g := range fw.Groups {
+				if err == nil && g.Group == group {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("share group %s never listed as forwarded: %w", group, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // join starts a consumer and waits for its group to hold members members.

@@ -193,6 +193,11 @@ try {
   await page.goto(adminURL + "/#orders");
   await page.waitForSelector('#groups tbody tr[data-group="orders"]', { timeout: 15000 });
   check("group list shows orders and billing", await page.locator('#groups tbody tr[data-group="billing"]').count() === 1);
+  const reports = page.locator('#forwarded tbody tr[data-group="reports"]');
+  check("the share group is listed as served by the cluster, with its kind",
+    await reports.count() === 1 && (await reports.locator("td").nth(1).textContent()) === "share" &&
+    await page.locator('#groups tbody tr[data-group="reports"]').count() === 0,
+    await page.locator("#forwarded").textContent());
 
   // Every group's total lag is in the list. audit's member never commits,
   // so its lag is every record of invoices (50).

@@ -11,6 +11,7 @@ const MAX_REBALANCES_SHOWN = 40;
 // state is the page's whole model.
 const state = {
   groups: [],            // last /api/groups answer
+  forwarded: [],         // last /api/forwarded answer: groups the cluster serves
   selected: null,        // selected group id
   events: new Map(),     // group -> [event] in arrival order
   recent: [],            // last events of every group, newest first
@@ -68,14 +69,20 @@ let groupsReq = 0, detailReq = 0;
 
 async function refreshGroups() {
   const mine = ++groupsReq;
-  let groups;
+  let groups, forwarded = null;
   try {
     groups = await getJSON("api/groups");
   } catch (e) {
     return;
   }
+  try {
+    forwarded = (await getJSON("api/forwarded")).groups;
+  } catch (e) {
+    // an older kproxy, or none: the section stays empty
+  }
   if (mine !== groupsReq) return;
   state.groups = groups;
+  state.forwarded = forwarded || [];
   if (!state.selected && state.groups.length > 0) {
     const fromHash = decodeURIComponent(location.hash.slice(1));
     const known = state.groups.find(g => g.group === fromHash);
@@ -268,6 +275,11 @@ function renderGroups() {
     return tr;
   }));
   document.getElementById("groups-empty").hidden = state.groups.length > 0;
+  document.querySelector("#forwarded tbody").replaceChildren(...state.forwarded.map(g =>
+    el("tr", { "data-group": g.group, title: "forwarded to the cluster's coordinator since " + fmtTime(g.decided_at) },
+      el("td", { class: "mono" }, g.group),
+      el("td", {}, g.kind || "unknown"))));
+  document.getElementById("forwarded-empty").hidden = state.forwarded.length > 0;
 }
 
 function renderDetail(d) {
