@@ -38,13 +38,12 @@ var (
 	// versions whatever the broker's are.
 	apiEngineKeys = map[int16]bool{8: true, 9: true, 10: true, 11: true, 12: true, 13: true, 14: true,
 		15: true, 16: true, 28: true, 42: true, 47: true, 68: true, 69: true}
-	// Capped: kproxy advertises at most the broker's maximum, maybe less.
-	apiCappedKeys = map[int16]bool{0: true, 1: true, 3: true, 18: true, 55: true, 60: true}
-	// Refused (share groups, KIP-932; streams groups, KIP-1071, which
-	// Kafka 4.4 advertises): never advertised through kproxy while it
-	// serves groups.
-	apiRefusedKeys = map[int16]bool{76: true, 77: true, 78: true, 79: true, 90: true, 91: true, 92: true,
-		88: true, 89: true, 93: true}
+	// Capped: kproxy advertises at most the broker's maximum, maybe less
+	// (ShareFetch and ShareAcknowledge at what kmsg parses: their leader
+	// endpoints are rewritten). The coordinator keys of share and
+	// streams groups, which kproxy forwards, are plain keys: advertised
+	// as the broker does.
+	apiCappedKeys = map[int16]bool{0: true, 1: true, 3: true, 18: true, 55: true, 60: true, 78: true, 79: true}
 	// Minimum raised, maximum the broker's: SaslHandshake v0 is refused
 	// (raw SASL tokens without Kafka framing follow it; clients since
 	// Kafka 1.0 send v1, KIP-152), so kproxy advertises v1 as the lowest.
@@ -206,10 +205,7 @@ func compareAnswers(what string, version int16, d, k []byte) (problems []string,
 		b, ok := kk[key]
 		known := kmsg.RequestForKey(key) != nil
 		switch {
-		case apiRefusedKeys[key] || !known:
-			if ok && apiRefusedKeys[key] {
-				problems = append(problems, fmt.Sprintf("refused key %d advertised through kproxy", key))
-			}
+		case !known:
 		case apiEngineKeys[key]:
 			if !ok {
 				problems = append(problems, fmt.Sprintf("group key %d missing through kproxy", key))

@@ -198,16 +198,20 @@ func TestCompareOpenings(t *testing.T) {
 	direct := apiExchange{first: unsupported, firstVersion: 5, retry: retry, retryVersion: 4}
 
 	// kproxy's edits: Fetch capped at v15, OffsetCommit at the engine's
-	// versions, share groups dropped.
-	edited := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4})
+	// versions; the share group key as the broker's.
+	edited := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4}, [3]int16{76, 0, 1})
 	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: edited, retryVersion: 4}); len(ps) != 0 {
 		t.Fatalf("documented edits reported as problems: %v", ps)
+	}
+	noShare := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4})
+	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: noShare, retryVersion: 4}); len(ps) != 1 || !strings.Contains(ps[0], "key 76") {
+		t.Fatalf("ShareGroupHeartbeat dropped through kproxy: got %v", ps)
 	}
 	merged := apiAnswer(0, 35, [3]int16{8, 0, 10}, [3]int16{11, 0, 9}, [3]int16{18, 0, 4})
 	if ps, _ := compareOpenings(direct, apiExchange{first: merged, firstVersion: 5, retry: edited, retryVersion: 4}); len(ps) == 0 {
 		t.Fatal("a merged UNSUPPORTED_VERSION answer passed")
 	}
-	changed := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 9}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4})
+	changed := apiAnswer(4, 0, [3]int16{0, 3, 12}, [3]int16{1, 4, 15}, [3]int16{2, 1, 9}, [3]int16{8, 0, 10}, [3]int16{18, 0, 4}, [3]int16{76, 0, 1})
 	if ps, _ := compareOpenings(direct, apiExchange{first: unsupported, firstVersion: 5, retry: changed, retryVersion: 4}); len(ps) != 1 || !strings.Contains(ps[0], "key 2") {
 		t.Fatalf("ListOffsets v1-9 instead of v1-10 through kproxy: got %v", ps)
 	}
@@ -223,15 +227,15 @@ func TestCompareOpenings(t *testing.T) {
 func TestCompareOpeningsAnsweredAtOnce(t *testing.T) {
 	first := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 18}, [3]int16{2, 1, 11}, [3]int16{18, 0, 5}, [3]int16{88, 0, 1})
 	direct := apiExchange{first: first, firstVersion: 5, retryVersion: -1}
-	edited := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 11}, [3]int16{8, 0, 10}, [3]int16{18, 0, 5})
+	edited := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 11}, [3]int16{8, 0, 10}, [3]int16{18, 0, 5}, [3]int16{88, 0, 1})
 	ps, meant := compareOpenings(direct, apiExchange{first: edited, firstVersion: 5, retryVersion: -1})
 	if len(ps) != 0 {
-		t.Fatalf("documented edits (Fetch capped, a group key added, streams groups dropped) reported as problems: %v", ps)
+		t.Fatalf("documented edits (Fetch capped, a group key added, streams groups as the broker's) reported as problems: %v", ps)
 	}
 	if !strings.HasPrefix(meant, "first answer v5:") {
 		t.Fatalf("summary %q does not say the first answer was compared", meant)
 	}
-	changed := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{18, 0, 5})
+	changed := apiAnswer(5, 0, [3]int16{0, 3, 13}, [3]int16{1, 4, 15}, [3]int16{2, 1, 10}, [3]int16{18, 0, 5}, [3]int16{88, 0, 1})
 	if ps, _ := compareOpenings(direct, apiExchange{first: changed, firstVersion: 5, retryVersion: -1}); len(ps) != 1 || !strings.Contains(ps[0], "key 2") {
 		t.Fatalf("ListOffsets v1-10 instead of v1-11 through kproxy: got %v", ps)
 	}
