@@ -54,6 +54,9 @@ const (
 	anchorSampleEvery = 300 * time.Millisecond // committed offsets sampling period
 	anchorToolTimeout = 60 * time.Second       // one kafka-consumer-groups run
 	anchorClientID    = "kproxy"               // the anchor's client id
+	// adoptionTraffic is why the adoption rows' groups reach the broker
+	// on the kproxy path (row.brokerGroupTraffic).
+	adoptionTraffic = "the group is live on the cluster while its members move, so kproxy forwards their group requests to the cluster's coordinator (docs/anchors.md, per-group forwarding)"
 )
 
 // consumerGroupsTool runs Kafka's kafka-consumer-groups against the broker.
@@ -721,7 +724,11 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		return fail("%v", err)
 	}
 	total := adoptionFirst + adoptionStream
-	if err := s.runOnce("producer-1", s.argsFor(s.r.client, s.h.broker, "produce", "producer-1", "--count", fmt.Sprint(adoptionFirst), "--start", "0"), 90*time.Second); err != nil {
+	producer := s.r.client
+	if len(s.r.producer) > 0 {
+		producer = s.r.producer
+	}
+	if err := s.runOnce("producer-1", s.argsFor(producer, s.h.broker, "produce", "producer-1", "--count", fmt.Sprint(adoptionFirst), "--start", "0"), 90*time.Second); err != nil {
 		return fail("produce first records: %v", err)
 	}
 	next := 0
@@ -752,7 +759,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		return fail("%v (consumed %d distinct)", err, s.distinctLocked(0, adoptionFirst))
 	}
 	sampler = s.startOffsetSampler(ctx)
-	prod, err := s.startMember("producer-2", s.argsFor(s.r.client, s.h.broker, "produce", "producer-2",
+	prod, err := s.startMember("producer-2", s.argsFor(producer, s.h.broker, "produce", "producer-2",
 		"--count", fmt.Sprint(adoptionStream), "--start", fmt.Sprint(adoptionFirst), "--interval-ms", fmt.Sprint(adoptionEvery)))
 	if err != nil {
 		return fail("%v", err)

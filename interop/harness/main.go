@@ -109,7 +109,7 @@ func main() {
 			os.Exit(2)
 		}
 		for _, r := range h.rows(cacheDir, "goclient") {
-			if filter.MatchString(r.name) && h.inSubset(r.name) && (!multiBroker || r.brokerKill || r.apiVersions) && (security != "") == r.security {
+			if filter.MatchString(r.name) && h.inSubset(r.name) && (!multiBroker || r.threeBrokers() || r.apiVersions) && (security != "") == r.security {
 				fmt.Println(r.name)
 			}
 		}
@@ -165,10 +165,15 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// members moved behind a fleet of kproxies and back.
 		{name: "anchor-admin", client: goc("franz"), assignor: "range", anchorAdmin: true,
 			tools: []string{"env", "KPROXY_CACHE=" + cacheDir, "bash", filepath.Join(h.root, "interop/kafka.sh"), "tools"}},
+		// The adoption rows run on three brokers (the 3-broker phase),
+		// each member moved onto its own kproxy; franz-go produces the
+		// stream for the others (one record at a time).
 		{name: "franz-adoption", client: goc("franz"), assignor: "cooperative-sticky", adoption: true,
-			brokerGroupTraffic: "the group is live on the cluster while its members move, so kproxy forwards their group requests to the cluster's coordinator (docs/anchors.md, per-group forwarding)"},
-		// security.go: alice, bob and carol with their ACLs over
-		// SASL_SSL; only with -security (run.sh's security phase).
+			brokerGroupTraffic: adoptionTraffic},
+		{name: "java-adoption", client: java, assignor: "cooperative-sticky", adoption: true, producer: goc("franz"),
+			brokerGroupTraffic: adoptionTraffic},
+		{name: "py-confluent-adoption", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range",
+			adoption: true, producer: goc("franz"), brokerGroupTraffic: adoptionTraffic},
 		// Share and streams groups (kinds.go): the cluster's coordinator
 		// serves them, kproxy forwards; direct, through kproxy and
 		// through a fleet of two.
@@ -176,6 +181,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 			brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "go-franz-share", kind: "share", client: goc("franz"), brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
+		// security.go: alice, bob and carol with their ACLs over
+		// SASL_SSL; only with -security (run.sh's security phase).
 		{name: "java-sasl-acls", client: java, security: true},
 		{name: "py-confluent-sasl-acls", client: append(append([]string(nil), py...), "--client", "confluent"), security: true},
 	}
@@ -290,7 +297,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	groupsTopic, persisted := h.groupsTopic()
 	groupRecords, groupRows := 0, 0
 	var killPrior *brokerOutage            // the direct path's outcome of the broker-kill row
-	var adoptPrior *adoption               // the direct path's outcome of the adoption row
+	adoptPrior := map[string]*adoption{}   // the direct path's outcome of each adoption row
 	kindPrior := map[string]*kindOutcome{} // the direct path's outcome of each kinds row
 	var skipped []string
 	var results []result
@@ -300,13 +307,13 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		if filter != nil && !filter.MatchString(r.name) || !h.inSubset(r.name) {
 			continue
 		}
-		if multiBroker && !r.brokerKill && !r.apiVersions {
+		if multiBroker && !r.threeBrokers() && !r.apiVersions {
 			continue // the ApiVersions check runs on both clusters: every broker's port
 		}
 		if r.security != (h.sec != nil) {
 			continue // the security rows run against the secured broker, alone
 		}
-		if r.brokerKill && !multiBroker && brokers < 3 {
+		if r.threeBrokers() && !multiBroker && brokers < 3 {
 			skipped = append(skipped, r.name)
 			continue
 		}
@@ -370,9 +377,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				}
 			} else if r.adoption {
 				var o *adoption
-				res, o = s.runAdoption(ctx, kproxyBin, kproxyPort, adoptPrior)
+				res, o = s.runAdoption(ctx, kproxyBin, kproxyPort, adoptPrior[r.name])
 				if path == "direct" {
-					adoptPrior = o
+					adoptPrior[r.name] = o
 				}
 			} else {
 				res = s.run(ctx)

@@ -61,6 +61,13 @@ type row struct {
 	brokerGroupTraffic string
 }
 
+// threeBrokers reports whether the row needs a cluster of three brokers:
+// it kills one (brokerKill), or it moves a group's members between
+// brokers and kproxies (adoption), which must hold on the cluster shape
+// applications run on, with the group's coordinator apart from the
+// brokers the members bootstrap from.
+func (r row) threeBrokers() bool { return r.brokerKill || r.adoption }
+
 // result is one printed line of the table.
 type result struct {
 	row        string
