@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -257,6 +258,39 @@ func (h *harness) clusterGroup(ctx context.Context, group string) (kadm.Describe
 		return kadm.DescribedGroup{}, fmt.Errorf("group %s missing from DescribeGroups", group)
 	}
 	return g, g.Err
+}
+
+// clusterMembers returns the state of group on the broker and its
+// members' client ids, for a classic group (DescribeGroups) or a KIP-848
+// one (ConsumerGroupDescribe, which Kafka answers where DescribeGroups
+// says the group is not a classic one).
+func (h *harness) clusterMembers(ctx context.Context, group string) (string, []string, error) {
+	g, err := h.clusterGroup(ctx, group)
+	if err == nil {
+		var ids []string
+		for _, m := range g.Members {
+			ids = append(ids, m.ClientID)
+		}
+		return g.State, ids, nil
+	}
+	if !errors.Is(err, kerr.GroupIDNotFound) {
+		return "", nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	dg, derr := h.adm.DescribeConsumerGroups(cctx, group)
+	if derr != nil {
+		return "", nil, fmt.Errorf("%w; ConsumerGroupDescribe: %w", err, derr)
+	}
+	cg, ok := dg[group]
+	if !ok || cg.Err != nil {
+		return "", nil, fmt.Errorf("%w; ConsumerGroupDescribe: %v", err, cg.Err)
+	}
+	var ids []string
+	for _, m := range cg.Members {
+		ids = append(ids, m.ClientID)
+	}
+	return cg.State, ids, nil
 }
 
 // errorSummary names the client error events seen so far and the first
@@ -732,19 +766,31 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		return fail("produce first records: %v", err)
 	}
 	next := 0
-	startAt := func(bootstrap string) (*member, error) {
+	// startAt starts the member of slot (0..membersN-1) at bootstrap; a
+	// static row's member keeps its slot's group.instance.id across
+	// moves, as a restarted static member does.
+	startAt := func(bootstrap string, slot int) (*member, error) {
 		next++
 		name := fmt.Sprintf("m%d", next)
-		m, err := s.startMember(name, s.argsFor(s.r.client, bootstrap, "consume", name))
+		var extra []string
+		if s.r.static {
+			extra = []string{"--instance-id", fmt.Sprintf("%s-s%d", s.group, slot)}
+		}
+		m, err := s.startMember(name, s.argsFor(s.r.client, bootstrap, "consume", name, extra...))
 		if err != nil {
 			return nil, err
 		}
 		m.identity = s.identity(name)
+		if s.r.static {
+			// The same instance id is the same owner (it was stopped
+			// before it came back): the ownership checks follow the slot.
+			m.identity = extra[1]
+		}
 		return m, nil
 	}
 	var ms []*member
-	for range s.h.membersN {
-		m, err := startAt(s.h.broker)
+	for slot := range s.h.membersN {
+		m, err := startAt(s.h.broker, slot)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -776,7 +822,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 			return fail("stopping %s: %v", ms[i].name, err)
 		}
 		at := time.Now()
-		m, err := startAt(targets[i])
+		m, err := startAt(targets[i], i)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -813,16 +859,12 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		// The group stays the cluster's while it is rolled in
 		// (forwarded, docs/anchors.md): the broker lists the members
 		// themselves, no anchor.
-		g, err := s.h.clusterGroup(ctx, s.group)
+		state, ids, err := s.h.clusterMembers(ctx, s.group)
 		if err != nil {
 			return fail("describing the group on the broker after the moves in: %v", err)
 		}
-		var ids []string
-		for _, gm := range g.Members {
-			ids = append(ids, gm.ClientID)
-		}
 		sort.Strings(ids)
-		s.note("after every member moved behind kproxy the broker's coordinator shows the group %s with client ids %v (forwarded: the members themselves, no anchor)", g.State, ids)
+		s.note("after every member moved behind kproxy the broker's coordinator shows the group %s with client ids %v (forwarded: the members themselves, no anchor)", state, ids)
 		for _, id := range ids {
 			if id == anchorClientID {
 				s.note("the group got an anchor (client id %s) during the roll in: kproxy took it over while it ran, which docs/anchors.md says it does not do yet", anchorClientID)
@@ -841,7 +883,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 			return fail("stopping %s: %v", ms[i].name, err)
 		}
 		at := time.Now()
-		m, err := startAt(s.h.broker)
+		m, err := startAt(s.h.broker, i)
 		if err != nil {
 			return fail("%v", err)
 		}

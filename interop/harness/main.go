@@ -170,6 +170,10 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// stream for the others (one record at a time).
 		{name: "franz-adoption", client: goc("franz"), assignor: "cooperative-sticky", adoption: true,
 			brokerGroupTraffic: adoptionTraffic},
+		{name: "franz-kip848-adoption", client: goc("franz"), assignor: "server-uniform", needs: kip848, adoption: true,
+			brokerGroupTraffic: adoptionTraffic},
+		{name: "franz-static-adoption", client: goc("franz"), assignor: "range", static: true, adoption: true,
+			brokerGroupTraffic: adoptionTraffic},
 		{name: "java-adoption", client: java, assignor: "cooperative-sticky", adoption: true, producer: goc("franz"),
 			brokerGroupTraffic: adoptionTraffic},
 		{name: "py-confluent-adoption", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range",
