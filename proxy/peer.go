@@ -135,13 +135,15 @@ type Dialer func(ctx context.Context, network, address string) (net.Conn, error)
 
 var errRouterClosed = errors.New("router closed")
 
-// Reconnection backoff of an unreachable peer (KIP-144's
-// reconnect.backoff.ms / reconnect.backoff.max.ms): the first
-// reconnection is immediate, then peerBackoffMin doubling up to
-// peerBackoffMax, each ±20%.
+// Reconnection backoff of an unreachable peer, the clients' defaults of
+// reconnect.backoff.ms and reconnect.backoff.max.ms (KIP-144: 50ms
+// doubling to 1s): the first reconnection is immediate, then
+// peerBackoffMin doubling up to peerBackoffMax, each ±20%. The cap
+// bounds how long after a heal the relay still fails requests at once:
+// no longer than a directly connected client takes to reconnect.
 const (
-	peerBackoffMin = 100 * time.Millisecond
-	peerBackoffMax = 2 * time.Second
+	peerBackoffMin = 50 * time.Millisecond
+	peerBackoffMax = time.Second
 	// peerForget ends the reconnections to an address no request asked
 	// for this long (an owner that left the fleet); the next request
 	// dials it afresh.
@@ -155,7 +157,7 @@ func peerBackoff(n int) time.Duration {
 		return 0
 	}
 	d := peerBackoffMax
-	if n < 6 {
+	if n < 7 {
 		d = min(peerBackoffMax, peerBackoffMin<<(n-1))
 	}
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
