@@ -555,6 +555,16 @@ func TestFleetPeerLinkBlackhole(t *testing.T) {
 		m.mu.Unlock()
 	}
 
+	// After heal, the members behind the relays commit again about when
+	// the direct members whose own path was cut do (the margin covers a
+	// rebalance on a loaded machine).
+	directRecovery := max(recovered["d-cut1"], recovered["d-cut2"])
+	for _, n := range []string{"k-relay1", "k-relay2"} {
+		if recovered[n] > directRecovery+3*time.Second {
+			t.Errorf("%s recovered %v after heal, direct members in %v", n, recovered[n], directRecovery)
+		}
+	}
+
 	// Group requests behind the relaying kproxy: retriable and fast.
 	const relayTimeout = 5 * time.Second
 	summarize := func(name string, ps []probe) (slow, fast int, worstAfter time.Duration) {
