@@ -37,10 +37,8 @@ package proxy
 // address then has an unreachable episode: requests for it fail at once
 // (outcome owner_down, COORDINATOR_NOT_AVAILABLE for the client) while
 // a reconnection, with backoff, waits for an answer to its keepalive;
-// the first answer ends the episode. Like a broker's
-// connections.max.idle.ms and the clients' reconnect.backoff.ms and
-// reconnect.backoff.max.ms (KIP-144), the backoff grows from nothing to
-// peerBackoffMax.
+// the first answer ends the episode. The backoff follows the clients'
+// reconnect.backoff.ms and reconnect.backoff.max.ms (KIP-144).
 
 import (
 	"bufio"
@@ -341,7 +339,7 @@ func (p *peerPool) connUp(pc *peerConn) {
 	}
 	delete(p.health, pc.addr)
 	p.mu.Unlock()
-	p.log.Info("peer reachable again", "peer", pc.addr, "down_for", time.Since(h.since).Round(time.Millisecond).String(),
+	p.log.Info("peer reachable again", "peer", pc.addr, "outcome", h.reason, "down_for", time.Since(h.since).Round(time.Millisecond).String(),
 		"reconnections", h.attempts+1, "failed_at_once", h.failed)
 }
 
