@@ -555,12 +555,16 @@ func TestFleetPeerLinkBlackhole(t *testing.T) {
 		m.mu.Unlock()
 	}
 
-	// After heal, the members behind the relays commit again about when
-	// the direct members whose own path was cut do (the margin covers a
-	// rebalance on a loaded machine).
+	// After heal, the members behind the relays commit again within a
+	// bound of when the direct members whose own path was cut do. It is
+	// not "no later": a direct member's requests only waited and flow on
+	// at heal, while a member behind a relay got errors and is in its
+	// client's retry backoff (franz-go's default caps at 2.5s), after the
+	// relay's reconnection (at most 1.2s after heal). Measured: direct
+	// 0.4-0.85s, behind the relays 0.9-2.8s.
 	directRecovery := max(recovered["d-cut1"], recovered["d-cut2"])
 	for _, n := range []string{"k-relay1", "k-relay2"} {
-		if recovered[n] > directRecovery+3*time.Second {
+		if recovered[n] > directRecovery+4*time.Second {
 			t.Errorf("%s recovered %v after heal, direct members in %v", n, recovered[n], directRecovery)
 		}
 	}
