@@ -51,10 +51,13 @@
 // CLUSTER resource) and keeps the set for a TTL (default 10s; the
 // assembly refreshes it ahead of expiry): a revoked ACL stops being
 // honoured at most a TTL later, an added one starts at most a TTL later;
-// a failed refresh keeps the last set for at most three TTLs, then every
-// decision is "deny" (fail closed). A cluster without an authorizer
-// answers SECURITY_DISABLED, and then everything is allowed
-// ([Set.NoAuthorizer]), as its brokers allow it. [Set.Allowed] evaluates
+// a failed refresh keeps the last set for at most three TTLs, then the
+// ACLs are unavailable ([ErrStale]): kproxy fails closed, but with the
+// retriable COORDINATOR_NOT_AVAILABLE, since a read that failed is no
+// verdict (proxy.Authorizer). A cluster without an authorizer answers
+// SECURITY_DISABLED, and then everything is allowed ([Set.NoAuthorizer]),
+// as its brokers allow it; a cluster last seen so keeps being treated so
+// while its ACLs cannot be read ([Cache.Set]). [Set.Allowed] evaluates
 // a (principal, host, resource, operation) as Kafka's StandardAuthorizer
 // does: a matching DENY wins; an ALLOW for the operation, or for ALL, or
 // (KIP-253) for READ/WRITE/DELETE/ALTER when DESCRIBE is asked, or
@@ -322,8 +325,11 @@ func newCache(fetch func(context.Context) ([]ACL, error), base Set, ttl time.Dur
 	return &Cache{fetch: fetch, ttl: ttl, base: base}
 }
 
-// ErrStale says the ACLs could not be read for three TTLs: every
-// decision is a denial until they can. It wraps the last read's error.
+// ErrStale says the ACLs could not be read for three TTLs. It wraps the
+// last read's error. Not being able to read the ACLs is unavailability,
+// not a verdict: a caller answers with a retriable error (kproxy's
+// Authorizer answers COORDINATOR_NOT_AVAILABLE), never with an
+// authorization failure.
 var ErrStale = errors.New("authz: cluster ACLs unavailable")
 
 // Fresh returns the set when it was read within the TTL, without
@@ -341,6 +347,16 @@ func (c *Cache) Fresh() *Set {
 // TTL. One read runs at a time, outside the lock: while it runs, callers
 // get the previous set if it is still usable (under three TTLs old) and
 // otherwise wait for the read (or ctx).
+//
+// When no read succeeded for three TTLs the error wraps ErrStale. If the
+// last successful read found no authorizer (SECURITY_DISABLED), that set
+// is returned beside the error, at once: whether a cluster has an
+// authorizer is a broker setting (authorizer.class.name, KIP-500's
+// StandardAuthorizer or the ZooKeeper-era AclAuthorizer) that changes
+// only with a restart of its brokers, so a read that fails says nothing
+// about it, and such a cluster keeps being treated as one without an
+// authorizer. ACLs, which change at any time, are never used past three
+// TTLs: the set is nil then.
 func (c *Cache) Set(ctx context.Context) (*Set, error) {
 	c.mu.Lock()
 	for {
@@ -351,6 +367,7 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 			return s, nil
 		}
 		usable := c.set != nil && now.Sub(c.fetched) < 3*c.ttl
+		noAuthorizer := c.set != nil && c.set.NoAuthorizer
 		if c.inflight == nil && (c.set == nil || now.Sub(c.tried) >= c.ttl/4) {
 			done := make(chan struct{})
 			c.inflight, c.tried = done, now
@@ -368,7 +385,7 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 				return &s, nil
 			}
 			c.lastErr = err
-		} else if c.inflight != nil && !usable {
+		} else if c.inflight != nil && !usable && !noAuthorizer {
 			wait := c.inflight
 			c.mu.Unlock()
 			select {
@@ -385,15 +402,23 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 			return s, nil
 		}
 		err := c.lastErr
+		if err == nil {
+			err = errors.New("no read finished yet")
+		}
+		var s *Set
+		if noAuthorizer {
+			s = c.set
+		}
 		c.mu.Unlock()
-		return nil, fmt.Errorf("%w: %w", ErrStale, err)
+		return s, fmt.Errorf("%w: %w", ErrStale, err)
 	}
 }
 
-// Allowed is Set(ctx).Allowed, failing closed.
+// Allowed is Set(ctx).Allowed, failing closed on ACLs that cannot be
+// read (a cluster last seen without an authorizer allows, see Set).
 func (c *Cache) Allowed(ctx context.Context, principal, host string, rt kmsg.ACLResourceType, name string, op kmsg.ACLOperation) bool {
-	s, err := c.Set(ctx)
-	return err == nil && s.Allowed(principal, host, rt, name, op)
+	s, _ := c.Set(ctx)
+	return s != nil && s.Allowed(principal, host, rt, name, op)
 }
 
 // SASLUser returns the user a client claims in its first

@@ -130,3 +130,57 @@ func TestCacheFresh(t *testing.T) {
 		t.Fatalf("%d reads, want 1: Fresh must not read", n)
 	}
 }
+
+// TestCacheStaleNoAuthorizer: a cluster last read without an authorizer
+// (SECURITY_DISABLED) is still one when reads fail past three TTLs: Set
+// returns that set beside ErrStale, at once even while a read is
+// running; stale ACLs of a cluster with an authorizer are never returned.
+func TestCacheStaleNoAuthorizer(t *testing.T) {
+	for _, noAuthz := range []bool{true, false} {
+		var fail atomic.Bool
+		release := make(chan struct{})
+		c := newCache(func(ctx context.Context) ([]ACL, error) {
+			if fail.Load() {
+				select { // a slow failing read: nobody may wait for it
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil, errors.New("describe acls: broker unreachable")
+			}
+			if noAuthz {
+				return nil, fmt.Errorf("describe acls: %w", kerr.SecurityDisabled)
+			}
+			return []ACL{{Principal: "User:a", Host: "*", ResourceType: kmsg.ACLResourceTypeGroup, ResourceName: "g",
+				Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: kmsg.ACLOperationRead, Permission: kmsg.ACLPermissionTypeAllow}}, nil
+		}, Set{}, 20*time.Millisecond)
+		if _, err := c.Set(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		fail.Store(true)
+		time.Sleep(80 * time.Millisecond) // past three TTLs
+		go c.Set(context.Background())    // a read that hangs
+		time.Sleep(5 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		s, err := c.Set(ctx)
+		cancel()
+		if !errors.Is(err, ErrStale) {
+			t.Fatalf("no authorizer %v: err %v, want ErrStale", noAuthz, err)
+		}
+		switch {
+		case noAuthz && (s == nil || !s.NoAuthorizer):
+			t.Fatalf("the stale no-authorizer set was dropped: %+v", s)
+		case noAuthz && time.Since(start) > 200*time.Millisecond:
+			t.Fatalf("a no-authorizer caller waited %v for the hanging read", time.Since(start))
+		case !noAuthz && s != nil:
+			t.Fatal("stale ACLs returned past three TTLs")
+		}
+		actx, acancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		allowed := c.Allowed(actx, "User:x", "h", kmsg.ACLResourceTypeGroup, "g", kmsg.ACLOperationRead)
+		acancel()
+		if allowed != noAuthz {
+			t.Fatalf("no authorizer %v: Allowed = %v", noAuthz, allowed)
+		}
+		close(release)
+	}
+}

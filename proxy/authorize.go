@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/authz"
+	"github.com/kproxy/kproxy/codec"
 )
 
 // ACLSource gives the cluster's current ACLs (authz.Cache).
@@ -59,11 +60,54 @@ type AuthorizerConfig struct {
 // order they were sent, as on a broker. The decision reads the ACL
 // cache; a refresh, at most once per TTL, may make one request wait for
 // DescribeAcls.
+//
+// ACLs that cannot be read (authz.ErrStale: no read succeeded for three
+// TTLs) are unavailability, not a verdict. Every group request and
+// FindCoordinator is then answered COORDINATOR_NOT_AVAILABLE, still
+// without touching group state (fail closed), because that is the error
+// every group API's client retries after looking the coordinator up
+// again (Kafka's AbstractCoordinator for JoinGroup, SyncGroup and
+// Heartbeat, ConsumerCoordinator for OffsetCommit and OffsetFetch,
+// TransactionManager for TxnOffsetCommit, the admin client's handlers
+// for DescribeGroups, ListGroups, DeleteGroups and OffsetDelete), where
+// GROUP_AUTHORIZATION_FAILED is fatal to a Java consumer's poll. A
+// cluster last seen without an authorizer keeps being treated as one
+// (authz.Cache.Set). Each episode is logged once at WARN when it starts
+// and once at INFO when the ACLs are read again.
 type Authorizer struct {
-	inner   Coordinator
-	cfg     AuthorizerConfig // immutable
-	log     *slog.Logger     // immutable
-	lastLog atomic.Int64     // nanotime of the last "ACLs unavailable" line
+	inner Coordinator
+	cfg   AuthorizerConfig // immutable
+	log   *slog.Logger     // immutable
+
+	// episode is the aclEpisode the decisions are in; changed only by
+	// compare-and-swap, and whoever swaps logs the change, so each
+	// episode is logged once however many sessions see it.
+	episode atomic.Int32
+	// episodeStart is the nanotime the current episode began; written
+	// by the goroutine that swapped episode.
+	episodeStart atomic.Int64
+}
+
+// aclEpisode is how the Authorizer's decisions currently stand.
+type aclEpisode int32
+
+const (
+	aclsReadable     aclEpisode = iota // the ACLs were read within three TTLs
+	aclsUnavailable                    // stale: group requests get COORDINATOR_NOT_AVAILABLE
+	aclsStaleNoAuthz                   // stale, but last seen without an authorizer: allowed
+)
+
+// String returns the episode's name as it appears in logs.
+func (e aclEpisode) String() string {
+	switch e {
+	case aclsReadable:
+		return "readable"
+	case aclsUnavailable:
+		return "unavailable"
+	case aclsStaleNoAuthz:
+		return "stale_no_authorizer"
+	}
+	return "unknown"
 }
 
 // NewAuthorizer returns inner behind group authorization.
@@ -78,32 +122,57 @@ func NewAuthorizer(inner Coordinator, cfg AuthorizerConfig) *Authorizer {
 	return &Authorizer{inner: inner, cfg: cfg, log: log}
 }
 
-// can is the decision function for c's principal: every answer false
-// when the ACLs cannot be read (fail closed).
-func (a *Authorizer) can(c Client) authz.Can {
+// can is the decision function for c's principal; ok=false when the
+// ACLs cannot be read, and the request must be answered
+// COORDINATOR_NOT_AVAILABLE instead.
+func (a *Authorizer) can(c Client) (can authz.Can, ok bool) {
 	never := func(kmsg.ACLResourceType, string, kmsg.ACLOperation) bool { return false }
 	set, err := a.aclSet()
-	if err != nil {
-		if now, last := nanotime(), a.lastLog.Load(); now-last > int64(10*time.Second) && a.lastLog.CompareAndSwap(last, now) {
-			a.log.Error("group requests denied: the cluster's ACLs cannot be read", "err", err)
-		}
-		return never
+	switch {
+	case err == nil:
+		a.enter(aclsReadable, nil)
+	case set != nil && set.NoAuthorizer:
+		a.enter(aclsStaleNoAuthz, err)
+	default:
+		a.enter(aclsUnavailable, err)
+		return never, false
 	}
 	if set.NoAuthorizer {
 		if a.cfg.RequireAuthorizer {
-			return never
+			return never, true
 		}
-		return func(kmsg.ACLResourceType, string, kmsg.ACLOperation) bool { return true }
+		return func(kmsg.ACLResourceType, string, kmsg.ACLOperation) bool { return true }, true
 	}
 	principal := c.Principal
 	if principal == "" {
 		if c.Authenticated {
-			return never // GSSAPI: the broker's principal is unknown here
+			return never, true // GSSAPI: the broker's principal is unknown here
 		}
 		principal = authz.Anonymous
 	}
 	return func(rt kmsg.ACLResourceType, name string, op kmsg.ACLOperation) bool {
 		return set.Allowed(principal, c.Host, rt, name, op)
+	}, true
+}
+
+// enter moves the decisions to episode e, logging the change once.
+func (a *Authorizer) enter(e aclEpisode, err error) {
+	prev := aclEpisode(a.episode.Load())
+	if prev == e || !a.episode.CompareAndSwap(int32(prev), int32(e)) {
+		return
+	}
+	now := nanotime()
+	began := a.episodeStart.Swap(now)
+	switch e {
+	case aclsUnavailable:
+		a.log.Warn("the cluster's ACLs cannot be read: group requests are answered COORDINATOR_NOT_AVAILABLE (retriable) until they can",
+			"err", err, "previous", prev.String())
+	case aclsStaleNoAuthz:
+		a.log.Warn("the cluster's ACLs cannot be read; it was last seen without an authorizer, so group requests stay allowed, as its brokers allow them",
+			"err", err)
+	case aclsReadable:
+		a.log.Info("the cluster's ACLs are readable again: group requests are authorized with them",
+			"was", prev.String(), "for", time.Duration(now-began).Round(time.Millisecond).String())
 	}
 }
 
@@ -120,7 +189,12 @@ func (a *Authorizer) aclSet() (*authz.Set, error) {
 
 // Handle implements Coordinator.
 func (a *Authorizer) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
-	d := authz.Authorize(req, a.can(c), a.topicNames(req))
+	can, ok := a.can(c)
+	if !ok {
+		reply(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+		return
+	}
+	d := authz.Authorize(req, can, a.topicNames(req))
 	if d.Answer != nil {
 		a.log.Debug("group request denied", "api", kmsg.NameForKey(req.Key()), "principal", c.Principal, "client", c.ID, "host", c.Host)
 		reply(d.Answer)
@@ -134,9 +208,14 @@ func (a *Authorizer) Handle(c Client, req kmsg.Request, reply func(kmsg.Response
 }
 
 // AuthorizeFindCoordinator implements FindCoordinatorAuthorizer: a group
-// key needs DESCRIBE on the group.
+// key needs DESCRIBE on the group; while the ACLs cannot be read the
+// answer is COORDINATOR_NOT_AVAILABLE, which a client retries.
 func (a *Authorizer) AuthorizeFindCoordinator(c Client, group string) int16 {
-	return authz.FindCoordinatorCode(a.can(c), 0, group)
+	can, ok := a.can(c)
+	if !ok {
+		return errCoordinatorNotAvailable
+	}
+	return authz.FindCoordinatorCode(can, 0, group)
 }
 
 // topicNames names the topic ids of req and of its answer (an

@@ -24,6 +24,21 @@ package proxy
 // carries a full response because a forwarding broker re-frames it, the
 // relaying kproxy knows the key and version it sent and re-frames the
 // answer for its client with the client's own correlation id.
+//
+// An Envelope whose RequestData is empty is a keepalive: the owner's
+// reader answers it at once with ErrorCode 0 and no ResponseData,
+// without the coordinator (an owner of an earlier version answers it
+// with an envelope error, which proves it alive just as well). The
+// relaying side sends one when a connection has been silent for half
+// its keepalive (RouterConfig.PeerKeepalive) and closes a connection on
+// which one stays unanswered for the whole keepalive: a peer that stops
+// answering (a partition, a paused process) is found within the relay
+// timeout instead of costing every request the full timeout. The
+// address then has an unreachable episode: requests for it fail at once
+// (outcome owner_down, COORDINATOR_NOT_AVAILABLE for the client) while
+// a reconnection, with backoff, waits for an answer to its keepalive;
+// the first answer ends the episode. The backoff follows the clients'
+// reconnect.backoff.ms and reconnect.backoff.max.ms (KIP-144).
 
 import (
 	"bufio"
@@ -33,6 +48,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"sync"
@@ -58,6 +74,13 @@ func appendEnvelope(dst []byte, corr int32, c Client, req kmsg.Request) []byte {
 	env := kmsg.NewPtrEnvelopeRequest()
 	env.RequestData = inner[4:] // without the size prefix
 	env.ClientHostAddress = hostBytes(c.Host)
+	return kmsg.NewRequestFormatter(kmsg.FormatterClientID(relayClientID)).AppendRequest(dst, env, corr)
+}
+
+// appendKeepalive appends a keepalive frame: an Envelope with empty
+// RequestData.
+func appendKeepalive(dst []byte, corr int32) []byte {
+	env := kmsg.NewPtrEnvelopeRequest()
 	return kmsg.NewRequestFormatter(kmsg.FormatterClientID(relayClientID)).AppendRequest(dst, env, corr)
 }
 
@@ -110,37 +133,83 @@ type Dialer func(ctx context.Context, network, address string) (net.Conn, error)
 
 var errRouterClosed = errors.New("router closed")
 
+// Reconnection backoff of an unreachable peer, the clients' defaults of
+// reconnect.backoff.ms and reconnect.backoff.max.ms (KIP-144: 50ms
+// doubling to 1s): the first reconnection is immediate, then
+// peerBackoffMin doubling up to peerBackoffMax, each ±20%. The cap
+// bounds how long after a heal the relay still fails requests at once:
+// no longer than a directly connected client takes to reconnect.
+const (
+	peerBackoffMin = 50 * time.Millisecond
+	peerBackoffMax = time.Second
+	// peerForget ends the reconnections to an address no request asked
+	// for this long (an owner that left the fleet); the next request
+	// dials it afresh.
+	peerForget = time.Minute
+)
+
+// peerBackoff is the wait before reconnection attempt n (0-based) of an
+// unreachable episode.
+func peerBackoff(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	d := peerBackoffMax
+	if n < 7 {
+		d = min(peerBackoffMax, peerBackoffMin<<(n-1))
+	}
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}
+
 // peerPool holds the relaying side's connections, one per owner address.
 type peerPool struct {
 	dial        Dialer        // immutable
 	dialTimeout time.Duration // immutable
+	keepalive   time.Duration // immutable: see RouterConfig.PeerKeepalive
 	log         *slog.Logger  // immutable
+	metrics     *relayMetrics // immutable
 
 	corr atomic.Int32   // the last correlation id given out, for all connections
 	wg   sync.WaitGroup // every connection goroutine
 
-	mu       sync.Mutex
-	conns    map[string]*peerConn // guarded by mu: the current connection per address
-	lastWarn map[string]time.Time // guarded by mu: when a failure was last logged at warn, per address
-	closed   bool                 // guarded by mu
+	mu     sync.Mutex
+	conns  map[string]*peerConn   // guarded by mu: the current connection per address
+	health map[string]*peerHealth // guarded by mu: addresses in an unreachable episode
+	closed bool                   // guarded by mu
 }
 
-func newPeerPool(dial Dialer, dialTimeout time.Duration, log *slog.Logger) *peerPool {
+// peerHealth is an unreachable episode of one address: from the failure
+// of a connection to it until a reconnection's keepalive is answered.
+// Every field is guarded by the pool's mu.
+type peerHealth struct {
+	since    time.Time // when the episode began
+	reason   string    // why: silent, cut, unreachable
+	attempts int       // reconnections tried so far
+	wanted   time.Time // when a request last asked for the address
+	failed   int       // requests failed at once during the episode
+}
+
+func newPeerPool(dial Dialer, dialTimeout, keepalive time.Duration, log *slog.Logger, metrics *relayMetrics) *peerPool {
 	return &peerPool{
 		dial:        dial,
 		dialTimeout: dialTimeout,
+		keepalive:   keepalive,
 		log:         log,
+		metrics:     metrics,
 		conns:       make(map[string]*peerConn),
-		lastWarn:    make(map[string]time.Time),
+		health:      make(map[string]*peerHealth),
 	}
 }
 
-// relayCall is one request relayed to a peer. done is called exactly once,
-// by whoever removes the call from its connection's pending set: the
-// reader (an answer), the timer (timeout) or fail (connection lost).
+// relayCall is one request relayed to a peer, or a keepalive. done is
+// called exactly once, by whoever removes the call from its connection's
+// pending set: the reader (an answer), the timer (timeout) or fail
+// (connection lost). A keepalive has no done and no timer: the watchdog
+// watches it.
 type relayCall struct {
 	corr         int32
 	key, version int16
+	keepalive    bool
 	frame        []byte // the envelope frame; owned by the writer once queued
 	done         func(kmsg.Response, outcome)
 	timer        *time.Timer // guarded by the connection's mu
@@ -148,18 +217,26 @@ type relayCall struct {
 
 // do relays req from c to the owner at addr. done gets the owner's answer
 // with outcomeOK, or nil and the reason there is none, after at most
-// timeout. The request is encoded before do returns: req may alias the
-// caller's buffers.
+// timeout; at once with outcomeOwnerDown while addr is unreachable. The
+// request is encoded before do returns: req may alias the caller's
+// buffers.
 func (p *peerPool) do(addr string, c Client, req kmsg.Request, timeout time.Duration, done func(kmsg.Response, outcome)) {
 	corr := p.corr.Add(1)
-	call := &relayCall{corr: corr, key: req.Key(), version: req.GetVersion(), frame: appendEnvelope(nil, corr, c, req), done: done}
+	call := &relayCall{corr: corr, key: req.Key(), version: req.GetVersion(), done: done}
 	// A connection can fail between get and enqueue; the call was not
 	// sent, so it may go on the replacement.
 	for range 3 {
-		pc := p.get(addr)
-		if pc == nil {
+		pc, down := p.get(addr)
+		switch {
+		case down:
+			done(nil, outcomeOwnerDown)
+			return
+		case pc == nil:
 			done(nil, outcomeClosed)
 			return
+		}
+		if call.frame == nil {
+			call.frame = appendEnvelope(nil, corr, c, req)
 		}
 		if pc.enqueue(call, timeout) {
 			return
@@ -169,20 +246,35 @@ func (p *peerPool) do(addr string, c Client, req kmsg.Request, timeout time.Dura
 }
 
 // get returns the live connection to addr, starting one if there is none;
-// nil once the pool closed.
-func (p *peerPool) get(addr string) *peerConn {
+// down=true while addr is in an unreachable episode; nil once the pool
+// closed.
+func (p *peerPool) get(addr string) (pc *peerConn, down bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil
+		return nil, false
+	}
+	if h := p.health[addr]; h != nil {
+		h.wanted = time.Now()
+		h.failed++
+		return nil, true
 	}
 	if pc := p.conns[addr]; pc != nil && !pc.isFailed() {
-		return pc
+		return pc, false
 	}
+	return p.startLocked(addr, false, 0), false
+}
+
+// startLocked starts a connection to addr: a reconnection of an
+// unreachable episode (probe) after delay, or an ordinary one. p.mu is
+// held.
+func (p *peerPool) startLocked(addr string, probe bool, delay time.Duration) *peerConn {
 	ctx, cancel := context.WithCancel(context.Background())
 	pc := &peerConn{
 		pool:    p,
 		addr:    addr,
+		probe:   probe,
+		delay:   delay,
 		ctx:     ctx,
 		cancel:  cancel,
 		wake:    make(chan struct{}, 1),
@@ -194,27 +286,61 @@ func (p *peerPool) get(addr string) *peerConn {
 	return pc
 }
 
-// remove forgets pc if it is still addr's current connection.
-func (p *peerPool) remove(pc *peerConn) {
+// connFailed is told by pc.fail that pc ended: pc is forgotten and,
+// unless the pool closed, addr's unreachable episode begins (logged at
+// WARN and counted once) or goes on, with a reconnection after the
+// backoff.
+func (p *peerPool) connFailed(pc *peerConn, err error, o outcome, inFlight int) {
+	now := time.Now()
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.conns[pc.addr] == pc {
 		delete(p.conns, pc.addr)
 	}
+	if p.closed || errors.Is(err, errRouterClosed) {
+		p.mu.Unlock()
+		p.log.Debug("peer connection closed", "peer", pc.addr, "in_flight", inFlight)
+		return
+	}
+	h := p.health[pc.addr]
+	begins := h == nil
+	if begins {
+		h = &peerHealth{since: now, reason: o.String(), wanted: now}
+		p.health[pc.addr] = h
+	} else {
+		h.attempts++
+	}
+	if now.Sub(h.wanted) > peerForget {
+		delete(p.health, pc.addr)
+		p.mu.Unlock()
+		p.log.Info("peer still unreachable and no longer asked for: reconnections stop", "peer", pc.addr,
+			"down_for", now.Sub(h.since).Round(time.Millisecond).String(), "reason", err.Error())
+		return
+	}
+	attempt, failed := h.attempts, h.failed
+	p.startLocked(pc.addr, true, peerBackoff(attempt))
+	p.mu.Unlock()
+	if begins {
+		p.metrics.peerDown(o)
+		p.log.Warn("peer unreachable: relayed requests for the groups it owns fail at once with COORDINATOR_NOT_AVAILABLE until it answers again",
+			"peer", pc.addr, "outcome", o.String(), "in_flight", inFlight, "reason", err.Error())
+		return
+	}
+	p.log.Debug("peer reconnection failed", "peer", pc.addr, "attempt", attempt, "failed_at_once", failed, "reason", err.Error())
 }
 
-// warnAllowed reports whether a failure of addr may be logged at warn: at
-// most one per address every ten seconds, so that a dead owner does not
-// flood the log.
-func (p *peerPool) warnAllowed(addr string) bool {
+// connUp is told by a reconnection's reader that the peer answered: the
+// unreachable episode ends, logged once.
+func (p *peerPool) connUp(pc *peerConn) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	if last, ok := p.lastWarn[addr]; ok && now.Sub(last) < 10*time.Second {
-		return false
+	h := p.health[pc.addr]
+	if h == nil || p.conns[pc.addr] != pc {
+		p.mu.Unlock()
+		return
 	}
-	p.lastWarn[addr] = now
-	return true
+	delete(p.health, pc.addr)
+	p.mu.Unlock()
+	p.log.Info("peer reachable again", "peer", pc.addr, "outcome", h.reason, "down_for", time.Since(h.since).Round(time.Millisecond).String(),
+		"reconnections", h.attempts+1, "failed_at_once", h.failed)
 }
 
 // close fails every connection (their calls get outcomeClosed) and waits
@@ -236,13 +362,24 @@ func (p *peerPool) close() {
 // peerConn is one multiplexed connection to an owner. The writer
 // goroutine dials, then writes queued calls in the order they were
 // queued; the reader goroutine matches answers to calls by correlation
-// id. Either failing fails the connection and every call on it.
+// id; the watchdog goroutine sends keepalives and closes the connection
+// when one stays unanswered. Any of them failing fails the connection
+// and every call on it.
 type peerConn struct {
 	pool   *peerPool          // immutable
 	addr   string             // immutable
+	probe  bool               // immutable: a reconnection of an unreachable episode
+	delay  time.Duration      // immutable: the backoff before dialling
 	ctx    context.Context    // cancelled by fail: aborts the dial
 	cancel context.CancelFunc // immutable
 	wake   chan struct{}      // buffered(1): calls were queued
+
+	// lastRead is the nanotime of the last frame read, or of the dial;
+	// written by the reader (and by the writer before it starts), read
+	// by the watchdog.
+	lastRead atomic.Int64
+	// answered is set by the reader on a probe's first answer.
+	answered atomic.Bool
 
 	mu      sync.Mutex
 	pending map[int32]*relayCall // guarded by mu: queued or sent, not answered
@@ -268,11 +405,13 @@ func (pc *peerConn) enqueue(call *relayCall, timeout time.Duration) bool {
 	pc.pending[call.corr] = call
 	pc.queue = append(pc.queue, call)
 	corr := call.corr
-	call.timer = time.AfterFunc(timeout, func() {
-		if c := pc.take(corr); c != nil {
-			c.done(nil, outcomeTimeout)
-		}
-	})
+	if !call.keepalive {
+		call.timer = time.AfterFunc(timeout, func() {
+			if c := pc.take(corr); c != nil {
+				c.done(nil, outcomeTimeout)
+			}
+		})
+	}
 	pc.mu.Unlock()
 	select {
 	case pc.wake <- struct{}{}:
@@ -289,7 +428,9 @@ func (pc *peerConn) take(corr int32) *relayCall {
 	c := pc.pending[corr]
 	if c != nil {
 		delete(pc.pending, corr)
-		c.timer.Stop()
+		if c.timer != nil {
+			c.timer.Stop()
+		}
 	}
 	return c
 }
@@ -307,6 +448,9 @@ func (pc *peerConn) fail(err error, o outcome) {
 	pc.failed = true
 	calls := make([]*relayCall, 0, len(pc.pending))
 	for _, c := range pc.pending {
+		if c.keepalive {
+			continue
+		}
 		c.timer.Stop()
 		calls = append(calls, c)
 	}
@@ -317,22 +461,69 @@ func (pc *peerConn) fail(err error, o outcome) {
 	if conn != nil {
 		conn.Close()
 	}
-	pc.pool.remove(pc)
-	switch {
-	case errors.Is(err, errRouterClosed):
-		pc.pool.log.Debug("peer connection closed", "peer", pc.addr, "in_flight", len(calls))
-	case pc.pool.warnAllowed(pc.addr):
-		pc.pool.log.Warn("peer connection failed", "peer", pc.addr, "in_flight", len(calls), "reason", err.Error())
-	default:
-		pc.pool.log.Debug("peer connection failed", "peer", pc.addr, "in_flight", len(calls), "reason", err.Error())
-	}
+	pc.pool.connFailed(pc, err, o, len(calls))
 	for _, c := range calls {
 		c.done(nil, o)
 	}
 }
 
+// sendKeepalive queues a keepalive; false if the connection failed.
+func (pc *peerConn) sendKeepalive() bool {
+	corr := pc.pool.corr.Add(1)
+	return pc.enqueue(&relayCall{corr: corr, key: keyEnvelope, keepalive: true, frame: appendKeepalive(nil, corr)}, 0)
+}
+
+// watchdog sends a keepalive after half the keepalive period without a
+// frame read, and fails the connection when one stays unanswered for the
+// whole period, or, on a probe, as soon as it dialled. Its only state,
+// pinged, is its own.
+func (pc *peerConn) watchdog() {
+	defer pc.pool.wg.Done()
+	k := int64(pc.pool.keepalive)
+	t := time.NewTicker(pc.pool.keepalive / 4)
+	defer t.Stop()
+	var pinged int64 // nanotime the unanswered keepalive was queued; 0: none
+	if pc.probe {
+		pinged = nanotime()
+		if !pc.sendKeepalive() {
+			return
+		}
+	}
+	for {
+		select {
+		case <-pc.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now, last := nanotime(), pc.lastRead.Load()
+		if pinged != 0 && last >= pinged {
+			pinged = 0
+		}
+		switch {
+		case pinged != 0 && now-pinged >= k:
+			pc.fail(fmt.Errorf("peer silent: a keepalive unanswered for %v, nothing read for %v",
+				time.Duration(now-pinged).Round(time.Millisecond), time.Duration(now-last).Round(time.Millisecond)), outcomeSilent)
+			return
+		case pinged == 0 && now-last >= k/2:
+			pinged = now
+			if !pc.sendKeepalive() {
+				return
+			}
+		}
+	}
+}
+
 func (pc *peerConn) writeLoop() {
 	defer pc.pool.wg.Done()
+	if pc.delay > 0 {
+		t := time.NewTimer(pc.delay)
+		select {
+		case <-t.C:
+		case <-pc.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
 	ctx, cancel := context.WithTimeout(pc.ctx, pc.pool.dialTimeout)
 	conn, err := pc.pool.dial(ctx, "tcp", pc.addr)
 	cancel()
@@ -348,8 +539,10 @@ func (pc *peerConn) writeLoop() {
 	}
 	pc.conn = conn
 	pc.mu.Unlock()
-	pc.pool.wg.Add(1)
+	pc.lastRead.Store(nanotime())
+	pc.pool.wg.Add(2)
 	go pc.readLoop(conn)
+	go pc.watchdog()
 
 	bw := bufio.NewWriterSize(conn, 32<<10)
 	for {
@@ -406,8 +599,15 @@ func (pc *peerConn) readLoop(conn net.Conn) {
 			pc.fail(fmt.Errorf("reading from peer: %w", truncated(err)), outcomeCut)
 			return
 		}
+		pc.lastRead.Store(nanotime())
+		if pc.probe && pc.answered.CompareAndSwap(false, true) {
+			pc.pool.connUp(pc)
+		}
 		corr := int32(binary.BigEndian.Uint32(frame))
 		c := pc.take(corr)
+		if c != nil && c.keepalive {
+			continue
+		}
 		if c == nil {
 			pc.pool.log.Debug("peer answered a request that is no longer waiting", "peer", pc.addr, "correlation_id", corr)
 			continue

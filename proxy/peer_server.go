@@ -207,6 +207,7 @@ type peerAnswer struct {
 	key, version int16
 	resp         kmsg.Response
 	code         int16
+	keepalive    bool // an answer to a keepalive: no response data
 }
 
 // close closes the connection once, logging why unless it is an ordinary
@@ -296,6 +297,10 @@ func (c *peerServerConn) read() error {
 // serve hands the request inside env to the coordinator, or answers an
 // envelope error when there is no group request inside.
 func (c *peerServerConn) serve(corr int32, env *kmsg.EnvelopeRequest) {
+	if len(env.RequestData) == 0 { // a keepalive (peer.go)
+		c.push(peerAnswer{corr: corr, keepalive: true})
+		return
+	}
 	ih, req, code, err := decodeInner(env.RequestData)
 	if err != nil {
 		c.warnRefused(err)
@@ -379,6 +384,7 @@ func (c *peerServerConn) writeLoop() {
 func (c *peerServerConn) encode(dst []byte, a peerAnswer) []byte {
 	env := kmsg.NewPtrEnvelopeResponse()
 	switch {
+	case a.keepalive:
 	case a.code != 0:
 		env.ErrorCode = a.code
 	case a.resp == nil || a.resp.Key() != a.key:

@@ -44,6 +44,13 @@ type RouterConfig struct {
 	// default 5s. JoinGroup and SyncGroup wait for the rebalance instead
 	// (see timeoutFor).
 	RelayTimeout time.Duration
+	// PeerKeepalive is how long a peer connection may go without
+	// answering a keepalive before it is closed and its owner treated as
+	// unreachable (requests for its groups fail at once until a
+	// reconnection is answered); a keepalive is sent after half of it
+	// without a frame read. Default RelayTimeout/3, so that a silent
+	// owner is found within 1.75 of it, inside the relay timeout.
+	PeerKeepalive time.Duration
 	// WaitForOwner is how long a request for a group without an owner
 	// waits for one before it is answered COORDINATOR_NOT_AVAILABLE;
 	// default 1s.
@@ -68,17 +75,19 @@ const defaultRebalanceTimeout = 5 * time.Minute
 //
 // The router answers COORDINATOR_NOT_AVAILABLE when a group has no owner
 // within WaitForOwner, or its owner cannot be reached, cuts the connection
-// with the request in flight, or does not answer in time: a request once
+// with the request in flight, goes silent (a keepalive unanswered for
+// PeerKeepalive; then at once, until the owner answers again), or does
+// not answer in time: a request once
 // sent is never resent, since the owner may have acted on it. Every
 // answer an owner gives, NOT_COORDINATOR included, reaches the client
 // as given; both errors make a client look the coordinator up again,
 // which brings it back to its local kproxy.
 type Router struct {
-	cfg     RouterConfig // immutable after NewRouter
-	loc     Locator      // immutable
-	log     *slog.Logger // immutable
-	pool    *peerPool
-	metrics *relayMetrics
+	cfg     RouterConfig  // immutable after NewRouter
+	loc     Locator       // immutable
+	log     *slog.Logger  // immutable
+	pool    *peerPool     // immutable; safe for concurrent use
+	metrics *relayMetrics // immutable
 
 	// maxRebalance is the longest JoinGroup rebalance timeout relayed so
 	// far, in milliseconds; it bounds a relayed SyncGroup.
@@ -99,6 +108,9 @@ func NewRouter(cfg RouterConfig) *Router {
 	if cfg.WaitForOwner <= 0 {
 		cfg.WaitForOwner = time.Second
 	}
+	if cfg.PeerKeepalive <= 0 {
+		cfg.PeerKeepalive = cfg.RelayTimeout / 3
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -110,12 +122,13 @@ func NewRouter(cfg RouterConfig) *Router {
 		loc = allLocal{}
 	}
 	log := cfg.Logger.With("component", "router")
+	metrics := newRelayMetrics(cfg.MeterProvider)
 	return &Router{
 		cfg:     cfg,
 		loc:     loc,
 		log:     log,
-		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, log),
-		metrics: newRelayMetrics(cfg.MeterProvider),
+		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, cfg.PeerKeepalive, log, metrics),
+		metrics: metrics,
 		closing: make(chan struct{}),
 	}
 }

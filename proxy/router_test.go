@@ -771,7 +771,8 @@ func TestRelayParkedJoinDoesNotBlockHeartbeat(t *testing.T) {
 
 // TestRelayPeerKilledMidRequest closes the owner's peer server with a
 // request in flight: the client gets COORDINATOR_NOT_AVAILABLE at once
-// (not after RelayTimeout), and the next request redials.
+// (not after RelayTimeout); the relay reconnects with backoff, and once
+// the owner is back a request reaches it, nothing resent.
 func TestRelayPeerKilledMidRequest(t *testing.T) {
 	f := newFleet(t, func(c *RouterConfig) { c.RelayTimeout = 10 * time.Second })
 	f.b.hold = relayHolds
@@ -784,9 +785,17 @@ func TestRelayPeerKilledMidRequest(t *testing.T) {
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("cut request answered after %v", d)
 	}
-	// B is back at the same address: the next request redials.
+	// B is back at the same address: a reconnection finds it, and
+	// until then requests fail at once.
 	startPeerServer(t, addr, f.b, nil)
-	checkCodes(t, "heartbeat after the restart", handle(t, f.rA, Client{ID: "q"}, heartbeatFor("b-group", "m")), markerB)
+	waitFor(t, 5*time.Second, "a heartbeat answered by B after the restart", func() bool {
+		start := time.Now()
+		c := codesOf(t, handle(t, f.rA, Client{ID: "q"}, heartbeatFor("b-group", "m")))[0]
+		if c == codeUnavailable && time.Since(start) > time.Second {
+			t.Fatalf("a request while B was unreachable waited %v", time.Since(start))
+		}
+		return c == markerB
+	})
 	if n := len(f.b.calls()); n != 2 {
 		t.Fatalf("B got %d requests, want 2 (nothing resent)", n)
 	}

@@ -119,7 +119,7 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 	case errors.Is(ferr, kerr.ClusterAuthorizationFailed):
 		return fmt.Errorf("group authorization %s: kproxy's own principal may not read the cluster's ACLs (it needs DESCRIBE on the CLUSTER resource), or use --group-authorization off: %w", mode, ferr)
 	case ferr != nil:
-		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are denied until they can", "err", ferr)
+		log.Warn("group authorization: the cluster's ACLs cannot be read yet; group requests are answered COORDINATOR_NOT_AVAILABLE (retriable) until they can", "err", ferr)
 	case len(set.ACLs) == 0 && ac.AnonymousCluster:
 		log.Info("group authorization on: the cluster has no ACLs and kproxy reaches it as User:ANONYMOUS, so every group request is allowed until an ACL exists, as the cluster allows it",
 			"mode", mode, "acl_cache_ttl", ttl)

@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/kproxy/kproxy/internal/faultnet"
+)
+
+// counterByOutcome reads the int64 counter name summed over its points
+// with outcome=o; -1 when collecting fails.
+func counterByOutcome(r *sdkmetric.ManualReader, name, o string) int64 {
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		return -1
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != name || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				if v, _ := dp.Attributes.Value("outcome"); v.AsString() == o {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestSilentPeerIsFound puts a fault relay on the peer link into owner B
+// and blackholes it, both ways and each way alone. The connection stays
+// open but nothing is answered: the relay finds it silent within the
+// relay timeout (the request in flight gets COORDINATOR_NOT_AVAILABLE
+// then, not after the timeout), and every request after it fails at once
+// instead of waiting the timeout again; the episode is logged at WARN
+// once and counted once in kproxy.relay.peer_unreachable, however many
+// reconnections fail. After heal a reconnection finds B and requests
+// reach it again, the recovery logged once.
+func TestSilentPeerIsFound(t *testing.T) {
+	for _, dir := range []faultnet.Direction{faultnet.Both, faultnet.ToClient, faultnet.ToTarget} {
+		t.Run(dir.String(), func(t *testing.T) {
+			b := &fakeEngine{name: "B", prefix: "b", marker: markerB}
+			ps := startPeerServer(t, "127.0.0.1:0", b, nil)
+			link, err := faultnet.Listen(ps.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { link.Close() })
+			rec := &logRecorder{}
+			reader := sdkmetric.NewManualReader()
+			const relayTimeout = 3 * time.Second
+			r := NewRouter(RouterConfig{Locator: newTestLocator("a", map[string]string{"b": link.Addr()}),
+				RelayTimeout: relayTimeout, WaitForOwner: 100 * time.Millisecond, Logger: slog.New(rec),
+				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+			t.Cleanup(r.Close)
+			hb := func() (int16, time.Duration) {
+				start := time.Now()
+				return codesOf(t, handle(t, r, Client{ID: "c"}, heartbeatFor("b-group", "m")))[0], time.Since(start)
+			}
+			if c, _ := hb(); c != markerB {
+				t.Fatalf("before the fault: code %d", c)
+			}
+
+			link.Blackhole(dir)
+			c, first := hb()
+			if c != codeUnavailable || first >= relayTimeout {
+				t.Fatalf("the request in flight when B went silent: code %d after %v, want %d within the %v relay timeout", c, first, codeUnavailable, relayTimeout)
+			}
+			var worst time.Duration
+			for range 20 {
+				c, d := hb()
+				if c != codeUnavailable {
+					t.Fatalf("while B is silent: code %d", c)
+				}
+				worst = max(worst, d)
+				time.Sleep(100 * time.Millisecond) // 2 s: several reconnections
+			}
+			if worst > 100*time.Millisecond {
+				t.Fatalf("a request while B is known silent waited %v; want an answer at once", worst)
+			}
+			t.Logf("%v blackholed: silence found after %v; later requests answered within %v", dir, first, worst)
+			if n := rec.count(slog.LevelWarn, "peer unreachable"); n != 1 {
+				t.Fatalf("%d WARN lines for one episode, want 1", n)
+			}
+			if n := counterByOutcome(reader, "kproxy.relay.peer_unreachable", "silent"); n != 1 {
+				t.Fatalf("kproxy.relay.peer_unreachable{outcome=silent} = %d, want 1", n)
+			}
+			if n := counterByOutcome(reader, "kproxy.relay.requests", "owner_down"); n < 20 {
+				t.Fatalf("kproxy.relay.requests{outcome=owner_down} = %d, want at least 20", n)
+			}
+
+			link.Heal()
+			healed := time.Now()
+			waitFor(t, 10*time.Second, "B answering after heal", func() bool { c, _ := hb(); return c == markerB })
+			t.Logf("%v: recovered %v after heal", dir, time.Since(healed))
+			if n := rec.count(slog.LevelInfo, "peer reachable again"); n != 1 {
+				t.Fatalf("%d recovery lines, want 1", n)
+			}
+			if n := rec.count(slog.LevelWarn, "peer unreachable"); n != 1 {
+				t.Fatalf("%d WARN lines after recovery, want still 1", n)
+			}
+		})
+	}
+}
+
+// TestIdlePeerKeepalive: an idle peer connection to a live owner is kept
+// (keepalives answered), with no episode.
+func TestIdlePeerKeepalive(t *testing.T) {
+	b := &fakeEngine{name: "B", prefix: "b", marker: markerB}
+	ps := startPeerServer(t, "127.0.0.1:0", b, nil)
+	link, err := faultnet.Listen(ps.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	rec := &logRecorder{}
+	r := NewRouter(RouterConfig{Locator: newTestLocator("a", map[string]string{"b": link.Addr()}),
+		RelayTimeout: 600 * time.Millisecond, Logger: slog.New(rec)})
+	t.Cleanup(r.Close)
+	checkCodes(t, "first", handle(t, r, Client{ID: "c"}, heartbeatFor("b-group", "m")), markerB)
+	time.Sleep(time.Second) // five keepalive periods idle
+	checkCodes(t, "after idling", handle(t, r, Client{ID: "c"}, heartbeatFor("b-group", "m")), markerB)
+	if s := link.Stats(); s.Accepted != 1 {
+		t.Fatalf("%d peer connections, want 1: an idle live owner's connection was dropped", s.Accepted)
+	}
+	if n := rec.count(slog.LevelWarn, "peer unreachable"); n != 0 {
+		t.Fatalf("an idle live owner was found unreachable")
+	}
+}
