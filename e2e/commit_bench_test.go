@@ -284,6 +284,7 @@ type commitPath struct {
 	seeds  []string
 	topic  string
 	group  string
+	opts   []kgo.Opt // more client options (a dialer through a fault relay)
 	cl     *kgo.Client
 	offset int64 // the last offset committed
 	lat    []time.Duration
@@ -295,7 +296,7 @@ type commitPath struct {
 func (p *commitPath) join(b *testing.B) error {
 	assigned := make(chan struct{})
 	var once sync.Once
-	cl, err := kgo.NewClient(
+	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(p.seeds...),
 		kgo.ConsumerGroup(p.group),
 		kgo.ConsumeTopics(p.topic),
@@ -307,7 +308,7 @@ func (p *commitPath) join(b *testing.B) error {
 				}
 			}
 		}),
-	)
+	}, p.opts...)...)
 	if err != nil {
 		return err
 	}

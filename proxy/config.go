@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -106,6 +107,10 @@ type Config struct {
 	MaxConnectionsPerHost int
 	// DialTimeout bounds connecting to a broker; default 10s.
 	DialTimeout time.Duration
+	// Dial, when set, connects to a broker instead of net.Dial (tests
+	// put a fault relay between kproxy and the brokers with it); TLS, if
+	// configured, runs over the connection it returns.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// MetadataInterval is how often the proxy refreshes the broker list
 	// on its own to open listeners for new brokers; default 30s.
 	MetadataInterval time.Duration

@@ -106,6 +106,9 @@ func (p *Proxy) Start(ctx context.Context) error {
 		return err
 	}
 	opts := append([]kgo.Opt{kgo.SeedBrokers(p.cfg.Upstreams...), kgo.DialTimeout(p.cfg.DialTimeout)}, p.cfg.UpstreamClientOpts...)
+	if p.cfg.Dial != nil {
+		opts = append(opts, kgo.Dialer(p.cfg.Dial))
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("upstream client: %w", err)

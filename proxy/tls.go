@@ -278,7 +278,15 @@ func serverHandshake(ctx context.Context, c net.Conn, cfg *tls.Config, timeout t
 // Config.UpstreamTLS is set. A TLS failure is a *upstreamTLSError: the
 // broker is reachable, so its listener must stay open.
 func (p *Proxy) dialUpstream(addr string) (net.Conn, error) {
-	c, err := net.DialTimeout("tcp", addr, p.cfg.DialTimeout)
+	var c net.Conn
+	var err error
+	if p.cfg.Dial != nil {
+		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+		c, err = p.cfg.Dial(ctx, "tcp", addr)
+		cancel()
+	} else {
+		c, err = net.DialTimeout("tcp", addr, p.cfg.DialTimeout)
+	}
 	if err != nil || p.cfg.UpstreamTLS == nil {
 		return c, err
 	}
