@@ -65,23 +65,23 @@ type fileConfig struct {
 // Kafka's name for each. Only their presence is decoded.
 type groupSettingKeys struct {
 	Groups struct {
-		MinSessionTimeout     *yaml.Node `yaml:"min_session_timeout"`
-		MaxSessionTimeout     *yaml.Node `yaml:"max_session_timeout"`
-		InitialRebalanceDelay *yaml.Node `yaml:"initial_rebalance_delay"`
-		MaxSize               *yaml.Node `yaml:"max_size"`
+		MinSessionTimeout     any `yaml:"min_session_timeout"`
+		MaxSessionTimeout     any `yaml:"max_session_timeout"`
+		InitialRebalanceDelay any `yaml:"initial_rebalance_delay"`
+		MaxSize               any `yaml:"max_size"`
 		Consumer              struct {
-			SessionTimeout    *yaml.Node `yaml:"session_timeout"`
-			HeartbeatInterval *yaml.Node `yaml:"heartbeat_interval"`
-			MaxSize           *yaml.Node `yaml:"max_size"`
-			Assignors         *yaml.Node `yaml:"assignors"`
-			MigrationPolicy   *yaml.Node `yaml:"migration_policy"`
+			SessionTimeout    any `yaml:"session_timeout"`
+			HeartbeatInterval any `yaml:"heartbeat_interval"`
+			MaxSize           any `yaml:"max_size"`
+			Assignors         any `yaml:"assignors"`
+			MigrationPolicy   any `yaml:"migration_policy"`
 		} `yaml:"consumer"`
 	} `yaml:"groups"`
 }
 
-func (k *groupSettingKeys) set() map[string]*yaml.Node {
+func (k *groupSettingKeys) set() map[string]any {
 	g := &k.Groups
-	return map[string]*yaml.Node{
+	return map[string]any{
 		"group.min.session.timeout.ms":         g.MinSessionTimeout,
 		"group.max.session.timeout.ms":         g.MaxSessionTimeout,
 		"group.initial.rebalance.delay.ms":     g.InitialRebalanceDelay,
