@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -267,4 +268,44 @@ func TestGroupSettingsClusterUnreadable(t *testing.T) {
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != kerr.InvalidSessionTimeout {
 		t.Fatalf("JoinGroup with a 1s session: %v, want INVALID_SESSION_TIMEOUT (kproxy's default bound)", err)
 	}
+}
+
+// TestGroupSettingsRefreshReportsClusterChange: kproxy re-reads the
+// cluster's group settings periodically; a change is reported by the
+// admin API as the cluster's value next to the one in use, which stays
+// (the engine's settings are fixed once it is built, as a broker's are
+// until it restarts) and applies at kproxy's next start.
+func TestGroupSettingsRefreshReportsClusterChange(t *testing.T) {
+	s := clusterSettingsStack(t, func(c *kproxy.Config) { c.Groups.SettingsRefresh = 50 * time.Millisecond })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v := "2000"
+	rs, err := kadm.NewClient(s.client()).AlterBrokerConfigs(ctx, []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "group.min.session.timeout.ms", Value: &v}})
+	if err == nil {
+		for _, r := range rs {
+			if r.Err != nil {
+				err = r.Err
+			}
+		}
+	}
+	if err != nil {
+		t.Fatalf("altering the cluster's group.min.session.timeout.ms: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, by := groupSettings(t, s.kproxy.AdminAddr())
+		if cv := by["group.min.session.timeout.ms"].Cluster; cv != nil && *cv == "2000" {
+			wantSetting(t, by, "group.min.session.timeout.ms", "1000", kproxy.SourceCluster)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cluster's change is not reported within 10s: %+v", by["group.min.session.timeout.ms"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// At the next start, kproxy takes it.
+	s.stop()
+	s.start()
+	_, by := groupSettings(t, s.kproxy.AdminAddr())
+	wantSetting(t, by, "group.min.session.timeout.ms", "2000", kproxy.SourceCluster)
 }

@@ -388,7 +388,11 @@ func (s *groupSettingsState) refresh(ctx context.Context, adm *kadm.Client) {
 		s.log.Debug("cannot re-read the cluster's group settings", "err", now.err)
 		return
 	case prev.err != nil:
-		s.log.Info("read the cluster's group settings again", "broker", now.broker)
+		// Had the cluster been readable at the start, the engine
+		// would use its values: say so once.
+		s.log.Warn("the cluster's group settings can be read again; kproxy applies them at its next start (GET /api/group-settings compares)",
+			"broker", now.broker)
+		return
 	}
 	for _, r := range s.applied {
 		if r.source != SourceCluster && r.source != SourceDefault {
@@ -396,7 +400,7 @@ func (s *groupSettingsState) refresh(ctx context.Context, adm *kadm.Client) {
 		}
 		was, wasOK := prev.values[r.name]
 		is, isOK := now.values[r.name]
-		if prev.err == nil && (was != is || wasOK != isOK) {
+		if was != is || wasOK != isOK {
 			s.log.Warn("the cluster's group setting changed; kproxy applies it at its next start",
 				"setting", r.name, "in_use", r.value, "cluster", is)
 		}
