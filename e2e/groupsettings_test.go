@@ -309,3 +309,16 @@ func TestGroupSettingsRefreshReportsClusterChange(t *testing.T) {
 	_, by := groupSettings(t, s.kproxy.AdminAddr())
 	wantSetting(t, by, "group.min.session.timeout.ms", "2000", kproxy.SourceCluster)
 }
+
+// TestGroupSettingsFromClusterDisabled: with --group-settings-from-cluster
+// false (GroupsConfig.IgnoreClusterSettings) kproxy keeps its defaults
+// and still reports the cluster's values beside them.
+func TestGroupSettingsFromClusterDisabled(t *testing.T) {
+	s := clusterSettingsStack(t, func(c *kproxy.Config) { c.Groups.IgnoreClusterSettings = true })
+	_, by := groupSettings(t, s.kproxy.AdminAddr())
+	wantSetting(t, by, "group.initial.rebalance.delay.ms", "3000", kproxy.SourceDefault)
+	wantSetting(t, by, "group.min.session.timeout.ms", "6000", kproxy.SourceDefault)
+	if cv := by["group.initial.rebalance.delay.ms"].Cluster; cv == nil || *cv != "0" {
+		t.Errorf("the cluster's value is not reported: %v", cv)
+	}
+}

@@ -114,15 +114,19 @@ type logConfig struct {
 }
 
 type groupsConfig struct {
-	Mode                  string               `yaml:"mode"` // distributed, local or forward
-	MinSessionTimeout     time.Duration        `yaml:"min_session_timeout"`
-	MaxSessionTimeout     time.Duration        `yaml:"max_session_timeout"`
-	InitialRebalanceDelay time.Duration        `yaml:"initial_rebalance_delay"`
-	MaxSize               int                  `yaml:"max_size"`
-	CheckCommitOwnership  bool                 `yaml:"check_commit_ownership"`
-	Consumer              consumerGroupsConfig `yaml:"consumer"`
-	Fleet                 fleetConfig          `yaml:"fleet"`
-	Anchors               anchorsConfig        `yaml:"anchors"`
+	Mode                  string        `yaml:"mode"` // distributed, local or forward
+	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
+	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
+	InitialRebalanceDelay time.Duration `yaml:"initial_rebalance_delay"`
+	MaxSize               int           `yaml:"max_size"`
+	CheckCommitOwnership  bool          `yaml:"check_commit_ownership"`
+	// SettingsFromCluster takes the group settings no flag or file key
+	// sets from the cluster (docs/group-settings.md); false keeps
+	// kproxy's defaults for them.
+	SettingsFromCluster bool                 `yaml:"settings_from_cluster"`
+	Consumer            consumerGroupsConfig `yaml:"consumer"`
+	Fleet               fleetConfig          `yaml:"fleet"`
+	Anchors             anchorsConfig        `yaml:"anchors"`
 }
 
 // anchorsConfig configures the groups' anchors in the cluster's own
@@ -197,6 +201,7 @@ func defaultConfig() fileConfig {
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
+			SettingsFromCluster:   true,
 			Consumer: consumerGroupsConfig{
 				SessionTimeout:    45 * time.Second,
 				HeartbeatInterval: 5 * time.Second,
@@ -350,6 +355,7 @@ type flagSet struct {
 	initDelay   time.Duration
 	maxSize     int
 	checkOwner  bool
+	fromCluster bool
 	anchors     anchorsConfig
 	migration   string
 	topicEvery  time.Duration
@@ -389,6 +395,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.DurationVar(&f.maxSession, "group-max-session-timeout", 30*time.Minute, "largest session timeout a member may ask for; unset: the cluster's group.max.session.timeout.ms, this default if it cannot be read")
 	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables); unset: the cluster's group.initial.rebalance.delay.ms, this default if it cannot be read")
 	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited); unset: the cluster's group.max.size, this default if it cannot be read")
+	fs.BoolVar(&f.fromCluster, "group-settings-from-cluster", true, "take the group settings no flag or file sets (group.initial.rebalance.delay.ms, session bounds, group.max.size, group.consumer.*) from the cluster with DescribeConfigs; false: kproxy's defaults (docs/group-settings.md)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.BoolVar(&f.anchors.Enabled, "group-anchors", true, "anchor every served group in the cluster's own coordinator with one static member, so direct tools see it live and commits are fenced by the cluster; groups live on the cluster are forwarded to it (docs/anchors.md)")
 	fs.DurationVar(&f.anchors.SessionTimeout, "group-anchor-session-timeout", 2*time.Minute, "session timeout of the anchors in the cluster (how long the cluster keeps the anchor of a kproxy that is gone)")
@@ -440,6 +447,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	setGroup("group-max-session-timeout", "group.max.session.timeout.ms", func() { c.Groups.MaxSessionTimeout = f.maxSession })
 	setGroup("group-initial-rebalance-delay", "group.initial.rebalance.delay.ms", func() { c.Groups.InitialRebalanceDelay = f.initDelay })
 	setGroup("group-max-size", "group.max.size", func() { c.Groups.MaxSize = f.maxSize })
+	set("group-settings-from-cluster", func() { c.Groups.SettingsFromCluster = f.fromCluster })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
 	setGroup("group-consumer-migration-policy", "group.consumer.migration.policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
 	set("group-consumer-topic-refresh-interval", func() { c.Groups.Consumer.TopicRefreshInterval = f.topicEvery })

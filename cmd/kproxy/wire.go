@@ -46,6 +46,9 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 			Mode:           kproxy.GroupsMode(cfg.Groups.Mode),
 			Engine:         engineConfig(cfg),
 			SettingSources: cfg.sources,
+			// Not reading the cluster at all would hide its values from
+			// /api/group-settings: it is read, and its values unused.
+			IgnoreClusterSettings: !cfg.Groups.SettingsFromCluster,
 			Anchors: kproxy.AnchorsConfig{
 				Disabled:          !cfg.Groups.Anchors.Enabled,
 				SessionTimeout:    cfg.Groups.Anchors.SessionTimeout,

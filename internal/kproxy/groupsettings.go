@@ -342,12 +342,29 @@ func resolveGroupSettings(cfg groupstate.Config, sources map[string]string, clus
 // answer. Built before the engine; mu guards latest, written by the
 // refresh loop and read by the admin server.
 type groupSettingsState struct {
-	applied []resolvedSetting    // immutable after wiring
-	atStart clusterGroupSettings // immutable after wiring
+	applied []resolvedSetting // immutable after wiring
+	ignore  bool              // the cluster's values are not used (immutable)
+	unread  bool              // the cluster could not be read at the start (immutable)
 	log     *slog.Logger
 
 	mu     sync.Mutex
 	latest clusterGroupSettings // guarded by mu
+}
+
+// engineError wraps an error of groupstate.New with the settings that
+// did not come from kproxy's defaults, so that a conflict between an
+// override and the cluster's value names both.
+func (s *groupSettingsState) engineError(err error) error {
+	var set []string
+	for _, r := range s.applied {
+		if r.source != SourceDefault && r.value != "" {
+			set = append(set, fmt.Sprintf("%s=%s from %s", r.name, r.value, r.source))
+		}
+	}
+	if len(set) == 0 {
+		return fmt.Errorf("coordinator engine: %w", err)
+	}
+	return fmt.Errorf("coordinator engine (group settings %s): %w", strings.Join(set, ", "), err)
 }
 
 // view is /api/group-settings.
@@ -381,18 +398,23 @@ func (s *groupSettingsState) refresh(ctx context.Context, adm *kadm.Client) {
 	s.latest = now
 	s.mu.Unlock()
 	switch {
+	case s.ignore:
+		return
 	case now.err != nil && prev.err == nil:
 		s.log.Warn("cannot re-read the cluster's group settings; the ones in use stay", "err", now.err)
 		return
 	case now.err != nil:
 		s.log.Debug("cannot re-read the cluster's group settings", "err", now.err)
 		return
-	case prev.err != nil:
+	case prev.err != nil && s.unread:
 		// Had the cluster been readable at the start, the engine
 		// would use its values: say so once.
-		s.log.Warn("the cluster's group settings can be read again; kproxy applies them at its next start (GET /api/group-settings compares)",
+		s.log.Warn("the cluster's group settings can be read now; kproxy applies them at its next start (GET /api/group-settings compares)",
 			"broker", now.broker)
 		return
+	case prev.err != nil:
+		s.log.Info("read the cluster's group settings again", "broker", now.broker)
+		return // a change while unreadable is shown by the admin API
 	}
 	for _, r := range s.applied {
 		if r.source != SourceCluster && r.source != SourceDefault {
@@ -416,16 +438,20 @@ func wireGroupSettings(ctx context.Context, w *Server, gc GroupsConfig, engCfg *
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	cluster := readClusterGroupSettings(rctx, adm)
 	cancel()
+	use := cluster
 	if gc.IgnoreClusterSettings {
-		cluster.values = nil
+		use.values = nil // read for the admin API only
 	}
-	resolved, applied := resolveGroupSettings(*engCfg, gc.SettingSources, cluster)
+	resolved, applied := resolveGroupSettings(*engCfg, gc.SettingSources, use)
 	*engCfg = resolved
-	st := &groupSettingsState{applied: applied, atStart: cluster, latest: cluster, log: log}
+	st := &groupSettingsState{applied: applied, ignore: gc.IgnoreClusterSettings, unread: cluster.err != nil, latest: cluster, log: log}
 	w.groupSettings = st
-	if cluster.err != nil {
+	switch {
+	case gc.IgnoreClusterSettings:
+		log.Info("group settings: the cluster's are not used (kproxy's defaults where no flag or file sets them)", "cluster_read_err", cluster.err)
+	case cluster.err != nil:
 		log.Warn("cannot read the cluster's group settings: kproxy's defaults stand where no flag or file sets them", "err", cluster.err)
-	} else {
+	default:
 		var fromCluster []string
 		for _, r := range applied {
 			if r.source == SourceCluster {

@@ -293,7 +293,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
 		w.close(context.Background())
-		return nil, fmt.Errorf("coordinator engine: %w", err)
+		return nil, w.groupSettings.engineError(err)
 	}
 	w.engine = eng
 	w.coordinator = EngineCoordinator(eng)
