@@ -18,6 +18,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/kproxy"
+	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
 
@@ -320,5 +321,36 @@ func TestGroupSettingsFromClusterDisabled(t *testing.T) {
 	wantSetting(t, by, "group.min.session.timeout.ms", "6000", kproxy.SourceDefault)
 	if cv := by["group.initial.rebalance.delay.ms"].Cluster; cv == nil || *cv != "0" {
 		t.Errorf("the cluster's value is not reported: %v", cv)
+	}
+}
+
+// TestGroupSettingsConflictNamesSources: an override that contradicts
+// the cluster (a maximum session below the cluster's minimum) stops
+// kproxy at start with an error naming both settings and their sources.
+func TestGroupSettingsConflictNamesSources(t *testing.T) {
+	c, err := kproxy.NewDevCluster(1, 0, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	k, err := kproxy.Start(context.Background(), kproxy.Config{
+		Upstream: c.ListenAddrs(),
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+		Groups: kproxy.GroupsConfig{Mode: kproxy.GroupsLocal,
+			Engine:         groupstate.Config{MaxSessionTimeout: 3 * time.Second},
+			SettingSources: map[string]string{"group.max.session.timeout.ms": kproxy.SourceFlag}},
+		Telemetry: tap.Config{Getenv: func(string) string { return "" }},
+		Logger:    testLogger(),
+	})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		k.Shutdown(ctx)
+		t.Fatal("kproxy started with a maximum session below the cluster's minimum")
+	}
+	for _, want := range []string{"group.min.session.timeout.ms=6000 from cluster", "group.max.session.timeout.ms=3000 from flag"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %q", err, want)
+		}
 	}
 }
