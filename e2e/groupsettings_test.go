@@ -89,10 +89,16 @@ func wantSetting(t *testing.T, by map[string]tap.GroupSetting, name, value, sour
 // to its first assignment.
 func firstAssignment(t *testing.T, seeds []string, group, topic string) time.Duration {
 	t.Helper()
+	return firstAssignmentWith(t, seeds, group, topic, time.Second)
+}
+
+// firstAssignmentWith is firstAssignment with the given session timeout.
+func firstAssignmentWith(t *testing.T, seeds []string, group, topic string, session time.Duration) time.Duration {
+	t.Helper()
 	assigned := make(chan time.Time, 1)
 	start := time.Now()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.SessionTimeout(time.Second), kgo.HeartbeatInterval(300*time.Millisecond),
+		kgo.SessionTimeout(session), kgo.HeartbeatInterval(300*time.Millisecond),
 		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			if len(m[topic]) > 0 {
 				select {
@@ -321,6 +327,17 @@ func TestGroupSettingsFromClusterDisabled(t *testing.T) {
 	wantSetting(t, by, "group.min.session.timeout.ms", "6000", kproxy.SourceDefault)
 	if cv := by["group.initial.rebalance.delay.ms"].Cluster; cv == nil || *cv != "0" {
 		t.Errorf("the cluster's value is not reported: %v", cv)
+	}
+	// kproxy's own 3s delay holds a new group (6s session: kproxy's
+	// minimum), as it did before kproxy read the cluster.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic = "settings-disabled"
+	s.produce(ctx, topic, 3, 3)
+	d := firstAssignmentWith(t, []string{s.addr()}, "defaults", topic, 6*time.Second)
+	t.Logf("first assignment through kproxy with its own defaults (3s initial delay): %v", d.Round(time.Millisecond))
+	if d < 3*time.Second {
+		t.Fatalf("first assignment after %v: kproxy's 3s default delay was not applied", d)
 	}
 }
 
