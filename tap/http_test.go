@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -582,5 +583,36 @@ func TestHTTPFleetJSONKeys(t *testing.T) {
 				t.Errorf("table entry keys = %v, want %v", got, want)
 			}
 		}
+	}
+}
+
+func TestHTTPGroupSettings(t *testing.T) {
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{}))
+	code, body := get(t, srv, "/api/group-settings")
+	srv.Close()
+	if code != http.StatusNotFound || !strings.Contains(body, "forwarded") {
+		t.Fatalf("/api/group-settings without groups: %d %q, want 404", code, body)
+	}
+	zero := "0"
+	view := GroupSettingsView{
+		Cluster:  GroupSettingsRead{Broker: 2, At: time.Unix(1700000000, 0).UTC()},
+		Settings: []GroupSetting{{Name: "group.initial.rebalance.delay.ms", Value: "1500", Source: "flag", Cluster: &zero}},
+	}
+	srv = httptest.NewServer(NewHTTPHandler(HTTPConfig{GroupSettings: func() GroupSettingsView { return view }}))
+	defer srv.Close()
+	code, body = get(t, srv, "/api/group-settings")
+	if code != http.StatusOK {
+		t.Fatalf("/api/group-settings: %d %q", code, body)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{
+		"cluster":  map[string]any{"broker": 2.0, "at": "2023-11-14T22:13:20Z"},
+		"settings": []any{map[string]any{"name": "group.initial.rebalance.delay.ms", "value": "1500", "source": "flag", "cluster": "0"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("/api/group-settings = %v, want %v", got, want)
 	}
 }

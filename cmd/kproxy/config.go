@@ -53,6 +53,59 @@ type fileConfig struct {
 
 	// Group authorization (authz.go).
 	Authorization authorizationConfig `yaml:"group_authorization"`
+
+	// sources names, by Kafka config name, the group settings given by
+	// the file (loadFile) or a flag (resolve): only those override the
+	// cluster's values (kproxy.GroupsConfig.SettingSources).
+	sources map[string]string
+}
+
+// groupSettingKeys are the keys of the file's groups section that set one
+// of the group settings kproxy otherwise takes from the cluster, with
+// Kafka's name for each. Only their presence is decoded.
+type groupSettingKeys struct {
+	Groups struct {
+		MinSessionTimeout     any `yaml:"min_session_timeout"`
+		MaxSessionTimeout     any `yaml:"max_session_timeout"`
+		InitialRebalanceDelay any `yaml:"initial_rebalance_delay"`
+		MaxSize               any `yaml:"max_size"`
+		Consumer              struct {
+			SessionTimeout    any `yaml:"session_timeout"`
+			HeartbeatInterval any `yaml:"heartbeat_interval"`
+			MaxSize           any `yaml:"max_size"`
+			Assignors         any `yaml:"assignors"`
+			MigrationPolicy   any `yaml:"migration_policy"`
+		} `yaml:"consumer"`
+	} `yaml:"groups"`
+}
+
+func (k *groupSettingKeys) set() map[string]any {
+	g := &k.Groups
+	return map[string]any{
+		"group.min.session.timeout.ms":         g.MinSessionTimeout,
+		"group.max.session.timeout.ms":         g.MaxSessionTimeout,
+		"group.initial.rebalance.delay.ms":     g.InitialRebalanceDelay,
+		"group.max.size":                       g.MaxSize,
+		"group.consumer.session.timeout.ms":    g.Consumer.SessionTimeout,
+		"group.consumer.heartbeat.interval.ms": g.Consumer.HeartbeatInterval,
+		"group.consumer.max.size":              g.Consumer.MaxSize,
+		"group.consumer.assignors":             g.Consumer.Assignors,
+		"group.consumer.migration.policy":      g.Consumer.MigrationPolicy,
+	}
+}
+
+// setBy records that source (file or flag) gives the group setting name.
+func (c *fileConfig) setBy(name, source string) {
+	if c.sources == nil {
+		c.sources = make(map[string]string)
+	}
+	c.sources[name] = source
+}
+
+// explicit reports whether a flag or the file gives the group setting.
+func (c *fileConfig) explicit(name string) bool {
+	_, ok := c.sources[name]
+	return ok
 }
 
 type logConfig struct {
@@ -61,15 +114,19 @@ type logConfig struct {
 }
 
 type groupsConfig struct {
-	Mode                  string               `yaml:"mode"` // distributed, local or forward
-	MinSessionTimeout     time.Duration        `yaml:"min_session_timeout"`
-	MaxSessionTimeout     time.Duration        `yaml:"max_session_timeout"`
-	InitialRebalanceDelay time.Duration        `yaml:"initial_rebalance_delay"`
-	MaxSize               int                  `yaml:"max_size"`
-	CheckCommitOwnership  bool                 `yaml:"check_commit_ownership"`
-	Consumer              consumerGroupsConfig `yaml:"consumer"`
-	Fleet                 fleetConfig          `yaml:"fleet"`
-	Anchors               anchorsConfig        `yaml:"anchors"`
+	Mode                  string        `yaml:"mode"` // distributed, local or forward
+	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
+	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
+	InitialRebalanceDelay time.Duration `yaml:"initial_rebalance_delay"`
+	MaxSize               int           `yaml:"max_size"`
+	CheckCommitOwnership  bool          `yaml:"check_commit_ownership"`
+	// SettingsFromCluster takes the group settings no flag or file key
+	// sets from the cluster (docs/group-settings.md); false keeps
+	// kproxy's defaults for them.
+	SettingsFromCluster bool                 `yaml:"settings_from_cluster"`
+	Consumer            consumerGroupsConfig `yaml:"consumer"`
+	Fleet               fleetConfig          `yaml:"fleet"`
+	Anchors             anchorsConfig        `yaml:"anchors"`
 }
 
 // anchorsConfig configures the groups' anchors in the cluster's own
@@ -144,6 +201,7 @@ func defaultConfig() fileConfig {
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
+			SettingsFromCluster:   true,
 			Consumer: consumerGroupsConfig{
 				SessionTimeout:    45 * time.Second,
 				HeartbeatInterval: 5 * time.Second,
@@ -176,6 +234,15 @@ func (c *fileConfig) loadFile(path string) error {
 	dec.KnownFields(true)
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("config %s: %w", path, err)
+	}
+	var keys groupSettingKeys
+	if err := yaml.Unmarshal(b, &keys); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	for name, n := range keys.set() {
+		if n != nil {
+			c.setBy(name, "file")
+		}
 	}
 	return nil
 }
@@ -210,7 +277,10 @@ func (c *fileConfig) validate() error {
 			}
 		}
 	}
-	if c.Groups.MinSessionTimeout > c.Groups.MaxSessionTimeout {
+	// Settings left to the cluster are checked by the engine once the
+	// cluster's values are in.
+	if c.explicit("group.min.session.timeout.ms") && c.explicit("group.max.session.timeout.ms") &&
+		c.Groups.MinSessionTimeout > c.Groups.MaxSessionTimeout {
 		errs = append(errs, fmt.Errorf("groups.min_session_timeout %v exceeds max_session_timeout %v", c.Groups.MinSessionTimeout, c.Groups.MaxSessionTimeout))
 	}
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
@@ -222,7 +292,8 @@ func (c *fileConfig) validate() error {
 	if c.Groups.MaxSize < 0 {
 		errs = append(errs, errors.New("groups.max_size must be >= 0"))
 	}
-	if cg := c.Groups.Consumer; cg.HeartbeatInterval >= cg.SessionTimeout {
+	if cg := c.Groups.Consumer; c.explicit("group.consumer.heartbeat.interval.ms") && c.explicit("group.consumer.session.timeout.ms") &&
+		cg.HeartbeatInterval >= cg.SessionTimeout {
 		errs = append(errs, fmt.Errorf("groups.consumer.heartbeat_interval %v must be shorter than session_timeout %v", cg.HeartbeatInterval, cg.SessionTimeout))
 	}
 	for _, a := range c.Groups.Consumer.Assignors {
@@ -284,6 +355,7 @@ type flagSet struct {
 	initDelay   time.Duration
 	maxSize     int
 	checkOwner  bool
+	fromCluster bool
 	anchors     anchorsConfig
 	migration   string
 	topicEvery  time.Duration
@@ -319,15 +391,16 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.StringVar(&f.fleet.Role, "fleet-role", "owner", "owner: may own groups; relay: owns none and relays group requests to their owners")
 	fs.DurationVar(&f.fleet.SessionTimeout, "fleet-session-timeout", 10*time.Second, "a kproxy that stops heartbeating the fleet loses its groups after this long")
 	fs.DurationVar(&f.fleet.HeartbeatInterval, "fleet-heartbeat-interval", time.Second, "how often a kproxy heartbeats the fleet")
-	fs.DurationVar(&f.minSession, "group-min-session-timeout", 6*time.Second, "smallest session timeout a member may ask for")
-	fs.DurationVar(&f.maxSession, "group-max-session-timeout", 30*time.Minute, "largest session timeout a member may ask for")
-	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables)")
-	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited)")
+	fs.DurationVar(&f.minSession, "group-min-session-timeout", 6*time.Second, "smallest session timeout a member may ask for; unset: the cluster's group.min.session.timeout.ms, this default if it cannot be read")
+	fs.DurationVar(&f.maxSession, "group-max-session-timeout", 30*time.Minute, "largest session timeout a member may ask for; unset: the cluster's group.max.session.timeout.ms, this default if it cannot be read")
+	fs.DurationVar(&f.initDelay, "group-initial-rebalance-delay", 3*time.Second, "wait for more members before a new group's first rebalance (0 disables); unset: the cluster's group.initial.rebalance.delay.ms, this default if it cannot be read")
+	fs.IntVar(&f.maxSize, "group-max-size", 0, "most members per group (0: unlimited); unset: the cluster's group.max.size, this default if it cannot be read")
+	fs.BoolVar(&f.fromCluster, "group-settings-from-cluster", true, "take the group settings no flag or file sets (group.initial.rebalance.delay.ms, session bounds, group.max.size, group.consumer.*) from the cluster with DescribeConfigs; false: kproxy's defaults (docs/group-settings.md)")
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.BoolVar(&f.anchors.Enabled, "group-anchors", true, "anchor every served group in the cluster's own coordinator with one static member, so direct tools see it live and commits are fenced by the cluster; groups live on the cluster are forwarded to it (docs/anchors.md)")
 	fs.DurationVar(&f.anchors.SessionTimeout, "group-anchor-session-timeout", 2*time.Minute, "session timeout of the anchors in the cluster (how long the cluster keeps the anchor of a kproxy that is gone)")
 	fs.DurationVar(&f.topicEvery, "group-consumer-topic-refresh-interval", 2*time.Second, "how often the topics of KIP-848 groups are reloaded from the cluster: partition increases, deleted topics and new regex matches reach a group within it")
-	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled")
+	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled; unset: the cluster's group.consumer.migration.policy, this default if it cannot be read")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
 	fs.Int32Var(&f.maxGroupReq, "max-group-request-bytes", 8<<20, "largest request kproxy reads whole to serve itself (group APIs)")
 	fs.Int32Var(&f.maxRewrite, "max-rewrite-response-bytes", 100<<20, "largest upstream response kproxy reads whole to rewrite broker addresses (Metadata...)")
@@ -358,6 +431,11 @@ func (f *flagSet) resolve() (fileConfig, error) {
 			apply()
 		}
 	}
+	// setGroup is set for a group setting kproxy otherwise takes from the
+	// cluster: the flag becomes its source.
+	setGroup := func(flag, setting string, apply func()) {
+		set(flag, func() { apply(); c.setBy(setting, "flag") })
+	}
 	set("upstream", func() { c.Upstream = f.upstream })
 	set("listen", func() { c.Listen = f.listen })
 	set("advertise-host", func() { c.AdvertiseHost = f.advertise })
@@ -365,12 +443,13 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("admin-listen", func() { c.AdminListen = f.adminListen })
 	set("log-level", func() { c.Log.Level = f.logLevel })
 	set("groups", func() { c.Groups.Mode = f.groupsMode })
-	set("group-min-session-timeout", func() { c.Groups.MinSessionTimeout = f.minSession })
-	set("group-max-session-timeout", func() { c.Groups.MaxSessionTimeout = f.maxSession })
-	set("group-initial-rebalance-delay", func() { c.Groups.InitialRebalanceDelay = f.initDelay })
-	set("group-max-size", func() { c.Groups.MaxSize = f.maxSize })
+	setGroup("group-min-session-timeout", "group.min.session.timeout.ms", func() { c.Groups.MinSessionTimeout = f.minSession })
+	setGroup("group-max-session-timeout", "group.max.session.timeout.ms", func() { c.Groups.MaxSessionTimeout = f.maxSession })
+	setGroup("group-initial-rebalance-delay", "group.initial.rebalance.delay.ms", func() { c.Groups.InitialRebalanceDelay = f.initDelay })
+	setGroup("group-max-size", "group.max.size", func() { c.Groups.MaxSize = f.maxSize })
+	set("group-settings-from-cluster", func() { c.Groups.SettingsFromCluster = f.fromCluster })
 	set("group-check-commit-ownership", func() { c.Groups.CheckCommitOwnership = f.checkOwner })
-	set("group-consumer-migration-policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
+	setGroup("group-consumer-migration-policy", "group.consumer.migration.policy", func() { c.Groups.Consumer.MigrationPolicy = f.migration })
 	set("group-consumer-topic-refresh-interval", func() { c.Groups.Consumer.TopicRefreshInterval = f.topicEvery })
 	set("group-anchors", func() { c.Groups.Anchors.Enabled = f.anchors.Enabled })
 	set("group-anchor-session-timeout", func() {

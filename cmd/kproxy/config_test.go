@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -54,5 +55,61 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+// TestGroupSettingSources guards that only a flag given on the command
+// line or a key present in the file overrides the cluster's group
+// settings: the engine gets the others at their zero value, which the
+// assembly fills from the cluster.
+func TestGroupSettingSources(t *testing.T) {
+	file := t.TempDir() + "/kproxy.yaml"
+	if err := os.WriteFile(file, []byte("groups:\n  max_size: 0\n  consumer:\n    heartbeat_interval: 2s\n    assignors: [range]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, fs := serveCmd()
+	if err := cmd.Flags().Parse([]string{"--config", file, "--upstream", "a:1", "--group-initial-rebalance-delay", "0s",
+		"--group-min-session-timeout", "1s"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := fs.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"group.initial.rebalance.delay.ms":     "flag",
+		"group.min.session.timeout.ms":         "flag",
+		"group.max.size":                       "file",
+		"group.consumer.heartbeat.interval.ms": "file",
+		"group.consumer.assignors":             "file",
+	}
+	if !reflect.DeepEqual(c.sources, want) {
+		t.Fatalf("sources %v, want %v", c.sources, want)
+	}
+	e := engineConfig(c)
+	if e.InitialRebalanceDelay != -1 || e.MinSessionTimeout != time.Second || e.ConsumerHeartbeatInterval != 2*time.Second ||
+		!reflect.DeepEqual(e.ConsumerAssignors, []string{"range"}) {
+		t.Fatalf("explicit settings lost: %+v", e)
+	}
+	if e.MaxSessionTimeout != 0 || e.ConsumerSessionTimeout != 0 || e.ConsumerMaxGroupSize != 0 || e.ConsumerMigrationPolicy != "" {
+		t.Fatalf("a default reached the engine as if explicit: %+v", e)
+	}
+
+	// Without flags or file, nothing is explicit.
+	cmd, fs = serveCmd()
+	if err := cmd.Flags().Parse([]string{"--upstream", "a:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = fs.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.sources) != 0 {
+		t.Fatalf("sources %v without flags or file", c.sources)
+	}
+	if e := engineConfig(c); e.MinSessionTimeout != 0 || e.InitialRebalanceDelay != 0 || e.ConsumerAssignors != nil {
+		t.Fatalf("defaults reached the engine: %+v", e)
 	}
 }

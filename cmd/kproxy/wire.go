@@ -36,10 +36,6 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 	// A cluster that requires SASL of kproxy requires it of clients:
 	// their group requests need a completed exchange (issue 9).
 	pcfg.RequireSASL = cfg.UpstreamSASL.Mechanism != ""
-	delay := cfg.Groups.InitialRebalanceDelay
-	if delay == 0 {
-		delay = -1 // the engine's zero value means Kafka's 3s default
-	}
 	fc := cfg.Groups.Fleet
 	return kproxy.Config{
 		Upstream:     cfg.Upstream,
@@ -47,24 +43,12 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 		UpstreamOpts: sec.clientOpts,
 		Proxy:        pcfg,
 		Groups: kproxy.GroupsConfig{
-			Mode: kproxy.GroupsMode(cfg.Groups.Mode),
-			Engine: groupstate.Config{
-				MinSessionTimeout:     cfg.Groups.MinSessionTimeout,
-				MaxSessionTimeout:     cfg.Groups.MaxSessionTimeout,
-				InitialRebalanceDelay: delay,
-				MaxGroupSize:          cfg.Groups.MaxSize,
-				CheckCommitOwnership:  cfg.Groups.CheckCommitOwnership,
-				// KIP-848 groups: the session timeout is the group's, so it is
-				// also its own bounds.
-				ConsumerSessionTimeout:    cfg.Groups.Consumer.SessionTimeout,
-				ConsumerMinSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
-				ConsumerMaxSessionTimeout: cfg.Groups.Consumer.SessionTimeout,
-				ConsumerHeartbeatInterval: cfg.Groups.Consumer.HeartbeatInterval,
-				ConsumerMaxGroupSize:      cfg.Groups.Consumer.MaxSize,
-				ConsumerAssignors:         cfg.Groups.Consumer.Assignors,
-				ConsumerMigrationPolicy:   groupstate.MigrationPolicy(cfg.Groups.Consumer.MigrationPolicy),
-				TopicRefreshInterval:      cfg.Groups.Consumer.TopicRefreshInterval,
-			},
+			Mode:           kproxy.GroupsMode(cfg.Groups.Mode),
+			Engine:         engineConfig(cfg),
+			SettingSources: cfg.sources,
+			// Not reading the cluster at all would hide its values from
+			// /api/group-settings: it is read, and its values unused.
+			IgnoreClusterSettings: !cfg.Groups.SettingsFromCluster,
 			Anchors: kproxy.AnchorsConfig{
 				Disabled:          !cfg.Groups.Anchors.Enabled,
 				SessionTimeout:    cfg.Groups.Anchors.SessionTimeout,
@@ -91,4 +75,49 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 		AdminTLS:      adminTLS,
 		Logger:        log,
 	}, nil
+}
+
+// engineConfig is the engine's part of cfg. The group settings Kafka's
+// brokers also have (group.initial.rebalance.delay.ms, the session
+// bounds, group.max.size and KIP-848's group.consumer.*) are set only
+// when a flag or the file gives them: the others stay zero, and the
+// assembly takes them from the cluster, or else the engine's defaults
+// (internal/kproxy/groupsettings.go).
+func engineConfig(cfg fileConfig) groupstate.Config {
+	g, cg := cfg.Groups, cfg.Groups.Consumer
+	e := groupstate.Config{
+		CheckCommitOwnership: g.CheckCommitOwnership,
+		TopicRefreshInterval: cg.TopicRefreshInterval,
+	}
+	if cfg.explicit("group.min.session.timeout.ms") {
+		e.MinSessionTimeout = g.MinSessionTimeout
+	}
+	if cfg.explicit("group.max.session.timeout.ms") {
+		e.MaxSessionTimeout = g.MaxSessionTimeout
+	}
+	if cfg.explicit("group.initial.rebalance.delay.ms") {
+		e.InitialRebalanceDelay = g.InitialRebalanceDelay
+		if e.InitialRebalanceDelay == 0 {
+			e.InitialRebalanceDelay = -1 // the engine's zero value means Kafka's 3s default
+		}
+	}
+	if cfg.explicit("group.max.size") {
+		e.MaxGroupSize = g.MaxSize
+	}
+	if cfg.explicit("group.consumer.session.timeout.ms") {
+		e.ConsumerSessionTimeout = cg.SessionTimeout
+	}
+	if cfg.explicit("group.consumer.heartbeat.interval.ms") {
+		e.ConsumerHeartbeatInterval = cg.HeartbeatInterval
+	}
+	if cfg.explicit("group.consumer.max.size") {
+		e.ConsumerMaxGroupSize = cg.MaxSize
+	}
+	if cfg.explicit("group.consumer.assignors") {
+		e.ConsumerAssignors = cg.Assignors
+	}
+	if cfg.explicit("group.consumer.migration.policy") {
+		e.ConsumerMigrationPolicy = groupstate.MigrationPolicy(cg.MigrationPolicy)
+	}
+	return e
 }

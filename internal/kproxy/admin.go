@@ -71,6 +71,9 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if w.fleet != nil {
 		acfg.Fleet = w.fleet.status
 	}
+	if w.groupSettings != nil {
+		acfg.GroupSettings = w.groupSettings.view
+	}
 	if w.cfg.FleetView != nil {
 		acfg.Fleet = w.cfg.FleetView
 	}

@@ -142,7 +142,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	engCfg.Owns = f.owns
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
-		return fmt.Errorf("coordinator engine: %w", err)
+		return w.groupSettings.engineError(err)
 	}
 	f.engine = eng
 	w.engine = eng

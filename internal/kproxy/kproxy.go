@@ -103,6 +103,21 @@ type GroupsConfig struct {
 	// Anchors configures the groups' anchors in the cluster's own
 	// coordinator (docs/anchors.md), in local and distributed mode.
 	Anchors AnchorsConfig
+	// SettingSources names, by Kafka config name, the group settings of
+	// Engine the command took from a flag or the file (SourceFlag,
+	// SourceFile). Every other setting Engine leaves at its zero value
+	// is taken from the cluster (DescribeConfigs, groupsettings.go); a
+	// non-zero field is explicit (SourceConfig). A listed setting is
+	// explicit even at its zero value.
+	SettingSources map[string]string
+	// IgnoreClusterSettings keeps the engine's defaults for the settings
+	// Engine leaves unset instead of the cluster's; the cluster is still
+	// read, for the admin API.
+	IgnoreClusterSettings bool
+	// SettingsRefresh is how often the cluster's group settings are
+	// re-read to report a change (applied at the next start): 0 means a
+	// minute, negative never.
+	SettingsRefresh time.Duration
 }
 
 // AnchorsConfig configures anchoring (docs/anchors.md).
@@ -167,6 +182,10 @@ type Server struct {
 	events        []func(groupstate.Event)
 	proxy         *proxy.Proxy
 	adminAddr     string // "" without an admin server
+	// groupSettings reports the engine's group settings and where they
+	// came from (nil with groups forwarded); immutable after wiring,
+	// internally synchronised.
+	groupSettings *groupSettingsState
 	// closers run in reverse order at shutdown.
 	closers []func(context.Context) error
 
@@ -249,6 +268,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	engCfg := cfg.Groups.Engine
+	wireGroupSettings(ctx, w, cfg.Groups, &engCfg)
 	if engCfg.Logger == nil {
 		engCfg.Logger = log.With("component", "engine")
 	}
@@ -273,7 +293,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
 		w.close(context.Background())
-		return nil, fmt.Errorf("coordinator engine: %w", err)
+		return nil, w.groupSettings.engineError(err)
 	}
 	w.engine = eng
 	w.coordinator = EngineCoordinator(eng)
