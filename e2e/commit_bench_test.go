@@ -61,65 +61,13 @@ func BenchmarkCommitLatency(b *testing.B) {
 	waitCommitBenchFleet(b, owner, nil)
 	waitCommitBenchFleet(b, relayOwner, relay)
 
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(admCl.Close)
-	adm := kadm.NewClient(admCl)
-
 	paths := []*commitPath{
 		{name: "direct", seeds: brokers},
 		{name: "local", seeds: []string{local.Addr()}},
 		{name: "distributed-owner", seeds: []string{owner.Addr()}},
 		{name: "distributed-relay", seeds: []string{relay.Addr()}},
 	}
-	for _, p := range paths {
-		p.topic = "commit-bench-" + run + "-" + p.name
-		p.group = p.topic
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := adm.CreateTopic(ctx, 1, -1, nil, p.topic)
-		cancel()
-		if err != nil {
-			b.Fatalf("%s: create topic %s: %v", p.name, p.topic, err)
-		}
-	}
-	// The members join in parallel: distributed mode may still be
-	// claiming; each waits until it is assigned partition 0.
-	var wg sync.WaitGroup
-	errs := make([]error, len(paths))
-	for i, p := range paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = p.join(b)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			b.Fatalf("%s: %v", paths[i].name, err)
-		}
-	}
-	for _, p := range paths {
-		// Untimed: connections, the member's OffsetFetch after its
-		// assignment, the first transaction of a fleet partition.
-		for range commitWarmup {
-			p.commit(b)
-		}
-	}
-
-	b.ResetTimer()
-	for r := 0; r*commitBatch < commits; r++ {
-		n := min(commitBatch, commits-r*commitBatch)
-		for k := range paths {
-			p := paths[(r+k)%len(paths)] // rotate who goes first
-			for range n {
-				p.lat = append(p.lat, p.commit(b))
-			}
-		}
-	}
-	b.StopTimer()
+	adm := measureCommits(b, brokers, "commit-bench-"+run, paths, commits)
 
 	// The last commit of each path is what the cluster has.
 	for _, p := range paths {
@@ -195,6 +143,67 @@ func commitBenchBrokers(b *testing.B) []string {
 	}
 	b.Cleanup(c.Close)
 	return c.ListenAddrs()
+}
+
+// measureCommits gives each path a topic of one partition and a group
+// named prefix-path, joins their members in parallel, warms them up
+// untimed, then times commits commits per path, the paths taking turns in
+// batches of commitBatch so that the machine's noise falls on all of
+// them. It returns an admin client of the cluster for the checks after.
+func measureCommits(b *testing.B, brokers []string, prefix string, paths []*commitPath, commits int) *kadm.Client {
+	b.Helper()
+	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(admCl.Close)
+	adm := kadm.NewClient(admCl)
+	for _, p := range paths {
+		p.topic = prefix + "-" + p.name
+		p.group = p.topic
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := adm.CreateTopic(ctx, 1, -1, nil, p.topic)
+		cancel()
+		if err != nil {
+			b.Fatalf("%s: create topic %s: %v", p.name, p.topic, err)
+		}
+	}
+	// The members join in parallel: distributed mode may still be
+	// claiming; each waits until it is assigned partition 0.
+	var wg sync.WaitGroup
+	errs := make([]error, len(paths))
+	for i, p := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.join(b)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			b.Fatalf("%s: %v", paths[i].name, err)
+		}
+	}
+	for _, p := range paths {
+		// Untimed: connections, the member's OffsetFetch after its
+		// assignment, the first transaction of a fleet partition.
+		for range commitWarmup {
+			p.commit(b)
+		}
+	}
+	b.ResetTimer()
+	for r := 0; r*commitBatch < commits; r++ {
+		n := min(commitBatch, commits-r*commitBatch)
+		for k := range paths {
+			p := paths[(r+k)%len(paths)] // rotate who goes first
+			for range n {
+				p.lat = append(p.lat, p.commit(b))
+			}
+		}
+	}
+	b.StopTimer()
+	return adm
 }
 
 // startCommitBenchKproxy starts an in-process kproxy in front of

@@ -6,11 +6,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate"
@@ -89,58 +87,12 @@ func BenchmarkCommitSlowUpstream(b *testing.B) {
 	directPath := newFaultPath(b)
 	directPath.apply(slow)
 
-	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(admCl.Close)
-	adm := kadm.NewClient(admCl)
 	paths := []*commitPath{
 		{name: "direct", seeds: brokers, opts: []kgo.Opt{kgo.Dialer(directPath.dial)}},
 		{name: "local", seeds: []string{local.Addr()}},
 		{name: "distributed-owner", seeds: []string{owner.Addr()}},
 	}
-	for _, p := range paths {
-		p.topic = "commit-slow-" + run + "-" + p.name
-		p.group = p.topic
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := adm.CreateTopic(ctx, 1, -1, nil, p.topic)
-		cancel()
-		if err != nil {
-			b.Fatalf("%s: create topic %s: %v", p.name, p.topic, err)
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(paths))
-	for i, p := range paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = p.join(b)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			b.Fatalf("%s: %v", paths[i].name, err)
-		}
-	}
-	for _, p := range paths {
-		for range commitWarmup {
-			p.commit(b)
-		}
-	}
-	b.ResetTimer()
-	for r := 0; r*commitBatch < commits; r++ {
-		n := min(commitBatch, commits-r*commitBatch)
-		for k := range paths {
-			p := paths[(r+k)%len(paths)]
-			for range n {
-				p.lat = append(p.lat, p.commit(b))
-			}
-		}
-	}
-	b.StopTimer()
+	measureCommits(b, brokers, "commit-slow-"+run, paths, commits)
 	d50, d99 := p50p99(paths[0].lat)
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "synchronous OffsetCommit with %s added each way on the path to the cluster, %d commits per path\n", delay, commits)
