@@ -109,7 +109,8 @@ func (f *forwardSet) Lookup(ctx context.Context, group string) (int32, bool, err
 }
 
 // Claim implements proxy.GroupForwarder: a share or streams request for
-// group. A group the cluster serves, or does not have at all, is
+// group. A group already forwarded stays so without asking the cluster.
+// Otherwise a group the cluster serves, or does not have at all, is
 // forwarded from now on (the client's next FindCoordinator names the
 // cluster's coordinator); one kproxy serves as a consumer group
 // (anchored, or known to the cluster as a classic or consumer group
@@ -124,7 +125,12 @@ func (f *forwardSet) Claim(ctx context.Context, group, kind string) (served bool
 		f.groups[group] = e // renew the claim; counts unchanged
 	}
 	f.mu.Unlock()
-	if ok && e.forward && now.Sub(e.at) <= forwardRecheck {
+	if ok && e.forward {
+		// Already the cluster's: the request goes on at once, however
+		// old the decision (a share member heartbeats every few
+		// seconds, and asking the cluster each time would cost three
+		// describes on the request's way). FindCoordinator decides
+		// again (Lookup), which is where a group changing hands shows.
 		return false
 	}
 	e, err := f.decide(ctx, group, e)

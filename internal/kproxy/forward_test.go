@@ -111,10 +111,17 @@ func TestForwardSetKinds(t *testing.T) {
 		}
 	}
 	// A forwarded group's claims are answered from the decision, without
-	// asking the cluster again.
+	// asking the cluster again, even past the recheck.
+	f.mu.Lock()
+	e = f.groups["sh"]
+	e.at = e.at.Add(-time.Hour)
+	f.groups["sh"] = e
+	f.mu.Unlock()
 	before := c.asked
 	for range 10 {
-		f.Claim(ctx, "sh", "share")
+		if f.Claim(ctx, "sh", "share") {
+			t.Error("a forwarded share group's claim says kproxy serves it")
+		}
 	}
 	if c.asked != before {
 		t.Errorf("claims of a forwarded group asked the cluster %d times", c.asked-before)
