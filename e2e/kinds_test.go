@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,7 +114,7 @@ func consumeShare(t *testing.T, addr, group, topic string, members, n int, withi
 // forwarded share group, and ListGroups and the share admin APIs through
 // kproxy answer as the cluster does.
 func TestShareGroupsThroughKproxy(t *testing.T) {
-	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
+	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed, kproxy.GroupsForward} {
 		t.Run(string(mode), func(t *testing.T) {
 			ctx := context.Background()
 			s := newStack(t, func(c *kproxy.Config) {
@@ -148,6 +150,12 @@ func TestShareGroupsThroughKproxy(t *testing.T) {
 				}
 			}
 
+			if mode == kproxy.GroupsForward {
+				// kproxy serves no group at all: nothing to list as
+				// forwarded.
+				checkShareListAndOffsets(ctx, t, dcl, s.client(), direct, through)
+				return
+			}
 			// The admin API names it as a share group the cluster serves.
 			var fw struct{ Groups []tap.ForwardedGroup }
 			resp, err := http.Get("http://" + s.kproxy.AdminAddr() + "/api/forwarded")
@@ -179,50 +187,54 @@ func TestShareGroupsThroughKproxy(t *testing.T) {
 				t.Errorf("/metrics has no kproxy_groups_forwarded gauge for share groups:\n%s", grepLines(string(metrics), "forwarded"))
 			}
 
-			// ListGroups of share groups and DescribeShareGroupOffsets
-			// through kproxy answer as directly.
-			kcl := s.client()
-			for _, cl := range []*kgo.Client{dcl, kcl} {
-				lreq := kmsg.NewPtrListGroupsRequest()
-				lreq.TypesFilter = []string{"share"}
-				lresp, err := lreq.RequestWith(ctx, cl)
-				if err != nil {
-					t.Fatal(err)
-				}
-				listed := map[string]bool{}
-				for _, g := range lresp.Groups {
-					listed[g.Group] = true
-				}
-				if !listed[direct] || !listed[through] || len(lresp.Groups) != 2 {
-					t.Errorf("ListGroups of share groups: %+v, want %s and %s", lresp.Groups, direct, through)
-				}
-			}
-			offsets := func(cl *kgo.Client, group string) map[int32]int64 {
-				req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
-				g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
-				g.GroupID = group
-				req.Groups = append(req.Groups, g)
-				resp, err := req.RequestWith(ctx, cl)
-				if err != nil {
-					t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
-				}
-				out := map[int32]int64{}
-				for _, g := range resp.Groups {
-					if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
-						t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
-					}
-					for _, tp := range g.Topics {
-						for _, p := range tp.Partitions {
-							out[p.Partition] = p.StartOffset
-						}
-					}
-				}
-				return out
-			}
-			if got, want := offsets(kcl, through), offsets(dcl, through); len(got) != 3 || !equalOffsets(got, want) {
-				t.Errorf("share offsets of %s through kproxy %v, directly %v", through, got, want)
-			}
+			checkShareListAndOffsets(ctx, t, dcl, s.client(), direct, through)
 		})
+	}
+}
+
+// checkShareListAndOffsets: ListGroups of share groups and
+// DescribeShareGroupOffsets through kproxy (kcl) answer as directly (dcl).
+func checkShareListAndOffsets(ctx context.Context, t *testing.T, dcl, kcl *kgo.Client, direct, through string) {
+	t.Helper()
+	for _, cl := range []*kgo.Client{dcl, kcl} {
+		lreq := kmsg.NewPtrListGroupsRequest()
+		lreq.TypesFilter = []string{"share"}
+		lresp, err := lreq.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, g := range lresp.Groups {
+			listed[g.Group] = true
+		}
+		if !listed[direct] || !listed[through] || len(lresp.Groups) != 2 {
+			t.Errorf("ListGroups of share groups: %+v, want %s and %s", lresp.Groups, direct, through)
+		}
+	}
+	offsets := func(cl *kgo.Client, group string) map[int32]int64 {
+		req := kmsg.NewPtrDescribeShareGroupOffsetsRequest()
+		g := kmsg.NewDescribeShareGroupOffsetsRequestGroup()
+		g.GroupID = group
+		req.Groups = append(req.Groups, g)
+		resp, err := req.RequestWith(ctx, cl)
+		if err != nil {
+			t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
+		}
+		out := map[int32]int64{}
+		for _, g := range resp.Groups {
+			if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+				t.Fatalf("DescribeShareGroupOffsets %s: %v", group, err)
+			}
+			for _, tp := range g.Topics {
+				for _, p := range tp.Partitions {
+					out[p.Partition] = p.StartOffset
+				}
+			}
+		}
+		return out
+	}
+	if got, want := offsets(kcl, through), offsets(dcl, through); len(got) != 3 || !equalOffsets(got, want) {
+		t.Errorf("share offsets of %s through kproxy %v, directly %v", through, got, want)
 	}
 }
 
@@ -326,6 +338,107 @@ func TestOneGroupWhateverItsKind(t *testing.T) {
 	for _, g := range s.engine.Groups() {
 		if g.Group == "kinds-share" {
 			t.Errorf("kproxy's engine made a group of share group kinds-share's name: %+v", g)
+		}
+	}
+}
+
+// shareAcks is what one share consumer saw of acknowledgements.
+type shareAcks struct {
+	firstRelease map[string]bool  // values released on their first delivery
+	rejected     map[string]bool  // values rejected
+	deliveries   map[string][]int // value -> the delivery counts it came with
+}
+
+// ackShare reads n records of group at addr with one franz-go share
+// consumer that rejects every third value, releases the next one on its
+// first delivery (accepting it when it comes again) and accepts the rest,
+// until every value was accepted or rejected.
+func ackShare(t *testing.T, addr, group, topic string, n int) *shareAcks {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ShareGroup(group), kgo.ConsumeTopics(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	a := &shareAcks{firstRelease: map[string]bool{}, rejected: map[string]bool{}, deliveries: map[string][]int{}}
+	done := map[string]bool{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(done) < n && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			v := string(r.Value)
+			i, _ := strconv.Atoi(strings.TrimPrefix(v, "v"))
+			a.deliveries[v] = append(a.deliveries[v], int(r.DeliveryCount()))
+			switch {
+			case i%3 == 0:
+				r.Ack(kgo.AckReject)
+				a.rejected[v] = true
+				done[v] = true
+			case i%3 == 1 && r.DeliveryCount() == 1:
+				r.Ack(kgo.AckRelease)
+				a.firstRelease[v] = true
+			default:
+				r.Ack(kgo.AckAccept)
+				done[v] = true
+			}
+		})
+	}
+	if err := cl.FlushAcks(context.Background()); err != nil {
+		t.Errorf("flushing acks of %s: %v", group, err)
+	}
+	if len(done) < n {
+		t.Fatalf("share group %s at %s: %d of %d records settled in 30s", group, addr, len(done), n)
+	}
+	// Rejected records are never delivered again (KIP-932: Archived).
+	extra, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	for extra.Err() == nil {
+		cl.PollFetches(extra).EachRecord(func(r *kgo.Record) {
+			a.deliveries[string(r.Value)] = append(a.deliveries[string(r.Value)], int(r.DeliveryCount()))
+		})
+	}
+	return a
+}
+
+// TestShareAcksThroughKproxy: the cluster's delivery semantics reach a
+// share consumer through kproxy as directly: a released record comes
+// back with delivery count 2, a rejected one never again, an accepted one
+// once.
+func TestShareAcksThroughKproxy(t *testing.T) {
+	ctx := context.Background()
+	s := newStack(t)
+	const topic, n = "share-acks-t", 60
+	dcl := directClient(t, s)
+	for _, g := range []string{"share-acks-direct", "share-acks-kproxy"} {
+		setShareReset(ctx, t, dcl, g)
+	}
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf("v%03d", i))})
+	}
+	s.produce(ctx, topic, 2, 0)
+	if err := dcl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	d := ackShare(t, s.cluster.ListenAddrs()[0], "share-acks-direct", topic, n)
+	k := ackShare(t, s.addr(), "share-acks-kproxy", topic, n)
+	for name, a := range map[string]*shareAcks{"directly": d, "through kproxy": k} {
+		for i := range n {
+			v := fmt.Sprintf("v%03d", i)
+			got := a.deliveries[v]
+			var want []int
+			switch i % 3 {
+			case 0:
+				want = []int{1} // rejected: archived
+			case 1:
+				want = []int{1, 2} // released once, then accepted
+			default:
+				want = []int{1}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%s: %s delivered with counts %v, want %v", name, v, got, want)
+			}
 		}
 	}
 }
