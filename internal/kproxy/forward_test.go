@@ -44,12 +44,6 @@ func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (kafkas
 
 func (c *fakeCluster) GroupCoordinator(context.Context, string) (int32, error) { return 2, nil }
 
-func (c *fakeCluster) set(group string, g kafkastore.ClusterGroup) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.groups[group] = g
-}
-
 // TestForwardSetKinds: share and streams groups are the cluster's, with
 // or without members; a group nobody has yet is forwarded once a client
 // asked for it as a share group, and not before; a consumer group
