@@ -188,7 +188,6 @@ func (m *faultMember) firstEvent(from time.Time, p int32, kinds ...string) (part
 	return partEvent{}, false
 }
 
-//
 // extra options are applied after the defaults (a later RetryTimeout
 // wins).
 func startFaultMember(t testing.TB, ctx context.Context, name, group, topic string, seeds []string, dial func(context.Context, string, string) (net.Conn, error), seen map[int32]map[int64]bool, seenMu *sync.Mutex, extra ...kgo.Opt) *faultMember {
