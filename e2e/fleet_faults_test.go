@@ -188,8 +188,10 @@ func (m *faultMember) firstEvent(from time.Time, p int32, kinds ...string) (part
 	return partEvent{}, false
 }
 
-// extra options are applied after the defaults (a later RetryTimeout
-// wins).
+// startFaultMember starts member name of group on topic, whose client
+// dials seeds through dial (nil: directly), and records what it consumed
+// in seen. extra options are applied after the defaults (a later
+// RetryTimeout wins).
 func startFaultMember(t testing.TB, ctx context.Context, name, group, topic string, seeds []string, dial func(context.Context, string, string) (net.Conn, error), seen map[int32]map[int64]bool, seenMu *sync.Mutex, extra ...kgo.Opt) *faultMember {
 	t.Helper()
 	opts := []kgo.Opt{
