@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -130,9 +131,68 @@ type faultMember struct {
 	log      *syncBuf
 	polled   atomic.Int64
 	assigned atomic.Int64 // partitions owned now, from the member\'s callbacks
+	events   []partEvent  // guarded by mu: the member's partition callbacks, in order
 }
 
-func startFaultMember(t testing.TB, ctx context.Context, name, group, topic string, seeds []string, dial func(context.Context, string, string) (net.Conn, error), seen map[int32]map[int64]bool, seenMu *sync.Mutex) *faultMember {
+// partEvent is one partition callback of a member: when it ran, which
+// (assigned, revoked, lost) and the partitions it named.
+type partEvent struct {
+	at    time.Time
+	kind  string
+	parts []int32
+}
+
+func (m *faultMember) record(kind string, parts []int32) {
+	m.mu.Lock()
+	m.events = append(m.events, partEvent{at: time.Now(), kind: kind, parts: append([]int32(nil), parts...)})
+	m.mu.Unlock()
+}
+
+// ownedAt is the set of partitions the member owned at at, from its
+// callbacks.
+func (m *faultMember) ownedAt(at time.Time) map[int32]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	own := map[int32]bool{}
+	for _, e := range m.events {
+		if e.at.After(at) {
+			break
+		}
+		for _, p := range e.parts {
+			own[p] = e.kind == "assigned"
+		}
+	}
+	for p, o := range own {
+		if !o {
+			delete(own, p)
+		}
+	}
+	return own
+}
+
+// firstEvent is the first callback at or after from whose kind is one of
+// kinds and that names p; ok false if none.
+func (m *faultMember) firstEvent(from time.Time, p int32, kinds ...string) (partEvent, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.events {
+		if e.at.Before(from) {
+			continue
+		}
+		for _, k := range kinds {
+			if e.kind == k && slices.Contains(e.parts, p) {
+				return e, true
+			}
+		}
+	}
+	return partEvent{}, false
+}
+
+// startFaultMember starts member name of group on topic, whose client
+// dials seeds through dial (nil: directly), and records what it consumed
+// in seen. extra options are applied after the defaults (a later
+// RetryTimeout wins).
+func startFaultMember(t testing.TB, ctx context.Context, name, group, topic string, seeds []string, dial func(context.Context, string, string) (net.Conn, error), seen map[int32]map[int64]bool, seenMu *sync.Mutex, extra ...kgo.Opt) *faultMember {
 	t.Helper()
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
@@ -144,21 +204,27 @@ func startFaultMember(t testing.TB, ctx context.Context, name, group, topic stri
 	if dial != nil {
 		opts = append(opts, kgo.Dialer(dial))
 	}
-	m := &faultMember{}
 	logBuf := &syncBuf{}
+	// m is complete before the client exists: its callbacks may run as
+	// soon as it does.
+	m := &faultMember{log: logBuf, name: name, group: group, errs: map[string]int{}, acked: map[int32]int64{}}
 	opts = append(opts, kgo.WithLogger(kgo.BasicLogger(logBuf, kgo.LogLevelInfo, nil)))
 	opts = append(opts, kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
+		m.record("assigned", a[topic])
 		m.assigned.Add(int64(len(a[topic])))
 	}), kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
+		m.record("revoked", a[topic])
 		m.assigned.Add(-int64(len(a[topic])))
 	}), kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, a map[string][]int32) {
+		m.record("lost", a[topic])
 		m.assigned.Add(-int64(len(a[topic])))
 	}))
+	opts = append(opts, extra...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	*m = faultMember{log: logBuf, name: name, group: group, cl: cl, errs: map[string]int{}, acked: map[int32]int64{}}
+	m.cl = cl
 	go func() {
 		defer cl.Close()
 		for ctx.Err() == nil {
@@ -208,6 +274,85 @@ func startFaultMember(t testing.TB, ctx context.Context, name, group, topic stri
 		}
 	}()
 	return m
+}
+
+// checkConsumedAndKept waits for every group to commit the topic's end
+// offsets, then checks that each group consumed every record and that no
+// member's acknowledged commit is above what its group has committed.
+// Call it once production stopped.
+func checkConsumedAndKept(t testing.TB, ctx context.Context, cl *kgo.Client, topic string, groups map[string][]*faultMember, seen map[string]map[int32]map[int64]bool, seenMu *sync.Mutex) {
+	t.Helper()
+	adm := kadm.NewClient(cl)
+	end := map[int32]int64{}
+	lo, err := adm.ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo.Each(func(o kadm.ListedOffset) { end[o.Partition] = o.Offset })
+	waitUntil(t, 60*time.Second, "every group to commit the end offsets", func() bool {
+		for g := range groups {
+			offs, err := adm.FetchOffsets(ctx, g)
+			if err != nil {
+				return false
+			}
+			for p, e := range end {
+				o, ok := offs.Lookup(topic, p)
+				if !ok || o.At < e {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	for g, members := range groups {
+		offs, err := adm.FetchOffsets(ctx, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range members {
+			m.mu.Lock()
+			for p, a := range m.acked {
+				if o, _ := offs.Lookup(topic, p); o.At < a {
+					t.Errorf("%s: partition %d committed at %d, below the acknowledged %d", m.name, p, o.At, a)
+				}
+			}
+			m.mu.Unlock()
+		}
+		seenMu.Lock()
+		for p, e := range end {
+			for o := int64(0); o < e; o++ {
+				if !seen[g][p][o] {
+					t.Errorf("%s: record %d/%d never consumed", g, p, o)
+					break
+				}
+			}
+		}
+		seenMu.Unlock()
+	}
+}
+
+// retriableErrors are the errors a consumer retries (or, for
+// UNKNOWN_MEMBER_ID and ILLEGAL_GENERATION, answers by rejoining).
+var retriableErrors = []string{"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID",
+	"ILLEGAL_GENERATION", "REQUEST_TIMED_OUT", "context deadline exceeded", "COORDINATOR_LOAD_IN_PROGRESS"}
+
+// checkRetriableOnly fails the test for every error a member got that
+// is not in retriableErrors.
+func checkRetriableOnly(t testing.TB, members []*faultMember) {
+	t.Helper()
+	for _, m := range members {
+		m.mu.Lock()
+		for e, n := range m.errs {
+			ok := false
+			for _, r := range retriableErrors {
+				ok = ok || strings.Contains(e, r)
+			}
+			if !ok {
+				t.Errorf("%s: %d commits failed with %q, which a client does not retry", m.name, n, e)
+			}
+		}
+		m.mu.Unlock()
+	}
 }
 
 // errText names an error by its Kafka error when it has one.
@@ -478,78 +623,14 @@ func TestFleetPeerLinkBlackhole(t *testing.T) {
 	stopProducing()
 	<-prodDone
 
-	// Every record consumed by each group, and committed at the end.
-	end := map[int32]int64{}
-	{
-		adm := kadm.NewClient(prod)
-		lo, err := adm.ListEndOffsets(ctx, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lo.Each(func(o kadm.ListedOffset) { end[o.Partition] = o.Offset })
-	}
-	adm := kadm.NewClient(prod)
-	waitUntil(t, 60*time.Second, "both groups to commit the end offsets", func() bool {
-		for _, g := range []string{viaGroup, directGroup} {
-			offs, err := adm.FetchOffsets(ctx, g)
-			if err != nil {
-				return false
-			}
-			for p, e := range end {
-				o, ok := offs.Lookup(topic, p)
-				if !ok || o.At < e {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	checkConsumedAndKept(t, ctx, prod, topic, map[string][]*faultMember{viaGroup: via, directGroup: direct}, seen, &seenMu)
 	watch.check(t)
-	for _, g := range []string{viaGroup, directGroup} {
-		offs, err := adm.FetchOffsets(ctx, g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		members := via
-		if g == directGroup {
-			members = direct
-		}
-		for _, m := range members {
-			m.mu.Lock()
-			for p, a := range m.acked {
-				if o, _ := offs.Lookup(topic, p); o.At < a {
-					t.Errorf("%s: partition %d committed at %d, below the acknowledged %d", m.name, p, o.At, a)
-				}
-			}
-			m.mu.Unlock()
-		}
-		seenMu.Lock()
-		for p, e := range end {
-			for o := int64(0); o < e; o++ {
-				if !seen[g][p][o] {
-					t.Errorf("%s: record %d/%d never consumed", g, p, o)
-					break
-				}
-			}
-		}
-		seenMu.Unlock()
-	}
 
 	// No error a client must not retry, through kproxy or directly.
-	retriable := []string{"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID",
-		"ILLEGAL_GENERATION", "REQUEST_TIMED_OUT", "context deadline exceeded", "COORDINATOR_LOAD_IN_PROGRESS"}
+	checkRetriableOnly(t, all)
 	for _, m := range all {
 		stall := m.stall(faultAt, settledAt)
 		m.mu.Lock()
-		for e, n := range m.errs {
-			ok := false
-			for _, r := range retriable {
-				ok = ok || strings.Contains(e, r)
-			}
-			if !ok {
-				t.Errorf("%s: %d commits failed with %q, which a client does not retry", m.name, n, e)
-			}
-		}
 		t.Logf("%-9s stall %5.1fs  recovered %5.2fs after heal  slowest commit call in the fault %5.2fs  errors %v",
 			m.name, stall.Seconds(), recovered[m.name].Seconds(), m.slowest.Seconds(), m.errs)
 		m.mu.Unlock()

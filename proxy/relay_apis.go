@@ -166,6 +166,8 @@ const (
 	errCoordinatorNotAvailable int16 = 15 // COORDINATOR_NOT_AVAILABLE
 	errInvalidRequest          int16 = 42 // INVALID_REQUEST
 	errUnsupportedVersion      int16 = 35 // UNSUPPORTED_VERSION
+	errUnknownMemberID         int16 = 25 // UNKNOWN_MEMBER_ID
+	errRebalanceInProgress     int16 = 27 // REBALANCE_IN_PROGRESS
 )
 
 var describeGroupsAPI = multiAPI[kmsg.DescribeGroupsRequest, kmsg.DescribeGroupsResponse, string, kmsg.DescribeGroupsResponseGroup]{

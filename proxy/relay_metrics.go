@@ -24,10 +24,11 @@ const (
 	outcomeNoOwner                      // no owner appeared within WaitForOwner
 	outcomeSilent                       // the connection went silent (a keepalive unanswered) with the request in flight
 	outcomeOwnerDown                    // failed at once: the owner is in an unreachable episode
+	outcomeMemberExpired                // answered UNKNOWN_MEMBER_ID: the owner may have expired the member (relay_members.go)
 	numOutcomes
 )
 
-var outcomeNames = [numOutcomes]string{"ok", "envelope_error", "bad_response", "unreachable", "cut", "timeout", "closed", "no_owner", "silent", "owner_down"}
+var outcomeNames = [numOutcomes]string{"ok", "envelope_error", "bad_response", "unreachable", "cut", "timeout", "closed", "no_owner", "silent", "owner_down", "member_expired"}
 
 // String returns the outcome's name as it appears in metrics and logs.
 func (o outcome) String() string {

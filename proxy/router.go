@@ -55,6 +55,12 @@ type RouterConfig struct {
 	// waits for one before it is answered COORDINATOR_NOT_AVAILABLE;
 	// default 1s.
 	WaitForOwner time.Duration
+	// KeepCutOffMembers turns off answering UNKNOWN_MEMBER_ID to a
+	// classic member whose requests stopped reaching its owner for
+	// longer than the owner keeps it (relay_members.go): the member then
+	// keeps its partitions while the owner gives them away, as without
+	// kproxy. For measurements; the zero value tells members.
+	KeepCutOffMembers bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records kproxy.relay.requests and
@@ -81,13 +87,17 @@ const defaultRebalanceTimeout = 5 * time.Minute
 // sent is never resent, since the owner may have acted on it. Every
 // answer an owner gives, NOT_COORDINATOR included, reaches the client
 // as given; both errors make a client look the coordinator up again,
-// which brings it back to its local kproxy.
+// which brings it back to its local kproxy. A classic member whose
+// requests stopped reaching its owner for longer than the owner keeps
+// it is answered UNKNOWN_MEMBER_ID instead, so that it gives up its
+// partitions before the owner gives them away (relay_members.go).
 type Router struct {
-	cfg     RouterConfig  // immutable after NewRouter
-	loc     Locator       // immutable
-	log     *slog.Logger  // immutable
-	pool    *peerPool     // immutable; safe for concurrent use
-	metrics *relayMetrics // immutable
+	cfg     RouterConfig   // immutable after NewRouter
+	loc     Locator        // immutable
+	log     *slog.Logger   // immutable
+	pool    *peerPool      // immutable; safe for concurrent use
+	metrics *relayMetrics  // immutable
+	members *memberTracker // immutable; safe for concurrent use
 
 	// maxRebalance is the longest JoinGroup rebalance timeout relayed so
 	// far, in milliseconds; it bounds a relayed SyncGroup.
@@ -129,6 +139,7 @@ func NewRouter(cfg RouterConfig) *Router {
 		log:     log,
 		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, cfg.PeerKeepalive, log, metrics),
 		metrics: metrics,
+		members: newMemberTracker(log, cfg.KeepCutOffMembers),
 		closing: make(chan struct{}),
 	}
 }
@@ -357,8 +368,28 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 		return
 	}
 	start := time.Now()
+	key := req.Key()
+	mk, session, tracked := relayedMemberOf(req)
+	var counted bool
+	if tracked && mk.member != "" {
+		var expired bool
+		if expired, counted = r.members.begin(mk, start); expired {
+			r.metrics.record(key, outcomeMemberExpired, 0)
+			done(codec.GroupErrorResponse(req, errUnknownMemberID))
+			return
+		}
+	}
+	var leave *kmsg.LeaveGroupRequest
+	if q, ok := req.(*kmsg.LeaveGroupRequest); ok {
+		leave = cloneRequest(q).(*kmsg.LeaveGroupRequest) // read after Handle returned
+	}
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
-		r.metrics.record(req.Key(), o, time.Since(start))
+		r.metrics.record(key, o, time.Since(start))
+		if tracked {
+			r.members.end(mk, session, counted, start, time.Now(), resp, o)
+		} else if leave != nil && o == outcomeOK {
+			r.members.left(leave)
+		}
 		if o != outcomeOK {
 			resp = codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 		}

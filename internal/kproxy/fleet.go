@@ -217,6 +217,8 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Locator:       f,
 		Logger:        log.With("component", "router"),
 		MeterProvider: w.meterProvider,
+
+		KeepCutOffMembers: fc.KeepCutOffMembers,
 	})
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router

@@ -152,6 +152,11 @@ type FleetConfig struct {
 	// PeerAdvertise is the peer address told to other kproxies, when it
 	// differs from PeerListen.
 	PeerAdvertise string
+	// KeepCutOffMembers turns off telling the members whose requests
+	// this kproxy relays to give up their partitions once their owner
+	// is unreachable past their session (proxy.RouterConfig); for
+	// measuring what members see without it. The zero value tells them.
+	KeepCutOffMembers bool
 	// PeerTLS, when set, makes the peer wire mutual TLS: the peer
 	// listener requires a certificate chaining to the source's CA
 	// bundle (its ClientCAFile, required), and this kproxy presents the
