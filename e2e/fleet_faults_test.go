@@ -332,9 +332,14 @@ func checkConsumedAndKept(t testing.TB, ctx context.Context, cl *kgo.Client, top
 }
 
 // retriableErrors are the errors a consumer retries (or, for
-// UNKNOWN_MEMBER_ID and ILLEGAL_GENERATION, answers by rejoining).
+// UNKNOWN_MEMBER_ID and ILLEGAL_GENERATION, answers by rejoining). A
+// connection that died or timed out is a network error, which every
+// Kafka client retries (Java's NetworkException is retriable): franz-go
+// returns it from a commit whose own path was cut (seen once from a
+// direct member, 2026-12-02).
 var retriableErrors = []string{"COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR", "REBALANCE_IN_PROGRESS", "UNKNOWN_MEMBER_ID",
-	"ILLEGAL_GENERATION", "REQUEST_TIMED_OUT", "context deadline exceeded", "COORDINATOR_LOAD_IN_PROGRESS"}
+	"ILLEGAL_GENERATION", "REQUEST_TIMED_OUT", "context deadline exceeded", "COORDINATOR_LOAD_IN_PROGRESS",
+	"i/o timeout", "broker connection has died"}
 
 // checkRetriableOnly fails the test for every error a member got that
 // is not in retriableErrors.
