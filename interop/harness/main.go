@@ -417,10 +417,14 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 						res.reason = joinReason(res.reason, "cannot prove the broker saw no group traffic: "+countErr.Error())
 					}
 				default:
-					// HB counts classic Heartbeats and KIP-848
-					// ConsumerGroupHeartbeats (key 68) alike.
+					// HB counts classic Heartbeats, KIP-848
+					// ConsumerGroupHeartbeats (key 68), and the share
+					// and streams groups' heartbeats (76, 88) alike.
 					jg, sg := after[11]-before[11], after[14]-before[14]
-					hb := after[12] - before[12] + after[68] - before[68]
+					hb := 0
+					for _, k := range []int{12, 68, 76, 88} {
+						hb += after[k] - before[k]
+					}
 					res.broker = fmt.Sprintf("%d/%d/%d", jg, sg, hb)
 					if path == "direct" && res.pass && !res.xfail && jg+hb == 0 {
 						// A passing direct row always joins; zero means the counter is blind.
