@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,23 +72,7 @@ func cutOffMembers(t *testing.T, keep bool) {
 		return err == nil && offs.Error() == nil
 	})
 
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	var produced atomic.Int64
-	pctx, stopProducing := context.WithCancel(ctx)
-	prodDone := make(chan struct{})
-	go func() {
-		defer close(prodDone)
-		for i := 0; pctx.Err() == nil; i++ {
-			if err := prod.ProduceSync(pctx, &kgo.Record{Value: []byte(fmt.Sprint(i))}).FirstErr(); err == nil {
-				produced.Add(1)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
+	prod, _, stopProducing := startSteadyProducer(ctx, t, brokers, topic)
 
 	seen := map[string]map[int32]map[int64]bool{viaGroup: {}, directGroup: {}}
 	var seenMu sync.Mutex
@@ -143,7 +125,6 @@ func cutOffMembers(t *testing.T, keep bool) {
 	})
 	time.Sleep(2 * time.Second)
 	stopProducing()
-	<-prodDone
 	checkConsumedAndKept(t, ctx, prod, topic, map[string][]*faultMember{viaGroup: via, directGroup: direct}, seen, &seenMu)
 	watch.check(t)
 	checkRetriableOnly(t, all)

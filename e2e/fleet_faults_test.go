@@ -527,23 +527,7 @@ func TestFleetPeerLinkBlackhole(t *testing.T) {
 	})
 
 	// A producer, directly, all along: 200 records a second.
-	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prod.Close()
-	var produced atomic.Int64
-	pctx, stopProducing := context.WithCancel(ctx)
-	prodDone := make(chan struct{})
-	go func() {
-		defer close(prodDone)
-		for i := 0; pctx.Err() == nil; i++ {
-			if err := prod.ProduceSync(pctx, &kgo.Record{Value: []byte(fmt.Sprint(i))}).FirstErr(); err == nil {
-				produced.Add(1)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
+	prod, produced, stopProducing := startSteadyProducer(ctx, t, brokers, topic)
 
 	seen := map[string]map[int32]map[int64]bool{viaGroup: {}, directGroup: {}}
 	var seenMu sync.Mutex
@@ -626,7 +610,6 @@ func TestFleetPeerLinkBlackhole(t *testing.T) {
 	settledAt := time.Now()
 	time.Sleep(3 * time.Second)
 	stopProducing()
-	<-prodDone
 
 	checkConsumedAndKept(t, ctx, prod, topic, map[string][]*faultMember{viaGroup: via, directGroup: direct}, seen, &seenMu)
 	watch.check(t)
@@ -738,4 +721,29 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// startSteadyProducer produces to topic directly, round robin, one
+// record about every 5 ms, until stop returns; produced counts the
+// acknowledged records. The client closes when the test ends.
+func startSteadyProducer(ctx context.Context, t testing.TB, brokers []string, topic string) (prod *kgo.Client, produced *atomic.Int64, stop func()) {
+	t.Helper()
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prod.Close)
+	produced = new(atomic.Int64)
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; pctx.Err() == nil; i++ {
+			if err := prod.ProduceSync(pctx, &kgo.Record{Value: []byte(fmt.Sprint(i))}).FirstErr(); err == nil {
+				produced.Add(1)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return prod, produced, func() { cancel(); <-done }
 }
