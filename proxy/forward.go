@@ -269,3 +269,16 @@ func wrongKind(req kmsg.Request, kind string) kmsg.Response {
 	}
 	return resp
 }
+
+// ForwardWatcher is implemented by a GroupForwarder that watches the
+// classic group traffic it forwards, to know the members of a forwarded
+// group that are behind kproxy (takeover, docs/anchors.md).
+type ForwardWatcher interface {
+	// Watch is called on the session's reader when req, a request for
+	// forwarded group from client c, goes upstream. It returns the
+	// function the decoded response is handed to (nil: the response
+	// never came, or did not decode), or nil not to watch it. It must
+	// not block, and must copy what it keeps of req and of the
+	// response: both alias kproxy's buffers.
+	Watch(c Client, group string, req kmsg.Request) func(kmsg.Response)
+}

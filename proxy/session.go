@@ -76,6 +76,10 @@ type slot struct {
 	corr    int32
 	start   int64       // nanotime the request was read, for latency
 	reply   *localReply // Local: delivered once by the coordinator, pooled (localreply.go)
+	// watch, when set, is handed the decoded upstream response of a
+	// forwarded group request (ForwardWatcher), or nil if the response
+	// never came or did not decode. Called once, by the writer.
+	watch func(kmsg.Response)
 }
 
 // session is one client connection and its upstream connection.
@@ -355,9 +359,15 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		// to the brokers: routed as with groups forwarded.
 		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame)
 	}
-	if fw := s.p.cfg.Forwarder; fw != nil && forwardedGroup(fw, req) != "" {
-		// The cluster's coordinator serves this group (forward.go).
-		return s.forwardBytes(h, codec.Forward, start, frame)
+	if fw := s.p.cfg.Forwarder; fw != nil {
+		if g := forwardedGroup(fw, req); g != "" {
+			// The cluster's coordinator serves this group (forward.go).
+			var watch func(kmsg.Response)
+			if w, ok := fw.(ForwardWatcher); ok {
+				watch = w.Watch(s.rc, g, req)
+			}
+			return s.forwardWatched(h, start, frame, watch)
+		}
 	}
 	return s.queueCoordinator(h, start, req)
 }
@@ -557,6 +567,27 @@ func (s *session) forwardBytes(h codec.RequestHeader, r codec.Route, start int64
 	return nil
 }
 
+// forwardWatched sends a forwarded group request's frame upstream;
+// watch, if not nil, gets its response (ForwardWatcher).
+func (s *session) forwardWatched(h codec.RequestHeader, start int64, frame []byte, watch func(kmsg.Response)) error {
+	if err := s.ensureUpstream(); err != nil {
+		if watch != nil {
+			watch(nil)
+		}
+		return err
+	}
+	if err := s.push(slot{route: codec.Forward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, watch: watch}); err != nil {
+		if watch != nil {
+			watch(nil)
+		}
+		return err
+	}
+	if _, err := s.upW.Write(frame); err != nil {
+		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
+	}
+	return nil
+}
+
 // pipe moves n bytes from r (buffered over src) to w (buffered over dst).
 // What r has buffered is copied; a large remainder is spliced from src to
 // dst by the kernel.
@@ -710,6 +741,9 @@ func (s *session) writeForwarded(sl slot) error {
 		return fmt.Errorf("upstream answered correlation id %d, expected %d (%s)", corr, sl.corr, kmsg.NameForKey(sl.key))
 	}
 	total := 4 + int(size)
+	if sl.watch != nil {
+		return s.writeWatched(sl, upR, total)
+	}
 	if sl.route != codec.Rewrite {
 		s.p.metrics.bytesOut(int64(total))
 		if err := pipe(s.bw, s.conn, s.upR, s.up, total, &s.respLR); err != nil {
@@ -753,5 +787,49 @@ func (s *session) writeForwarded(sl slot) error {
 	// Count what the client got: a rewritten response differs in size.
 	s.p.metrics.bytesOut(int64(len(out)))
 	s.p.metrics.request(sl.key, codec.Rewrite, sl.start)
+	return nil
+}
+
+// writeWatched reads a forwarded group response of total bytes whole,
+// hands it decoded to the slot's watcher and writes it to the client as
+// it came. Group responses are small; one over the rewrite limit is not
+// watched (the watcher gets nil) but still streamed.
+func (s *session) writeWatched(sl slot, upR *bufio.Reader, total int) error {
+	watch := sl.watch
+	if total-4 > int(s.p.cfg.MaxRewriteResponse) {
+		watch(nil)
+		sl.watch = nil
+		s.p.metrics.bytesOut(int64(total))
+		if err := pipe(s.bw, s.conn, s.upR, s.up, total, &s.respLR); err != nil {
+			return fmt.Errorf("streaming %s response: %w", kmsg.NameForKey(sl.key), err)
+		}
+		s.p.metrics.request(sl.key, codec.Forward, sl.start)
+		return nil
+	}
+	if err := s.p.reserveFrame(total); err != nil {
+		watch(nil)
+		return err
+	}
+	defer s.p.budget.release(int64(total))
+	frame, err := readGrowing(upR, s.respBuf, total)
+	if err != nil {
+		watch(nil)
+		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
+	}
+	defer func() { s.respBuf = keep(frame[:0]) }()
+	var resp kmsg.Response
+	if body, err := codec.ResponseBody(frame[4:], sl.key, sl.version); err == nil {
+		r := kmsg.ResponseForKey(sl.key)
+		r.SetVersion(sl.version)
+		if r.ReadFrom(body) == nil {
+			resp = r
+		}
+	}
+	watch(resp)
+	if _, err := s.bw.Write(frame); err != nil {
+		return fmt.Errorf("writing to client: %w", err)
+	}
+	s.p.metrics.bytesOut(int64(total))
+	s.p.metrics.request(sl.key, codec.Forward, sl.start)
 	return nil
 }

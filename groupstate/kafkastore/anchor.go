@@ -113,6 +113,10 @@ type anchorSet struct {
 	// when nobody is left to replace it.
 	released map[string]string
 
+	// takeovers are the takeovers prepared and not loaded yet
+	// (takeover.go), by group; guarded by mu.
+	takeovers map[string]*takeoverPlan
+
 	// sem bounds the anchor requests in flight at once (heartbeats of
 	// thousands of groups come due together after a failover).
 	sem chan struct{}
@@ -160,6 +164,9 @@ type anchor struct {
 	// checked is set once the cluster was asked whether the group is
 	// live without an anchor (before the first join).
 	checked bool
+	// takeover, when set, is the takeover the first join completes
+	// (takeover.go); cleared by that join.
+	takeover *takeoverPlan
 	// commits counts commits in flight under memberID; a join waits for
 	// it to drop to zero and holds new ones off meanwhile.
 	commits int
@@ -707,6 +714,8 @@ func (as *anchorSet) join(a *anchor) error {
 	if prev == anchorIn && (!a.rejoin || a.rejoinKnown) {
 		memberID = a.memberID
 	}
+	plan := a.takeover
+	a.takeover = nil
 	a.rejoin, a.rejoinKnown = false, false
 	a.broadcastLocked()
 	a.mu.Unlock()
@@ -741,7 +750,7 @@ func (as *anchorSet) join(a *anchor) error {
 		ProtocolType: want.ProtocolType, Protocols: protocols,
 		SessionTimeout: as.opts.SessionTimeout, RebalanceTimeout: as.opts.RebalanceTimeout,
 	}.Request()
-	resp, err := as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode })
+	resp, err := as.joinTakingOver(ctx, a, plan, req)
 	if err != nil {
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, err))
 	}
@@ -1006,19 +1015,23 @@ func (as *anchorSet) awaitGone(ctx context.Context, group string) error {
 // checkLoad is the load-time check of group (LoadGroupMetadata): a group
 // whose members the cluster serves without an anchor is not the engine's
 // (groupstate.ErrGroupLiveOnCluster). A group found anchored, or empty,
-// needs no second check before its anchor's first join.
-func (as *anchorSet) checkLoad(ctx context.Context, group string) error {
-	live, err := as.liveOnCluster(ctx, group)
-	if err != nil {
-		return err
-	}
-	if live {
-		if as.opts.OnLive != nil {
-			as.opts.OnLive(group)
-		}
-		return fmt.Errorf("kafkastore: group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
-	}
+// needs no second check before its anchor's first join. A group with a
+// takeover prepared (takeover.go) is not asked about: its record is
+// returned instead.
+func (as *anchorSet) checkLoad(ctx context.Context, group string) (takeover []byte, err error) {
 	a := as.get(group, true)
+	if takeover = as.takeTakeover(group, a); takeover == nil {
+		live, err := as.liveOnCluster(ctx, group)
+		if err != nil {
+			return nil, err
+		}
+		if live {
+			if as.opts.OnLive != nil {
+				as.opts.OnLive(group)
+			}
+			return nil, fmt.Errorf("kafkastore: group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
+		}
+	}
 	a.mu.Lock()
 	if a.state == anchorFenced {
 		// Loaded again after a loss: start over.
@@ -1026,7 +1039,7 @@ func (as *anchorSet) checkLoad(ctx context.Context, group string) error {
 	}
 	a.checked = true
 	a.mu.Unlock()
-	return nil
+	return takeover, nil
 }
 
 // supportsKey reports whether the cluster answers requests of key (asked

@@ -354,8 +354,13 @@ func (s *Store) produceGroupRecord(ctx context.Context, group string, value []by
 // its call.
 func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
 	if s.anchors != nil {
-		if err := s.anchors.checkLoad(ctx, group); err != nil {
+		rec, err := s.anchors.checkLoad(ctx, group)
+		if err != nil {
 			return nil, false, err
+		}
+		if rec != nil {
+			// Taken over from the cluster's coordinator (takeover.go).
+			return rec, true, nil
 		}
 	}
 	if s.txn != nil {

@@ -124,7 +124,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet"), changed: make(chan struct{})}
 	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
 	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced, OnTransaction: f.onTransaction})
-	w.enableAnchors(f.store, cfg, f.lastOwner)
+	w.enableAnchors(f.store, cfg, f.lastOwner, f.owns)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	n, err := f.store.Partitions(pctx)
 	cancel()

@@ -55,6 +55,11 @@ type forwardEntry struct {
 	// none did.
 	claimKind string
 	claimed   time.Time
+	// takenOver is when this kproxy took the group over from the
+	// cluster's coordinator (takeover.go); for takeoverHold after it the
+	// group is not forwarded whatever the cluster shows (its members
+	// are still there until the anchor replaced them).
+	takenOver time.Time
 }
 
 // forwardRecheck is how long a decision stands before a lookup asks the
@@ -67,6 +72,11 @@ const forwardRecheck = 2 * time.Second
 // the cluster's coordinator, which creates the group on the client's
 // first heartbeat; every such request renews it.
 const claimTTL = time.Minute
+
+// takeoverHold is how long a group taken over stays served here
+// whatever the cluster shows: the anchor's join and the members' leave
+// complete within it.
+const takeoverHold = 30 * time.Second
 
 // maxForwardEntries bounds the decisions kept; past it the oldest half
 // is dropped.
@@ -148,8 +158,11 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 		return forwardEntry{}, err
 	}
 	now := time.Now()
-	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed}
+	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver}
 	switch {
+	case now.Sub(e.takenOver) < takeoverHold:
+		// Taken over: served here while the anchor replaces the
+		// members in the cluster's group.
 	case c.Live():
 		e.forward, e.kind = true, c.Kind
 	case c.Kind == "" && e.claimKind != "" && now.Sub(e.claimed) <= claimTTL:
@@ -161,9 +174,24 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 	if cur, ok := f.groups[group]; ok && cur.claimed.After(e.claimed) {
 		e.claimKind, e.claimed = cur.claimKind, cur.claimed
 	}
+	if cur, ok := f.groups[group]; ok && cur.takenOver.After(e.takenOver) {
+		// Taken over while the cluster was asked.
+		e.takenOver, e.forward, e.kind = cur.takenOver, false, ""
+	}
 	f.setLocked(group, e)
 	f.mu.Unlock()
 	return e, nil
+}
+
+// takeOver records that group is served here from now on: it was taken
+// over from the cluster's coordinator (takeover.go).
+func (f *forwardSet) takeOver(group string) {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.groups[group]
+	e.forward, e.kind, e.at, e.takenOver = false, "", now, now
+	f.setLocked(group, e)
 }
 
 // mark records that the cluster serves group (the store found it live,

@@ -182,7 +182,10 @@ type Server struct {
 	coordinator proxy.Coordinator
 	// forwarder names the groups the cluster's coordinator serves (nil
 	// with anchors off or groups forwarded); immutable after wiring.
-	forwarder     *forwardSet
+	forwarder *forwardSet
+	// watcher watches what the forwarder forwards and takes groups over
+	// (takeover.go); set with forwarder.
+	watcher       *forwardWatcher
 	meterProvider metric.MeterProvider
 	events        []func(groupstate.Event)
 	proxy         *proxy.Proxy
@@ -222,8 +225,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		pcfg.Logger = log
 	}
 	pcfg.Coordinator = s.coordinator
-	if s.forwarder != nil {
-		pcfg.Forwarder = s.forwarder
+	if s.watcher != nil {
+		pcfg.Forwarder = s.watcher
 	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
@@ -289,7 +292,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	ks := kafkastore.New(cl)
-	w.enableAnchors(ks, cfg, func() bool { return true })
+	w.enableAnchors(ks, cfg, func() bool { return true }, nil)
 	var store groupstate.OffsetStore = ks
 	if cfg.Groups.WrapStore != nil {
 		store = cfg.Groups.WrapStore(store)
@@ -401,7 +404,10 @@ func (w *Server) close(ctx context.Context) error {
 // is left to replace them (the last kproxy of the fleet stops: the
 // application's members go on on the brokers at once, without waiting
 // for the anchors' sessions to expire).
-func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose func() bool) {
+//
+// owns says which groups this kproxy serves (nil: all, local mode): a
+// forwarded group is taken over (takeover.go) by its owner.
+func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose func() bool, owns func(string) bool) {
 	ac := cfg.Groups.Anchors
 	if ac.Disabled {
 		return
@@ -433,6 +439,10 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		},
 	})
 	w.forwarder = fw
+	w.watcher = newForwardWatcher(fw, store, owns, log)
+	wctx, stopWatcher := context.WithCancel(context.Background())
+	go w.watcher.run(wctx)
+	w.closers = append(w.closers, func(context.Context) error { stopWatcher(); return nil })
 	// Runs before the upstream client closes (closers run in reverse).
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)

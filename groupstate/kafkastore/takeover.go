@@ -1,0 +1,236 @@
+package kafkastore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Takeover of a forwarded group (docs/anchors.md, "Rolling kproxy in").
+// A classic group the cluster's coordinator serves, whose every member
+// is behind kproxy, becomes kproxy's without a rebalance: the engine is
+// handed the group as the cluster holds it (PrepareTakeover: a group
+// record at the cluster's generation, with its members, subscriptions
+// and assignments), its members' requests stop being forwarded (the
+// caller's part) and are answered by the engine at that generation, and
+// the group's anchor, on its first join, takes the members' place in
+// the cluster's group: its JoinGroup first, then one LeaveGroup for
+// those members on another connection, so the join the cluster holds
+// for them completes at once with the anchor alone (Kafka's
+// ClassicGroup completes a pending join when the last awaited member
+// leaves), and the cluster never sees the group empty.
+
+// TakeoverMember is one member of a group taken over: the identity the
+// anchor's LeaveGroup takes out of the cluster's group.
+type TakeoverMember struct {
+	MemberID   string
+	InstanceID *string
+}
+
+// takeoverPlan is a pending takeover. Immutable but for ready, closed
+// once by TakeoverReady.
+type takeoverPlan struct {
+	record  []byte
+	members []TakeoverMember
+	ready   chan struct{}
+	at      time.Time
+}
+
+// takeoverWait bounds how long an anchor's first join waits for the
+// caller to say that no member request of the group is on its way to the
+// cluster any more (TakeoverReady); past it the join goes ahead.
+const takeoverWait = 10 * time.Second
+
+// takeoverTTL is how long a takeover nobody loaded stays pending.
+const takeoverTTL = time.Minute
+
+// leaveDelay is how long after the anchor's JoinGroup the LeaveGroup of
+// the members goes out: long enough for the join to reach the
+// coordinator first (otherwise the group is Empty for a moment and the
+// anchor's join waits the initial rebalance delay), short beside the
+// members' heartbeat intervals.
+const leaveDelay = 300 * time.Millisecond
+
+// PrepareTakeover makes the next load of group (LoadGroupMetadata)
+// return record, a classic group record (kmsg.GroupMetadataValue) of
+// the group as the cluster holds it, and the group's anchor, on its
+// first join, take members out of the cluster's group. It replaces a
+// pending takeover of the group.
+func (s *Store) PrepareTakeover(group string, record []byte, members []TakeoverMember) error {
+	as := s.anchors
+	if as == nil {
+		return fmt.Errorf("kafkastore: takeover of group %q without anchors", group)
+	}
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.takeovers == nil {
+		as.takeovers = make(map[string]*takeoverPlan)
+	}
+	now := time.Now()
+	for g, p := range as.takeovers {
+		if now.Sub(p.at) > takeoverTTL {
+			delete(as.takeovers, g)
+		}
+	}
+	as.takeovers[group] = &takeoverPlan{record: record, members: members, ready: make(chan struct{}), at: now}
+	return nil
+}
+
+// TakeoverReady lets group's pending takeover complete: no request of
+// its members is on its way to the cluster any more.
+func (s *Store) TakeoverReady(group string) {
+	as := s.anchors
+	if as == nil {
+		return
+	}
+	as.mu.Lock()
+	p := as.takeovers[group]
+	as.mu.Unlock()
+	if p == nil {
+		if a := as.get(group, false); a != nil {
+			a.mu.Lock()
+			p = a.takeover
+			a.mu.Unlock()
+		}
+	}
+	if p != nil {
+		select {
+		case <-p.ready:
+		default:
+			close(p.ready)
+		}
+	}
+}
+
+// CancelTakeover drops group's pending takeover if nothing loaded it.
+func (s *Store) CancelTakeover(group string) {
+	if as := s.anchors; as != nil {
+		as.mu.Lock()
+		delete(as.takeovers, group)
+		as.mu.Unlock()
+	}
+}
+
+// TakingOver reports whether a takeover of group is pending or under
+// way (loaded, its anchor not joined yet).
+func (s *Store) TakingOver(group string) bool {
+	as := s.anchors
+	if as == nil {
+		return false
+	}
+	as.mu.Lock()
+	_, ok := as.takeovers[group]
+	as.mu.Unlock()
+	if ok {
+		return true
+	}
+	if a := as.get(group, false); a != nil {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.takeover != nil
+	}
+	return false
+}
+
+// takeTakeover moves group's pending takeover onto its anchor a (the
+// group is being loaded) and returns its record; nil if none is
+// pending.
+func (as *anchorSet) takeTakeover(group string, a *anchor) []byte {
+	as.mu.Lock()
+	p := as.takeovers[group]
+	delete(as.takeovers, group)
+	as.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	a.mu.Lock()
+	a.takeover = p
+	a.checked = true
+	a.mu.Unlock()
+	return p.record
+}
+
+// joinResult is the outcome of an anchor's JoinGroup.
+type joinResult struct {
+	resp kmsg.Response
+	err  error
+}
+
+// joinTakingOver sends the anchor's JoinGroup req and, with plan, the
+// LeaveGroup of the members the anchor replaces.
+func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
+	code := func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode }
+	if plan == nil {
+		return as.request(ctx, a.group, req, code)
+	}
+	select {
+	case <-plan.ready:
+	case <-time.After(takeoverWait):
+		as.s.log.Warn("kafkastore: takeover: members' requests still on their way to the cluster; joining anyway", "group", a.group)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	ch := make(chan joinResult, 1)
+	go func() {
+		resp, err := as.request(ctx, a.group, req, code)
+		ch <- joinResult{resp, err}
+	}()
+	select {
+	case r := <-ch:
+		// Answered before the members left: the join completed without
+		// them (they had left already) or failed.
+		return r.resp, r.err
+	case <-time.After(leaveDelay):
+	}
+	leave := kmsg.NewPtrLeaveGroupRequest()
+	leave.Group = a.group
+	for _, m := range plan.members {
+		lm := kmsg.NewLeaveGroupRequestMember()
+		lm.MemberID, lm.InstanceID = m.MemberID, m.InstanceID
+		reason := "taken over by kproxy"
+		lm.Reason = &reason
+		leave.Members = append(leave.Members, lm)
+	}
+	resp, err := as.request(ctx, a.group, leave, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
+	switch {
+	case err != nil:
+		as.s.log.Warn("kafkastore: takeover: the members' LeaveGroup failed; the anchor's join waits for the cluster's rebalance", "group", a.group, "err", err)
+	default:
+		for _, m := range resp.(*kmsg.LeaveGroupResponse).Members {
+			if m.ErrorCode != 0 {
+				as.s.log.Info("kafkastore: takeover: a member was not in the cluster's group any more", "group", a.group,
+					"member", m.MemberID, "err", kerr.ErrorForCode(m.ErrorCode))
+			}
+		}
+	}
+	r := <-ch
+	return r.resp, r.err
+}
+
+// DescribeClassicGroup returns what the cluster's coordinator answers
+// DescribeGroups for group.
+func (s *Store) DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error) {
+	as := s.anchors
+	if as == nil {
+		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("kafkastore: describing group %q without anchors", group)
+	}
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
+			return g[0].ErrorCode
+		}
+		return 0
+	})
+	if err != nil {
+		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("describing group %q: %w", group, err)
+	}
+	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
+	if len(groups) != 1 {
+		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("describing group %q: %d groups in the answer", group, len(groups))
+	}
+	return groups[0], nil
+}
