@@ -2,13 +2,16 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
 // TestTakeOverLiveGroup: adoption completed. The members of a group the
@@ -147,4 +150,105 @@ func sameOwners(a, b map[string][]int32) bool {
 		}
 	}
 	return true
+}
+
+// TestTakeOverLiveGroupFleet: the same adoption with one sidecar per
+// member, in a fleet: three direct members move one at a time onto three
+// kproxies (one owner of every groups partition, two relays), so each
+// kproxy forwards one member and only the relays' reports tell the owner
+// about the others. Once the last one is behind kproxy the owner takes
+// the group over without a rebalance.
+func TestTakeOverLiveGroupFleet(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const group, topic, n = "takeover-fleet", "takeover-fleet-t", 900
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(6, topic),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	fc := kproxy.FleetConfig{Name: "takeover"}
+	owner := startFleetKproxy(t, brokers, fc)
+	fc.Relay = true
+	relays := []*kproxy.Server{startFleetKproxy(t, brokers, fc), startFleetKproxy(t, brokers, fc)}
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			prod.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
+		}
+		if err := prod.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(0, n/3)
+	opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}
+	own, recs := newOwnership(t), newRecords()
+	watch := watchOffsets(ctx, t, brokers, topic, group)
+	mc := func() memberCfg { return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts} }
+	names := []string{"a", "b", "c"}
+	var direct []*member
+	for _, name := range names {
+		direct = append(direct, startMemberAt(t, brokers[0], name+"-direct", mc()))
+	}
+	waitOwners(t, own, 6, "a-direct", "b-direct", "c-direct")
+	sidecars := []*kproxy.Server{relays[0], relays[1], owner}
+	var behind []*member
+	for i, name := range names {
+		direct[i].leave()
+		own.releaseAll(name + "-direct")
+		behind = append(behind, startMemberAt(t, sidecars[i].Addr(), name, mc()))
+		want := []string{}
+		for j := range names {
+			if j <= i {
+				want = append(want, names[j])
+			} else {
+				want = append(want, names[j]+"-direct")
+			}
+		}
+		waitOwners(t, own, 6, want...)
+		produce(n/3+i*n/9, n/3+(i+1)*n/9)
+	}
+	defer func() {
+		for _, m := range behind {
+			m.leave()
+		}
+	}()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	waitDirectWithin(ctx, t, adm, group, "anchored by kproxy", 30*time.Second, func(d kadm.DescribedGroup) bool {
+		return len(d.Members) == 1 && d.Members[0].InstanceID != nil && d.State == "Stable"
+	})
+	gens := generations(behind)
+	var snap groupstate.GroupSnapshot
+	for _, g := range owner.Engine().Groups() {
+		if g.Group == group {
+			snap = g
+		}
+	}
+	if len(snap.Members) != 3 || snap.State != "Stable" || snap.Generation != gens[0] || gens[0] != gens[1] || gens[1] != gens[2] {
+		t.Fatalf("after the takeover the owner's engine holds %s gen %d with %d members; the members are at generations %v",
+			snap.State, snap.Generation, len(snap.Members), gens)
+	}
+	before := own.owners()
+	produce(2*n/3, n)
+	waitConsumed(t, recs, n)
+	time.Sleep(2 * time.Second)
+	if now := generations(behind); !slices.Equal(now, gens) {
+		t.Fatalf("the members' generations went from %v to %v after the takeover", gens, now)
+	}
+	if after := own.owners(); !sameOwners(before, after) {
+		t.Fatalf("partitions changed hands after the takeover: %v, then %v", before, after)
+	}
+	own.check()
+	watch.check(t)
 }

@@ -31,12 +31,15 @@ type TakeoverMember struct {
 }
 
 // takeoverPlan is a pending takeover. Immutable but for ready, closed
-// once by TakeoverReady.
+// once by TakeoverReady, and loaded, guarded by the anchorSet's mu.
 type takeoverPlan struct {
 	record  []byte
 	members []TakeoverMember
 	ready   chan struct{}
 	at      time.Time
+	// loaded is set once a load returned record: a later load (the
+	// group unloaded meanwhile) asks the cluster as usual.
+	loaded bool
 }
 
 // takeoverWait bounds how long an anchor's first join waits for the
@@ -89,13 +92,6 @@ func (s *Store) TakeoverReady(group string) {
 	as.mu.Lock()
 	p := as.takeovers[group]
 	as.mu.Unlock()
-	if p == nil {
-		if a := as.get(group, false); a != nil {
-			a.mu.Lock()
-			p = a.takeover
-			a.mu.Unlock()
-		}
-	}
 	if p != nil {
 		select {
 		case <-p.ready:
@@ -114,43 +110,33 @@ func (s *Store) CancelTakeover(group string) {
 	}
 }
 
-// TakingOver reports whether a takeover of group is pending or under
-// way (loaded, its anchor not joined yet).
-func (s *Store) TakingOver(group string) bool {
-	as := s.anchors
-	if as == nil {
-		return false
-	}
-	as.mu.Lock()
-	_, ok := as.takeovers[group]
-	as.mu.Unlock()
-	if ok {
-		return true
-	}
-	if a := as.get(group, false); a != nil {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.takeover != nil
-	}
-	return false
-}
-
-// takeTakeover moves group's pending takeover onto its anchor a (the
+// takeTakeover hands group's pending takeover to its anchor a (the
 // group is being loaded) and returns its record; nil if none is
-// pending.
+// pending, or a load had it already.
 func (as *anchorSet) takeTakeover(group string, a *anchor) []byte {
 	as.mu.Lock()
 	p := as.takeovers[group]
-	delete(as.takeovers, group)
-	as.mu.Unlock()
-	if p == nil {
+	if p == nil || p.loaded {
+		as.mu.Unlock()
 		return nil
 	}
+	p.loaded = true
+	as.mu.Unlock()
 	a.mu.Lock()
 	a.takeover = p
 	a.checked = true
 	a.mu.Unlock()
 	return p.record
+}
+
+// takeoverDone forgets plan once the anchor's join that completes it is
+// answered.
+func (as *anchorSet) takeoverDone(group string, plan *takeoverPlan) {
+	as.mu.Lock()
+	if as.takeovers[group] == plan {
+		delete(as.takeovers, group)
+	}
+	as.mu.Unlock()
 }
 
 // joinResult is the outcome of an anchor's JoinGroup.
@@ -166,6 +152,7 @@ func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeov
 	if plan == nil {
 		return as.request(ctx, a.group, req, code)
 	}
+	defer as.takeoverDone(a.group, plan)
 	select {
 	case <-plan.ready:
 	case <-time.After(takeoverWait):

@@ -155,7 +155,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
 		Listen:      listen,
-		Coordinator: engineCoordinator{eng},
+		Coordinator: w.engineCoordinator(eng),
 		Logger:      log.With("component", "peer"),
 		MaxFrame:    cfg.Proxy.MaxFrame,
 		TLS:         fc.PeerTLS,
@@ -213,7 +213,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	router := proxy.NewRouter(proxy.RouterConfig{
 		Dialer:        dialer,
-		Local:         engineCoordinator{eng},
+		Local:         w.engineCoordinator(eng),
 		Locator:       f,
 		Logger:        log.With("component", "router"),
 		MeterProvider: w.meterProvider,
@@ -222,9 +222,23 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	})
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router
+	if w.watcher != nil {
+		w.watcher.id, w.watcher.send = f.id, router.Handle
+		w.startWatcher()
+	}
 	w.fleet = f
 	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fleetRole(fc))
 	return nil
+}
+
+// engineCoordinator is eng as the fleet's coordinator: with anchors, the
+// takeover reports of other kproxies are answered before eng sees them
+// (takeover_fleet.go).
+func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
+	if w.watcher == nil {
+		return engineCoordinator{eng}
+	}
+	return takeoverCoordinator{Coordinator: engineCoordinator{eng}, w: w.watcher}
 }
 
 // lastOwner reports whether no other kproxy owns a partition in this

@@ -305,9 +305,21 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	w.engine = eng
 	w.coordinator = EngineCoordinator(eng)
+	w.startWatcher()
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
 	return w, nil
+}
+
+// startWatcher starts the takeover loop of the forward watcher, if
+// there is one (takeover.go), once wiring set it up.
+func (w *Server) startWatcher() {
+	if w.watcher == nil {
+		return
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	go w.watcher.run(ctx)
+	w.closers = append(w.closers, func(context.Context) error { stop(); return nil })
 }
 
 // publish fans an engine event out to the sinks registered at wiring
@@ -440,9 +452,6 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 	})
 	w.forwarder = fw
 	w.watcher = newForwardWatcher(fw, store, owns, log)
-	wctx, stopWatcher := context.WithCancel(context.Background())
-	go w.watcher.run(wctx)
-	w.closers = append(w.closers, func(context.Context) error { stopWatcher(); return nil })
 	// Runs before the upstream client closes (closers run in reverse).
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)

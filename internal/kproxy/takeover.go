@@ -27,10 +27,13 @@ import (
 // group (kafkastore.Store.TakeoverReady). The members' next heartbeat is
 // answered by the engine at the same generation: no rebalance.
 //
-// What is not taken over: KIP-848 groups (their members are forwarded
-// until the group empties), and, in a fleet, a group whose members are
-// behind more than one kproxy (each kproxy sees only its own members'
-// requests).
+// In a fleet each kproxy sees only its own members' requests: the others
+// report theirs to the group's owner (takeover_fleet.go), which takes the
+// group over once every member is accounted for, and tells the others to
+// stop forwarding it before the anchor replaces the members.
+//
+// KIP-848 groups are not taken over: their members are forwarded until
+// the group empties.
 
 // watchedMember is what this kproxy saw of one member of a forwarded
 // classic group. Guarded by the watcher's mu.
@@ -76,9 +79,21 @@ type forwardWatcher struct {
 	owns  func(string) bool // immutable; nil = every group is ours (local mode)
 	log   *slog.Logger      // immutable
 
+	// id names this kproxy in its reports to other kproxies; send
+	// relays a report to the group's owner (the fleet's Router); nil
+	// in local mode. Both set before run starts, immutable after.
+	id   string
+	send func(proxy.Client, kmsg.Request, func(kmsg.Response))
+
 	mu     sync.Mutex
 	groups map[string]*watchedGroup // guarded by mu
 	seq    uint64                   // guarded by mu
+	// remote holds, by group and reporting kproxy, the members other
+	// kproxies forward (takeover_fleet.go); guarded by mu.
+	remote map[string]map[string]remoteReport
+	// releasing holds the takeovers waiting for their members'
+	// requests to arrive; guarded by mu.
+	releasing map[string]*release
 }
 
 // takeoverStore is what a takeover asks of the store;
@@ -102,7 +117,8 @@ const takeoverDrain = 5 * time.Second
 const maxWatchedGroups = 10_000
 
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
-	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup)}
+	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
+		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release)}
 }
 
 // Forwarded, Lookup and Claim are the forwardSet's: the watcher is the
@@ -252,8 +268,9 @@ func cloneString(s *string) *string {
 	return &c
 }
 
-// run checks the watched groups for a takeover every takeoverInterval
-// until ctx ends.
+// run checks the watched groups every takeoverInterval until ctx ends:
+// a group this kproxy owns is taken over when it can be; the members
+// of a group another kproxy owns are reported to that owner.
 func (w *forwardWatcher) run(ctx context.Context) {
 	t := time.NewTicker(takeoverInterval)
 	defer t.Stop()
@@ -263,21 +280,27 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, group := range w.candidates() {
+		owned, others := w.candidates()
+		for _, group := range owned {
 			if err := w.tryTakeover(ctx, group); err != nil && ctx.Err() == nil {
 				w.log.Debug("takeover not done", "group", group, "err", err)
 			}
 		}
+		for _, rep := range others {
+			w.report(ctx, rep)
+		}
+		w.finishReleases()
 	}
 }
 
-// candidates returns the watched groups that may be taken over now,
-// and forgets the groups no longer forwarded or without members.
-func (w *forwardWatcher) candidates() []string {
+// candidates returns the groups this kproxy owns that may be taken over
+// now (their members all watched here or reported by other kproxies,
+// ready), and the reports of the groups watched here that another kproxy
+// owns. It forgets the groups no longer forwarded or without members.
+func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []string
 	for group, g := range w.groups {
 		for id, fl := range g.inFlight {
 			if now.Sub(fl.sent) > fl.max {
@@ -293,33 +316,79 @@ func (w *forwardWatcher) candidates() []string {
 			delete(w.groups, group)
 			continue
 		}
-		if w.readyLocked(g, now) && (w.owns == nil || w.owns(group)) {
-			out = append(out, group)
+		if w.owns != nil && !w.owns(group) {
+			others = append(others, w.reportLocked(group, g, now))
 		}
 	}
-	sort.Strings(out)
-	return out
+	for group, byFrom := range w.remote {
+		for from, r := range byFrom {
+			if now.Sub(r.at) > reportFresh {
+				delete(byFrom, from)
+			}
+		}
+		if len(byFrom) == 0 {
+			delete(w.remote, group)
+		}
+	}
+	seen := make(map[string]bool)
+	for group := range w.groups {
+		seen[group] = true
+	}
+	for group := range w.remote {
+		seen[group] = true
+	}
+	for group := range seen {
+		// A group without members behind this kproxy may have no
+		// forwarding decision here: the cluster's view decides
+		// (tryTakeover).
+		if _, busy := w.releasing[group]; busy || (w.owns != nil && !w.owns(group)) {
+			continue
+		}
+		if _, ok := w.mergedLocked(group, now); ok {
+			owned = append(owned, group)
+		}
+	}
+	sort.Strings(owned)
+	return owned, others
 }
 
-// readyLocked reports whether g's members all stand synced at one
-// generation, heard from recently, with no join or sync on its way.
-func (w *forwardWatcher) readyLocked(g *watchedGroup, now time.Time) bool {
-	if len(g.members) == 0 || len(g.inFlight) > 0 {
-		return false
+// mergedLocked returns every member of group known here: watched here
+// and reported by other kproxies; ok says they all stand synced at one
+// generation, heard from recently, with no request of the group on its
+// way to the cluster anywhere.
+func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*watchedMember, bool) {
+	all := make(map[string]*watchedMember)
+	inFlight := 0
+	if g := w.groups[group]; g != nil {
+		inFlight += len(g.inFlight)
+		for id, m := range g.members {
+			all[id] = m
+		}
+	}
+	for _, r := range w.remote[group] {
+		inFlight += r.InFlight
+		for _, rm := range r.Members {
+			all[rm.ID] = rm.member(r.at)
+		}
+	}
+	if len(all) == 0 || inFlight > 0 {
+		return all, false
 	}
 	gen := int32(-1)
-	for _, m := range g.members {
+	for _, m := range all {
 		if !m.synced || (gen >= 0 && m.generation != gen) ||
 			now.Sub(m.lastOK) > time.Duration(m.sessionMS)*time.Millisecond/2 {
-			return false
+			return all, false
 		}
 		gen = m.generation
 	}
-	return true
+	return all, true
 }
 
 // tryTakeover takes group over if the cluster's group is Stable and its
-// members are exactly the ones watched here.
+// members are exactly the ones known here. The takeover completes
+// (finishReleases) once the other kproxies that forward its members
+// stopped forwarding them.
 func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	d, err := w.store.DescribeClassicGroup(dctx, group)
@@ -330,43 +399,71 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	if d.ErrorCode != 0 || d.State != "Stable" || len(d.Members) == 0 {
 		return nil
 	}
+	now := time.Now()
 	w.mu.Lock()
-	g := w.groups[group]
-	if g == nil || !w.readyLocked(g, time.Now()) || len(g.members) != len(d.Members) {
+	all, ok := w.mergedLocked(group, now)
+	if !ok || len(all) != len(d.Members) {
 		w.mu.Unlock()
 		return nil
 	}
-	rec, members, gen, ok := takeoverRecord(d, g.members)
-	w.mu.Unlock()
+	rec, members, gen, ok := takeoverRecord(d, all)
 	if !ok {
+		w.mu.Unlock()
 		return nil
 	}
+	rel := &release{since: now, waiting: make(map[string]bool)}
+	for from := range w.remote[group] {
+		rel.waiting[from] = true
+	}
+	w.mu.Unlock()
 	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
 		return err
 	}
 	w.fw.takeOver(group)
-	// Wait for the requests already forwarded: the anchor's join must
-	// not meet a member's heartbeat at the cluster.
-	deadline := time.Now().Add(takeoverDrain)
-	for {
-		w.mu.Lock()
-		g := w.groups[group]
-		n := 0
-		if g != nil {
-			n = len(g.inFlight)
-		}
-		w.mu.Unlock()
-		if n == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	w.store.TakeoverReady(group)
 	w.mu.Lock()
-	delete(w.groups, group)
+	w.releasing[group] = rel
 	w.mu.Unlock()
-	w.log.Info("group taken over from the cluster's coordinator", "group", group, "members", len(members), "generation", gen)
+	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
+		"generation", gen, "other_kproxies", len(rel.waiting))
 	return nil
+}
+
+// release is a takeover waiting for the requests of its members still
+// on their way to the cluster: those forwarded here, and the other
+// kproxies' (waiting names the kproxies that have not said they stopped
+// forwarding the group).
+type release struct {
+	since   time.Time
+	waiting map[string]bool
+}
+
+// finishReleases completes the takeovers whose members' requests all
+// arrived, or that waited takeoverDrain.
+func (w *forwardWatcher) finishReleases() {
+	now := time.Now()
+	var ready []string
+	w.mu.Lock()
+	for group, rel := range w.releasing {
+		local := 0
+		if g := w.groups[group]; g != nil {
+			local = len(g.inFlight)
+		}
+		if (local == 0 && len(rel.waiting) == 0) || now.Sub(rel.since) > takeoverDrain {
+			if len(rel.waiting) > 0 || local > 0 {
+				w.log.Warn("takeover: requests of the group's members may still be on their way to the cluster; completing anyway",
+					"group", group, "kproxies_silent", len(rel.waiting), "in_flight_here", local)
+			}
+			ready = append(ready, group)
+			delete(w.releasing, group)
+			delete(w.groups, group)
+			delete(w.remote, group)
+		}
+	}
+	w.mu.Unlock()
+	for _, group := range ready {
+		w.store.TakeoverReady(group)
+		w.log.Info("group taken over from the cluster's coordinator", "group", group)
+	}
 }
 
 // takeoverRecord builds the group record of the cluster's group d, whose

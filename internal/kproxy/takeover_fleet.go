@@ -1,0 +1,220 @@
+package kproxy
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// Takeover reports between the kproxies of a fleet. A kproxy that
+// forwards members of a group another kproxy owns tells that owner, every
+// takeoverInterval, what it knows of them (memberReport), and the owner
+// answers whether to stop forwarding the group (it is taking the group
+// over). The report travels as the fleet's relayed requests do (the
+// Router, the peer wire): a JoinGroup of the group with protocol type
+// reportProtocolType, from client reportClientID with no client address,
+// whose one protocol's metadata is the report in JSON. Requests of real
+// clients always carry the client's address, so no client can send one;
+// takeoverCoordinator answers it before the engine sees it.
+
+const (
+	reportClientID     = "kproxy-takeover"
+	reportProtocolType = "kproxy-takeover-report"
+	// reportFresh is how long a report counts.
+	reportFresh = 3 * time.Second
+)
+
+// memberReport is one kproxy's report on the members of one group it
+// forwards.
+type memberReport struct {
+	Group    string           `json:"group"`
+	From     string           `json:"from"`
+	Members  []reportedMember `json:"members"`
+	InFlight int              `json:"in_flight"`
+	// Released says the kproxy stopped forwarding the group (the owner
+	// asked it to) and InFlight of its requests are still out.
+	Released bool `json:"released,omitempty"`
+}
+
+type reportedMember struct {
+	ID           string          `json:"id"`
+	InstanceID   *string         `json:"instance_id,omitempty"`
+	ClientID     string          `json:"client_id"`
+	ClientHost   string          `json:"client_host"`
+	ProtocolType string          `json:"protocol_type"`
+	Protocol     string          `json:"protocol"`
+	Protocols    []namedMetadata `json:"protocols"`
+	Leader       string          `json:"leader"`
+	Generation   int32           `json:"generation"`
+	SessionMS    int32           `json:"session_ms"`
+	RebalanceMS  int32           `json:"rebalance_ms"`
+	Synced       bool            `json:"synced"`
+	// SinceOK is how long ago an answer at its generation came without
+	// error, in milliseconds.
+	SinceOK int64 `json:"since_ok_ms"`
+}
+
+type namedMetadata struct {
+	Name     string `json:"name"`
+	Metadata []byte `json:"metadata"`
+}
+
+// remoteReport is a report received, with when.
+type remoteReport struct {
+	memberReport
+	at time.Time
+}
+
+// member turns a reported member back into a watched one, as of at.
+func (r reportedMember) member(at time.Time) *watchedMember {
+	m := &watchedMember{
+		instanceID: r.InstanceID, clientID: r.ClientID, clientHost: r.ClientHost,
+		protocolType: r.ProtocolType, protocol: r.Protocol, leader: r.Leader,
+		generation: r.Generation, sessionMS: r.SessionMS, rebalanceMS: r.RebalanceMS,
+		synced: r.Synced, lastOK: at.Add(-time.Duration(r.SinceOK) * time.Millisecond),
+	}
+	for _, p := range r.Protocols {
+		m.protocols = append(m.protocols, kmsg.JoinGroupRequestProtocol{Name: p.Name, Metadata: p.Metadata})
+	}
+	return m
+}
+
+// reportLocked builds the report of group g; w.mu is held.
+func (w *forwardWatcher) reportLocked(group string, g *watchedGroup, now time.Time) memberReport {
+	r := memberReport{Group: group, From: w.id, InFlight: len(g.inFlight)}
+	for id, m := range g.members {
+		rm := reportedMember{
+			ID: id, InstanceID: cloneString(m.instanceID), ClientID: m.clientID, ClientHost: m.clientHost,
+			ProtocolType: m.protocolType, Protocol: m.protocol, Leader: m.leader, Generation: m.generation,
+			SessionMS: m.sessionMS, RebalanceMS: m.rebalanceMS, Synced: m.synced, SinceOK: now.Sub(m.lastOK).Milliseconds(),
+		}
+		for _, p := range m.protocols {
+			rm.Protocols = append(rm.Protocols, namedMetadata{Name: p.Name, Metadata: p.Metadata})
+		}
+		r.Members = append(r.Members, rm)
+	}
+	return r
+}
+
+// report sends r to its group's owner; if the owner takes the group over,
+// this kproxy stops forwarding it, waits for its requests on their way to
+// the cluster and says so.
+func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
+	if w.send == nil {
+		return
+	}
+	if !w.sendReport(ctx, r) {
+		return
+	}
+	w.fw.takeOver(r.Group)
+	w.log.Info("takeover: the group's owner takes it over; its requests go to the owner from now on", "group", r.Group)
+	go func() {
+		deadline := time.Now().Add(takeoverDrain)
+		for {
+			w.mu.Lock()
+			n := 0
+			if g := w.groups[r.Group]; g != nil {
+				n = len(g.inFlight)
+			}
+			w.mu.Unlock()
+			if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+				final := memberReport{Group: r.Group, From: w.id, InFlight: n, Released: true}
+				w.sendReport(ctx, final)
+				w.mu.Lock()
+				delete(w.groups, r.Group)
+				w.mu.Unlock()
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+}
+
+// sendReport relays r to its group's owner and reports whether the owner
+// answered that it takes the group over.
+func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (release bool) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return false
+	}
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group = r.Group
+	req.ProtocolType = reportProtocolType
+	req.SessionTimeoutMillis, req.RebalanceTimeoutMillis = 1000, 1000
+	p := kmsg.NewJoinGroupRequestProtocol()
+	p.Name, p.Metadata = "report", body
+	req.Protocols = append(req.Protocols, p)
+	req.SetVersion(5)
+	ch := make(chan bool, 1)
+	w.send(proxy.Client{ID: reportClientID}, req, func(resp kmsg.Response) {
+		jr, ok := resp.(*kmsg.JoinGroupResponse)
+		ch <- ok && jr.ErrorCode == 0 && jr.Protocol != nil && *jr.Protocol == "release"
+	})
+	select {
+	case release = <-ch:
+		return release
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// onReport records a report from another kproxy and answers whether it
+// must stop forwarding the group.
+func (w *forwardWatcher) onReport(r memberReport) (release bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if rel := w.releasing[r.Group]; rel != nil {
+		if r.Released && r.InFlight == 0 {
+			delete(rel.waiting, r.From)
+		} else if !r.Released {
+			rel.waiting[r.From] = true
+		}
+		return true
+	}
+	if r.Released {
+		return false
+	}
+	byFrom := w.remote[r.Group]
+	if byFrom == nil {
+		if len(w.remote) >= maxWatchedGroups {
+			return false
+		}
+		byFrom = make(map[string]remoteReport)
+		w.remote[r.Group] = byFrom
+	}
+	byFrom[r.From] = remoteReport{memberReport: r, at: time.Now()}
+	return false
+}
+
+// takeoverCoordinator is the engine's Coordinator in a fleet, answering
+// the takeover reports of other kproxies itself.
+type takeoverCoordinator struct {
+	proxy.Coordinator
+	w *forwardWatcher
+}
+
+func (c takeoverCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	jr, ok := req.(*kmsg.JoinGroupRequest)
+	if !ok || cl.Host != "" || cl.ID != reportClientID || jr.ProtocolType != reportProtocolType {
+		c.Coordinator.Handle(cl, req, reply)
+		return
+	}
+	resp := kmsg.NewPtrJoinGroupResponse()
+	resp.SetVersion(jr.GetVersion())
+	var r memberReport
+	if len(jr.Protocols) != 1 || json.Unmarshal(jr.Protocols[0].Metadata, &r) != nil || r.Group != jr.Group {
+		resp.ErrorCode = 42 // INVALID_REQUEST
+		reply(resp)
+		return
+	}
+	answer := "keep"
+	if c.w.onReport(r) {
+		answer = "release"
+	}
+	resp.Protocol = &answer
+	reply(resp)
+}
