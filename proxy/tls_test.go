@@ -319,7 +319,11 @@ func TestTLSWrongProtocol(t *testing.T) {
 		t.Fatalf("TLS client after bad input: %v", err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if n := strings.Count(tlsLogs.String(), "closing client connection"); n != 2 {
+	// On a loaded machine the good client's own handshake may take
+	// longer than the test's 300ms limit: that line is the limit
+	// working (the client retried and got through), not bad input.
+	logs := tlsLogs.String()
+	if n := strings.Count(logs, "closing client connection") - strings.Count(logs, "TLS handshake not complete within 300ms"); n != 1 {
 		t.Errorf("a good client caused a log line:\n%s", tlsLogs)
 	}
 }
