@@ -923,7 +923,47 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 	// partition.
 	rolled = time.Now()
 	idle := 0
+	if s.r.rollbackAll {
+		// Out all at once: the application stops, its sidecars stop,
+		// and it starts again against the brokers (directly: a plain
+		// restart of the whole application).
+		for i := range ms {
+			if err := s.stop(ms[i], 30*time.Second); err != nil {
+				return fail("stopping %s: %v", ms[i].name, err)
+			}
+		}
+		for _, n := range nodes {
+			n.proc.stop()
+		}
+		if s.path == "kproxy" {
+			// The last sidecar to stop takes the anchor out: the
+			// broker's group is empty, its offsets kept.
+			state, ids, err := s.h.clusterMembers(ctx, s.group)
+			if err != nil {
+				return fail("describing the group on the broker after the sidecars stopped: %v", err)
+			}
+			if len(ids) != 0 {
+				return fail("after every sidecar stopped the broker's coordinator still shows the group %s with client ids %v", state, ids)
+			}
+			s.note("after every sidecar stopped the broker's group is %s with no member: the anchor left", state)
+		}
+		at := time.Now()
+		for i := range ms {
+			m, err := startAt(s.h.broker, i)
+			if err != nil {
+				return fail("%v", err)
+			}
+			ms[i] = m
+		}
+		if _, err := s.waitFor(s.h.settleTimeout, "the group to settle after every member started against the broker", func() bool { return s.stableLocked(ms) }); err != nil {
+			return fail("moving back all at once: %v; %s", err, s.ownersSummary())
+		}
+		moves = append(moves, fmt.Sprintf("all %d members@%s %s", len(ms), s.h.broker, fmtDur(time.Since(at))))
+	}
 	for i := range ms {
+		if s.r.rollbackAll {
+			break
+		}
 		if err := s.stop(ms[i], 30*time.Second); err != nil {
 			return fail("stopping %s: %v", ms[i].name, err)
 		}
@@ -975,7 +1015,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		}
 	}
 	for _, n := range nodes {
-		if !n.proc.alive() {
+		if !n.proc.alive() && !s.r.rollbackAll {
 			return fail("%s died: %s", n.name, tail(n.proc.logPath, 300))
 		}
 	}

@@ -178,6 +178,13 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 			brokerGroupTraffic: adoptionTraffic},
 		{name: "py-confluent-adoption", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range",
 			adoption: true, producer: goc("franz"), brokerGroupTraffic: adoptionTraffic},
+		// Rolled in one member at a time, rolled back all at once: every
+		// member and every sidecar stopped, the members started against
+		// the brokers.
+		{name: "java-rollback-all", client: java, assignor: "cooperative-sticky", adoption: true, rollbackAll: true, producer: goc("franz"),
+			brokerGroupTraffic: adoptionTraffic},
+		{name: "py-confluent-rollback-all", client: append(append([]string(nil), py...), "--client", "confluent"), assignor: "range",
+			adoption: true, rollbackAll: true, producer: goc("franz"), brokerGroupTraffic: adoptionTraffic},
 		// Share and streams groups (kinds.go): the cluster's coordinator
 		// serves them, kproxy forwards; direct, through kproxy and
 		// through a fleet of two.

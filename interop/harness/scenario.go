@@ -52,6 +52,10 @@ type row struct {
 	// adoption: the row moves a live group's members behind a fleet of
 	// kproxies and back, one at a time (anchors.go).
 	adoption bool
+	// rollbackAll: an adoption row whose way back is kproxy removed at
+	// once: every member stopped, every sidecar stopped, every member
+	// started against the brokers (anchors.go).
+	rollbackAll bool
 	// kind: the row runs share or streams groups (kinds.go): "share"
 	// or "streams".
 	kind string
