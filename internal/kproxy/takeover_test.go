@@ -1,0 +1,208 @@
+package kproxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// fakeTakeoverStore answers DescribeClassicGroup with a set group and
+// records the takeovers asked of it.
+type fakeTakeoverStore struct {
+	mu       sync.Mutex
+	group    kmsg.DescribeGroupsResponseGroup
+	prepared map[string][]kafkastore.TakeoverMember
+	records  map[string][]byte
+	ready    map[string]bool
+}
+
+func (s *fakeTakeoverStore) DescribeClassicGroup(context.Context, string) (kmsg.DescribeGroupsResponseGroup, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.group, nil
+}
+
+func (s *fakeTakeoverStore) PrepareTakeover(group string, rec []byte, members []kafkastore.TakeoverMember) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prepared[group], s.records[group] = members, rec
+	return nil
+}
+
+func (s *fakeTakeoverStore) TakeoverReady(group string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ready[group] = true
+}
+
+func (s *fakeTakeoverStore) CancelTakeover(string) {}
+
+func newTestWatcher(t *testing.T, owns func(string) bool) (*forwardWatcher, *fakeTakeoverStore) {
+	t.Helper()
+	st := &fakeTakeoverStore{prepared: map[string][]kafkastore.TakeoverMember{}, records: map[string][]byte{}, ready: map[string]bool{}}
+	fw := newForwardSet(nil)
+	fw.mark("g")
+	return newForwardWatcher(fw, st, owns, slog.New(slog.NewTextHandler(io.Discard, nil))), st
+}
+
+// joinSync runs member id through a watched JoinGroup and SyncGroup of
+// group g at generation gen.
+func joinSync(w *forwardWatcher, id string, gen int32, leader string) {
+	c := proxy.Client{ID: "client-" + id, Host: "10.0.0.1"}
+	jq := kmsg.NewPtrJoinGroupRequest()
+	jq.Group, jq.ProtocolType, jq.SessionTimeoutMillis, jq.RebalanceTimeoutMillis = "g", "consumer", 10000, 30000
+	jq.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: []byte("sub-" + id)}}
+	done := w.Watch(c, "g", jq)
+	jr := kmsg.NewPtrJoinGroupResponse()
+	jr.MemberID, jr.Generation, jr.LeaderID = id, gen, leader
+	p := "range"
+	jr.Protocol = &p
+	done(jr)
+	sq := kmsg.NewPtrSyncGroupRequest()
+	sq.Group, sq.MemberID, sq.Generation = "g", id, gen
+	w.Watch(c, "g", sq)(kmsg.NewPtrSyncGroupResponse())
+}
+
+func describedGroup(ids ...string) kmsg.DescribeGroupsResponseGroup {
+	d := kmsg.NewDescribeGroupsResponseGroup()
+	d.Group, d.State, d.ProtocolType, d.Protocol = "g", "Stable", "consumer", "range"
+	for _, id := range ids {
+		m := kmsg.NewDescribeGroupsResponseGroupMember()
+		m.MemberID, m.ProtocolMetadata, m.MemberAssignment = id, []byte("sub-"+id), []byte("asg-"+id)
+		d.Members = append(d.Members, m)
+	}
+	return d
+}
+
+// TestTakeoverLocal: the members a kproxy forwards are taken over once
+// the cluster's group is Stable with exactly them, at their generation,
+// with the cluster's assignments and their own subscriptions; not while
+// one of them is unsynced or a request of the group is on its way, nor
+// when the cluster lists a member kproxy does not forward.
+func TestTakeoverLocal(t *testing.T) {
+	ctx := context.Background()
+	w, st := newTestWatcher(t, nil)
+	joinSync(w, "m1", 7, "m1")
+	joinSync(w, "m2", 7, "m1")
+
+	st.group = describedGroup("m1", "m2", "direct")
+	owned, _ := w.candidates()
+	if len(owned) != 1 {
+		t.Fatalf("candidates %v, want g", owned)
+	}
+	if err := w.tryTakeover(ctx, "g"); err != nil || len(st.prepared) != 0 {
+		t.Fatalf("took over a group with a direct member (err %v, prepared %v)", err, st.prepared)
+	}
+
+	// A heartbeat on its way holds the takeover off.
+	hb := kmsg.NewPtrHeartbeatRequest()
+	hb.Group, hb.MemberID, hb.Generation = "g", "m2", 7
+	answer := w.Watch(proxy.Client{ID: "client-m2", Host: "10.0.0.1"}, "g", hb)
+	if owned, _ := w.candidates(); len(owned) != 0 {
+		t.Fatalf("candidate with a heartbeat in flight: %v", owned)
+	}
+	// REBALANCE_IN_PROGRESS: m2 rejoins, no takeover until it synced.
+	hr := kmsg.NewPtrHeartbeatResponse()
+	hr.ErrorCode = kerr.RebalanceInProgress.Code
+	answer(hr)
+	if owned, _ := w.candidates(); len(owned) != 0 {
+		t.Fatalf("candidate while a member rebalances: %v", owned)
+	}
+	joinSync(w, "m1", 8, "m1")
+	joinSync(w, "m2", 8, "m1")
+
+	st.group = describedGroup("m1", "m2")
+	if err := w.tryTakeover(ctx, "g"); err != nil {
+		t.Fatal(err)
+	}
+	w.finishReleases()
+	if len(st.prepared["g"]) != 2 || !st.ready["g"] || w.fw.Forwarded("g") {
+		t.Fatalf("prepared %v, ready %v, still forwarded %v", st.prepared, st.ready, w.fw.Forwarded("g"))
+	}
+	var v kmsg.GroupMetadataValue
+	if err := v.ReadFrom(st.records["g"]); err != nil {
+		t.Fatal(err)
+	}
+	if v.Generation != 8 || *v.Leader != "m1" || *v.Protocol != "range" || len(v.Members) != 2 ||
+		string(v.Members[0].Subscription) != "sub-m1" || string(v.Members[1].Assignment) != "asg-m2" ||
+		v.Members[0].SessionTimeoutMillis != 10000 || v.Members[0].ClientHost != "10.0.0.1" {
+		t.Fatalf("record %+v", v)
+	}
+}
+
+// TestTakeoverFleet: the owner counts the members other kproxies report,
+// answers them "release" once it takes the group over, and completes the
+// takeover only when each said it stopped forwarding with nothing on its
+// way; a report from a real client's connection never reaches the
+// watcher.
+func TestTakeoverFleet(t *testing.T) {
+	ctx := context.Background()
+	owner, st := newTestWatcher(t, func(string) bool { return true })
+	relay, _ := newTestWatcher(t, func(string) bool { return false })
+	relay.id = "relay-1"
+	joinSync(relay, "m1", 3, "m1")
+	_, reports := relay.candidates()
+	if len(reports) != 1 || len(reports[0].Members) != 1 {
+		t.Fatalf("relay's reports %+v", reports)
+	}
+	engine := &countingCoordinator{}
+	coord := takeoverCoordinator{Coordinator: engine, w: owner}
+	send := func(c proxy.Client, r memberReport) string {
+		req := kmsg.NewPtrJoinGroupRequest()
+		body, _ := json.Marshal(r)
+		req.Group, req.ProtocolType = r.Group, reportProtocolType
+		req.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "report", Metadata: body}}
+		var got string
+		coord.Handle(c, req, func(resp kmsg.Response) {
+			if p := resp.(*kmsg.JoinGroupResponse).Protocol; p != nil {
+				got = *p
+			}
+		})
+		return got
+	}
+	if got := send(proxy.Client{ID: reportClientID}, reports[0]); got != "keep" {
+		t.Fatalf("first report answered %q", got)
+	}
+	st.group = describedGroup("m1")
+	if err := owner.tryTakeover(ctx, "g"); err != nil || len(st.prepared) != 1 {
+		t.Fatalf("owner did not take over (err %v)", err)
+	}
+	if got := send(proxy.Client{ID: reportClientID}, reports[0]); got != "release" {
+		t.Fatalf("report during the takeover answered %q, want release", got)
+	}
+	owner.finishReleases()
+	if st.ready["g"] {
+		t.Fatal("takeover completed before the relay stopped forwarding")
+	}
+	send(proxy.Client{ID: reportClientID}, memberReport{Group: "g", From: "relay-1", Released: true})
+	owner.finishReleases()
+	if !st.ready["g"] {
+		t.Fatal("takeover not completed after the relay stopped forwarding")
+	}
+	if engine.asked != 0 {
+		t.Fatalf("the engine was asked %d times for reports", engine.asked)
+	}
+	// The same JoinGroup from a client's connection goes to the engine.
+	send(proxy.Client{ID: reportClientID, Host: "10.0.0.9"}, reports[0])
+	if engine.asked != 1 {
+		t.Fatal("a report from a client address was answered by the watcher, not the engine")
+	}
+}
+
+// countingCoordinator counts the requests it is asked and answers
+// each with an empty response.
+type countingCoordinator struct{ asked int }
+
+func (c *countingCoordinator) Handle(_ proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	c.asked++
+	reply(req.ResponseKind())
+}
