@@ -154,10 +154,12 @@ func sameOwners(a, b map[string][]int32) bool {
 
 // TestTakeOverLiveGroupFleet: the same adoption with one sidecar per
 // member, in a fleet: three direct members move one at a time onto three
-// kproxies (one owner of every groups partition, two relays), so each
-// kproxy forwards one member and only the relays' reports tell the owner
-// about the others. Once the last one is behind kproxy the owner takes
-// the group over without a rebalance.
+// relays while a fourth kproxy owns every groups partition, so only the
+// relays' reports tell the owner about the members. Once the last one is
+// behind kproxy the owner takes the group over without a rebalance. Then
+// the owner stops and another takes its partitions: the group taken over
+// was written to the groups topic, so the members go on at the same
+// generation there too.
 func TestTakeOverLiveGroupFleet(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -172,7 +174,7 @@ func TestTakeOverLiveGroupFleet(t *testing.T) {
 	fc := kproxy.FleetConfig{Name: "takeover"}
 	owner := startFleetKproxy(t, brokers, fc)
 	fc.Relay = true
-	relays := []*kproxy.Server{startFleetKproxy(t, brokers, fc), startFleetKproxy(t, brokers, fc)}
+	relays := []*kproxy.Server{startFleetKproxy(t, brokers, fc), startFleetKproxy(t, brokers, fc), startFleetKproxy(t, brokers, fc)}
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +199,7 @@ func TestTakeOverLiveGroupFleet(t *testing.T) {
 		direct = append(direct, startMemberAt(t, brokers[0], name+"-direct", mc()))
 	}
 	waitOwners(t, own, 6, "a-direct", "b-direct", "c-direct")
-	sidecars := []*kproxy.Server{relays[0], relays[1], owner}
+	sidecars := relays
 	var behind []*member
 	for i, name := range names {
 		direct[i].leave()
@@ -248,6 +250,38 @@ func TestTakeOverLiveGroupFleet(t *testing.T) {
 	}
 	if after := own.owners(); !sameOwners(before, after) {
 		t.Fatalf("partitions changed hands after the takeover: %v, then %v", before, after)
+	}
+
+	// Failover: a second owner starts, the first stops; the group's
+	// record moves with its partition.
+	next := startFleetKproxy(t, brokers, kproxy.FleetConfig{Name: "takeover"})
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	if err := owner.Shutdown(sctx); err != nil {
+		t.Logf("first owner's shutdown: %v", err)
+	}
+	scancel()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got groupstate.GroupSnapshot
+		for _, g := range next.Engine().Groups() {
+			if g.Group == group {
+				got = g
+			}
+		}
+		if len(got.Members) == 3 {
+			if got.Generation != gens[0] {
+				t.Fatalf("the next owner holds the group at generation %d, the members were at %d", got.Generation, gens[0])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the next owner never served the group with its 3 members: %+v", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	if now := generations(behind); !slices.Equal(now, gens) {
+		t.Fatalf("the members' generations went from %v to %v after the failover", gens, now)
 	}
 	own.check()
 	watch.check(t)

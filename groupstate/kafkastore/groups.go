@@ -359,7 +359,13 @@ func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bo
 			return nil, false, err
 		}
 		if rec != nil {
-			// Taken over from the cluster's coordinator (takeover.go).
+			// Taken over from the cluster's coordinator (takeover.go):
+			// written as the group's record, so that the next owner
+			// after a failover resumes it too.
+			if err := s.SaveGroupMetadata(ctx, group, rec); err != nil {
+				s.log.Warn("kafkastore: the record of a group taken over was not written; a failover before its next rebalance makes its members rejoin",
+					"group", group, "err", err)
+			}
 			return rec, true, nil
 		}
 	}
