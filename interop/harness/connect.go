@@ -417,7 +417,12 @@ func (s *scenario) runConnect(ctx context.Context, kproxyPort int, prior *connec
 		cfg  map[string]string
 	}{
 		{srcName, map[string]string{"connector.class": connectSource, "tasks.max": "1", "file": srcPath, "topic": s.topic}},
-		{sinkName, map[string]string{"connector.class": connectSink, "tasks.max": "1", "file": sinkPath, "topics": s.topic}},
+		// Three sink tasks, one per partition: with the source task
+		// that makes four, two on each worker (Connect balances the task
+		// counts), so the killed worker takes a member of the sink's
+		// consumer group with it too. They append whole lines to one
+		// file (one write each).
+		{sinkName, map[string]string{"connector.class": connectSink, "tasks.max": strconv.Itoa(connectPartitions), "file": sinkPath, "topics": s.topic}},
 	}
 	for i, c := range configs {
 		// Through either worker: a follower forwards to the leader.
@@ -469,6 +474,12 @@ func (s *scenario) runConnect(ctx context.Context, kproxyPort int, prior *connec
 	victim, survivor := workers[0], workers[1]
 	if st[srcName].Tasks[0].WorkerID == workers[1].id {
 		victim, survivor = workers[1], workers[0]
+	}
+	sinkMoved := 0
+	for _, t := range st[sinkName].Tasks {
+		if t.WorkerID == victim.id {
+			sinkMoved++
+		}
 	}
 	victim.proc.kill()
 	killed := time.Now()
@@ -522,8 +533,8 @@ func (s *scenario) runConnect(ctx context.Context, kproxyPort int, prior *connec
 	out = &connectOutcome{moved: moved, delivered: delivered, duplicates: sf.total - 2*connectLines}
 	res.records = 2 * connectLines
 	res.settle = fmt.Sprintf("%s/%s/%s", fmtDur(up+running), fmtDur(out.moved), fmtDur(out.delivered))
-	s.note("%s: before the kill %s; %s (running the source task) SIGKILLed, %d lines appended; every task on %s %s after the kill, all %d lines in the sink file %s after it; %d duplicates, all of lines read before the kill (at most %d copies of one; at-least-once, offsets flushed every 1 s)",
-		s.path, before, victim.name, connectLines, survivor.name, fmtDur(out.moved), 2*connectLines, fmtDur(out.delivered), out.duplicates, maxCopies)
+	s.note("%s: before the kill %s; %s (running the source task and %d of the %d sink tasks) SIGKILLed, %d lines appended; every task on %s %s after the kill, all %d lines in the sink file %s after it; %d duplicates, all of lines read before the kill (at most %d copies of one; at-least-once, offsets flushed every 1 s)",
+		s.path, before, victim.name, sinkMoved, connectPartitions, connectLines, survivor.name, fmtDur(out.moved), 2*connectLines, fmtDur(out.delivered), out.duplicates, maxCopies)
 	if s.path == "kproxy" && prior != nil {
 		s.note("kill → tasks on the survivor: %s through kproxy, %s directly (%+.1fs); kill → every line: %s vs %s; duplicates %d vs %d",
 			fmtDur(out.moved), fmtDur(prior.moved), (out.moved - prior.moved).Seconds(),
