@@ -67,6 +67,18 @@ if [[ "$(cat interop/kinds/target/.kproxy-stamp 2>/dev/null)" != "$kinds_stamp" 
 	echo "$kinds_stamp" >interop/kinds/target/.kproxy-stamp
 fi
 
+# Kafka Connect for the kafka-connect row (interop/connect: connect-runtime,
+# connect-file, connect-json at the main broker's version, log4j2), resolved
+# into interop/connect/target/lib the same way; nothing to compile.
+connect_stamp=$(stamp interop/connect/pom.xml)
+if [[ "$(cat interop/connect/target/.kproxy-stamp 2>/dev/null)" != "$connect_stamp" ]]; then
+	say "resolving Kafka Connect (connect-runtime, connect-file, connect-json from Maven Central)"
+	rm -rf interop/connect/target/lib
+	mvn -q -B -f interop/connect/pom.xml package -DskipTests >"$LOGS/mvn-connect.log" 2>&1 ||
+		{ tail -40 "$LOGS/mvn-connect.log" >&2; die "Kafka Connect build failed"; }
+	echo "$connect_stamp" >interop/connect/target/.kproxy-stamp
+fi
+
 # Python clients: a venv in the cache.
 py_stamp=$(stamp interop/python/requirements.txt)
 if [[ "$(cat "$KPROXY_CACHE/venv/.kproxy-stamp" 2>/dev/null)" != "$py_stamp" ]]; then

@@ -16,6 +16,11 @@ package main
 //     with exactly-once v2, two instances, one SIGKILLed mid-way: every
 //     count exact once the input is read, the killed instance's tasks
 //     taken over.
+//   - java-streams-classic: the same word count on the classic group
+//     protocol (Streams' default). kproxy's engine serves that group, so
+//     it runs directly and through the tier's kproxy only (no fleet) and
+//     is held to KPROXY_INTEROP_EXPECT_ENGINE; the survivor's time to
+//     every count after the kill is compared between the paths.
 //
 // On a broker without the kind (4.1.1 has neither GA) the client's first
 // error through kproxy must be the one it gets directly.
@@ -62,7 +67,8 @@ const (
 // kindOutcome is what one path of a kinds row saw, for the comparison of
 // the kproxy path with the direct one.
 type kindOutcome struct {
-	firstError string // on a broker without the kind: the client's first error
+	firstError string        // on a broker without the kind: the client's first error
+	takeover   time.Duration // streams rows: kill → the survivor has every count
 }
 
 // kindProc is one client process of a kinds row; its stdout lines are
@@ -152,7 +158,11 @@ func (p *kindProc) kill() {
 func (h *harness) kindJava(class string) []string {
 	cp := filepath.Join(h.root, "interop/kinds/target/classes") + ":" + filepath.Join(h.root, "interop/kinds/target/lib/*")
 	return []string{"java", "-Xmx256m", "-Xss512k", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
-		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-cp", cp, "io.kproxy.interop.kinds." + class}
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", "-Dorg.slf4j.simpleLogger.showDateTime=true",
+		"-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+		// A classic group's joins and assignments, for the logs.
+		"-Dorg.slf4j.simpleLogger.log.org.apache.kafka.clients.consumer.internals.ConsumerCoordinator=info",
+		"-cp", cp, "io.kproxy.interop.kinds." + class}
 }
 
 // runKind runs a kinds row on s.path; prior is the direct path's outcome.
@@ -172,11 +182,12 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 	if s.r.kind == "streams" {
 		need = streamsGroups
 	}
-	if !s.h.brokerHas(need) {
+	classic := s.r.groupProtocol == "classic"
+	if !classic && !s.h.brokerHas(need) {
 		return s.runKindMissing(ctx, need, prior)
 	}
 	targets := []struct{ name, a, b string }{{"", s.bootstrap, s.bootstrap}}
-	if s.path == "kproxy" {
+	if s.path == "kproxy" && !classic {
 		nodes, err := s.startFleetOf(ctx, bin, basePort+kindFleetPort, 2)
 		defer func() {
 			var wg sync.WaitGroup
@@ -192,6 +203,7 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 		targets = append(targets, struct{ name, a, b string }{"fleet", nodes[0].proc.addr, nodes[1].proc.addr})
 	}
 	res.pass = true
+	out = &kindOutcome{}
 	for _, tg := range targets {
 		var err error
 		label := "through the tier's kproxy"
@@ -204,7 +216,12 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 		if s.r.kind == "share" {
 			err = s.runShareOnce(ctx, tg.name, tg.a, tg.b, label)
 		} else {
-			err = s.runStreamsOnce(ctx, tg.name, tg.a, tg.b, label)
+			var took time.Duration
+			took, err = s.runStreamsOnce(ctx, tg.name, tg.a, tg.b, label)
+			if tg.name == "" {
+				out.takeover = took
+				res.settle = "takeover " + fmtDur(took)
+			}
 		}
 		if err != nil {
 			return fail("%s: %v", label, err)
@@ -213,8 +230,16 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 	res.records = kindRecords
 	if s.r.kind == "streams" {
 		res.records = kindLines
+		if s.path == "kproxy" && prior != nil && prior.takeover > 0 {
+			s.note("kill → m2 had every count: %s through kproxy, %s directly (%+.1fs)",
+				fmtDur(out.takeover), fmtDur(prior.takeover), (out.takeover - prior.takeover).Seconds())
+			if classic && out.takeover > prior.takeover+takeoverSlack {
+				return fail("m2 had every count %s after the kill through kproxy, %s directly: more than %s later",
+					fmtDur(out.takeover), fmtDur(prior.takeover), takeoverSlack)
+			}
+		}
 	}
-	return res, &kindOutcome{}
+	return res, out
 }
 
 // runKindMissing runs the row's client once against a broker without the
@@ -553,9 +578,13 @@ func words() ([]string, map[string]int64) {
 }
 
 // readCounts reads a word count's output (read_committed) and returns
-// each word's last count.
+// each word's last count. The transaction markers are kept, so the read
+// ends as soon as it reaches every partition's end offset: an
+// exactly-once output ends with a marker, and without them the read
+// waited out its 20 s timeout on every call, which made the takeover
+// times of the streams rows multiples of it.
 func (h *harness) readCounts(ctx context.Context, topic string) (map[string]int64, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(h.broker), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(h.broker), kgo.ConsumeTopics(topic), kgo.KeepControlRecords(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return nil, err
@@ -582,10 +611,10 @@ func (h *harness) readCounts(ctx context.Context, topic string) (map[string]int6
 	for !done() {
 		fs := cl.PollFetches(rctx)
 		if rctx.Err() != nil {
-			break // the rest are transaction markers or aborted records
+			break // an open transaction holds the rest
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			if len(r.Value) == 8 {
+			if !r.Attrs.IsControl() && len(r.Value) == 8 {
 				var n int64
 				for _, b := range r.Value {
 					n = n<<8 | int64(b)
@@ -599,8 +628,9 @@ func (h *harness) readCounts(ctx context.Context, topic string) (map[string]int6
 }
 
 // runStreamsOnce runs the streams scenario once with its instances
-// bootstrapped at a and b.
-func (s *scenario) runStreamsOnce(ctx context.Context, suffix, a, b, label string) error {
+// bootstrapped at a and b, on the row's group protocol, and returns the
+// time from m1's kill until m2 had every count.
+func (s *scenario) runStreamsOnce(ctx context.Context, suffix, a, b, label string) (time.Duration, error) {
 	in, group := s.topic, s.group
 	if suffix != "" {
 		in, group = in+"-"+suffix, group+"-"+suffix
@@ -608,30 +638,35 @@ func (s *scenario) runStreamsOnce(ctx context.Context, suffix, a, b, label strin
 	out := in + "-out"
 	for _, t := range []string{in, out} {
 		if err := s.h.createTopic(ctx, t, kindPartitions); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	lines, want := words()
 	half := len(lines) / 2
 	if err := s.h.produceValues(ctx, in, lines[:half]); err != nil {
-		return err
+		return 0, err
 	}
 	pre := "streams"
 	if suffix != "" {
 		pre += "-" + suffix
 	}
+	protocol := s.r.groupProtocol
+	if protocol == "" {
+		protocol = "streams"
+	}
 	start := func(name, addr string) (*kindProc, error) {
 		return s.startKindProc(pre+"-"+name, append(s.h.kindJava("WordCount"), "--bootstrap", addr, "--group", group,
-			"--in", in, "--out", out, "--state-dir", s.logPath(pre+"-state-"+name), "--name", name, "--seconds", "300"))
+			"--in", in, "--out", out, "--state-dir", s.logPath(pre+"-state-"+name), "--name", name, "--seconds", "300",
+			"--protocol", protocol))
 	}
 	m1, err := start("m1", a)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer m1.kill()
 	m2, err := start("m2", b)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer m2.kill()
 	running := func(p *kindProc) bool {
@@ -644,7 +679,7 @@ func (s *scenario) runStreamsOnce(ctx context.Context, suffix, a, b, label strin
 		return false
 	}
 	if _, err := s.waitFor(90*time.Second, "both instances RUNNING", func() bool { return running(m1) && running(m2) }); err != nil {
-		return fmt.Errorf("%v (m1: %s; m2: %s)", err, m1.firstError(), m2.firstError())
+		return 0, fmt.Errorf("%v (m1: %s; m2: %s)", err, m1.firstError(), m2.firstError())
 	}
 	// The first half counted by the two, then m1 killed mid-stream.
 	half1 := map[string]int64{}
@@ -654,22 +689,23 @@ func (s *scenario) runStreamsOnce(ctx context.Context, suffix, a, b, label strin
 		}
 	}
 	if err := s.waitCounts(ctx, out, half1, 90*time.Second); err != nil {
-		return fmt.Errorf("first half: %v (m1: %s; m2: %s)", err, m1.firstError(), m2.firstError())
+		return 0, fmt.Errorf("first half: %v (m1: %s; m2: %s)", err, m1.firstError(), m2.firstError())
 	}
 	m1.kill()
 	killed := time.Now()
 	if err := s.h.produceValues(ctx, in, lines[half:]); err != nil {
-		return err
+		return 0, err
 	}
 	if err := s.waitCounts(ctx, out, want, 120*time.Second); err != nil {
-		return fmt.Errorf("after m1 was killed: %v (m2: %s)", err, m2.firstError())
+		return 0, fmt.Errorf("after m1 was killed: %v (m2: %s)", err, m2.firstError())
 	}
-	s.note("%s: %d words of %d lines counted exactly (exactly-once v2) after m1 was SIGKILLed; m2 had every count %s after the kill",
-		label, len(want), len(lines), fmtDur(time.Since(killed)))
+	took := time.Since(killed)
+	s.note("%s: %d words of %d lines counted exactly (exactly-once v2, group.protocol=%s) after m1 was SIGKILLed; m2 had every count %s after the kill",
+		label, len(want), len(lines), protocol, fmtDur(took))
 	if e := m2.firstError(); e != "" {
-		return fmt.Errorf("m2 reported %s", e)
+		return took, fmt.Errorf("m2 reported %s", e)
 	}
-	return nil
+	return took, nil
 }
 
 // waitCounts waits until the word count's output holds want exactly; a

@@ -192,6 +192,11 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 			brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "go-franz-share", kind: "share", client: goc("franz"), brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
+		// The same word count on the classic protocol, and Kafka
+		// Connect's workers and sink group (connect.go): kproxy's
+		// engine serves both, so the broker must see none of it.
+		{name: "java-streams-classic", kind: "streams", groupProtocol: "classic"},
+		{name: "kafka-connect", connect: true},
 		// security.go: alice, bob and carol with their ACLs over
 		// SASL_SSL; only with -security (run.sh's security phase).
 		{name: "java-sasl-acls", client: java, security: true},
@@ -310,6 +315,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	var killPrior *brokerOutage            // the direct path's outcome of the broker-kill row
 	adoptPrior := map[string]*adoption{}   // the direct path's outcome of each adoption row
 	kindPrior := map[string]*kindOutcome{} // the direct path's outcome of each kinds row
+	var connectPrior *connectOutcome       // the direct path's outcome of the Connect row
 	var skipped []string
 	var results []result
 	directBlind := false // set when a direct row shows the request log counter sees nothing
@@ -385,6 +391,12 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				res, o = s.runKind(ctx, kproxyBin, kproxyPort, kindPrior[r.name])
 				if path == "direct" {
 					kindPrior[r.name] = o
+				}
+			} else if r.connect {
+				var o *connectOutcome
+				res, o = s.runConnect(ctx, kproxyPort, connectPrior)
+				if path == "direct" {
+					connectPrior = o
 				}
 			} else if r.adoption {
 				var o *adoption

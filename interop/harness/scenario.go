@@ -59,6 +59,13 @@ type row struct {
 	// kind: the row runs share or streams groups (kinds.go): "share"
 	// or "streams".
 	kind string
+	// groupProtocol is a streams row's Kafka Streams group.protocol:
+	// "" = streams (KIP-1071, the cluster's), "classic" (kproxy's
+	// engine serves it; kinds.go).
+	groupProtocol string
+	// connect: the row runs Kafka Connect in distributed mode, two
+	// workers and FileStream connectors, one worker killed (connect.go).
+	connect bool
 	// brokerGroupTraffic, when set, says why the broker legitimately
 	// serves the row's group requests on the kproxy path; it exempts
 	// the row from KPROXY_INTEROP_EXPECT_ENGINE's 0/0/0.
