@@ -320,7 +320,7 @@ cmd_restart() {
 	launch_node "$n" "$port"
 	local p=$((port + n - 1)) deadline=$((SECONDS + 90))
 	until probe "$p"; do
-		kill -0 "$(cat "$dir/pid")" 2>/dev/null || { tail -30 "$dir/server.log" >&2 || true; die "node $n exited during restart"; }
+		kill -0 "$(cat "$dir/pid")" 2>/dev/null || { tail -n 30 "$dir/server.log" >&2 || true; die "node $n exited during restart"; }
 		((SECONDS < deadline)) || die "node $n did not answer ApiVersions on port $p within 90s"
 		sleep 0.3
 	done
@@ -452,7 +452,7 @@ EOF
 		local dir="$STATE/node-$n" p=$((port + n - 1))
 		until port_open "$p"; do
 			kill -0 "$(cat "$dir/pid")" 2>/dev/null || {
-				tail -30 "$dir/stdout.log" "$dir/server.log" >&2 || true
+				tail -n 30 "$dir/stdout.log" "$dir/server.log" >&2 || true
 				die "node $n exited during startup"
 			}
 			((SECONDS < deadline)) || die "node $n did not open port $p within 90s"
