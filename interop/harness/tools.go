@@ -49,10 +49,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -61,7 +63,9 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 const (
@@ -821,46 +825,83 @@ var (
 	diffAddr = regexp.MustCompile(`/?\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b`)
 	// COORDINATOR (ID) of --describe --state: "host:port  (id)".
 	diffCoordinator = regexp.MustCompile(`<addr>\s+\(\d+\)`)
-	// Member ids: a classic member id is CLIENTID-UUID; a KIP-848 one a
-	// 22-character base64 UUID.
-	diffMemberID = regexp.MustCompile(`\S+-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b|\b[A-Za-z0-9_-]{22}\b`)
-	diffSpaces   = regexp.MustCompile(`[ \t]+`)
+	diffSpaces      = regexp.MustCompile(`[ \t]+`)
 )
 
 // diffNormalize rewrites a tool output so that the two paths can be
-// compared: the row's group and topic names, addresses, the
-// coordinator, and member ids become placeholders, and runs of spaces
-// one space (the tool pads its columns to the widest value).
+// compared: the row's group and topic names, addresses and the
+// coordinator become placeholders, the CONSUMER-ID column's values
+// <member-id>, runs of spaces one space (the tool pads its columns to
+// the widest value), and each run of table rows is sorted: the tool
+// prints a group's partitions in the hash order of their topic's name,
+// which differs between the paths as the names do.
 func diffNormalize(out string, names diffNames) string {
 	for _, p := range names.pairs {
 		out = strings.ReplaceAll(out, p[0], p[1])
 	}
 	out = diffAddr.ReplaceAllString(out, "<addr>")
 	out = diffCoordinator.ReplaceAllString(out, "<coordinator>")
-	out = diffMemberID.ReplaceAllString(out, "<member-id>")
 	var lines []string
+	memberCol := -1
 	for _, l := range strings.Split(out, "\n") {
 		l = strings.TrimSpace(diffSpaces.ReplaceAllString(l, " "))
-		if l != "" {
-			lines = append(lines, l)
+		if l == "" {
+			continue
 		}
+		f := strings.Split(l, " ")
+		switch {
+		case f[0] == "GROUP" || f[0] == "TOPIC":
+			memberCol = -1
+			for i, c := range f {
+				if c == "CONSUMER-ID" {
+					memberCol = i
+				}
+			}
+		case memberCol >= 0 && strings.HasPrefix(f[0], "<group") && len(f) > memberCol && f[memberCol] != "-":
+			f[memberCol] = "<member-id>"
+			l = strings.Join(f, " ")
+		}
+		lines = append(lines, l)
+	}
+	row := func(l string) bool { return strings.HasPrefix(l, "<group") || strings.HasPrefix(l, "<topic") }
+	for i := 0; i < len(lines); {
+		j := i
+		for j < len(lines) && row(lines[j]) {
+			j++
+		}
+		sort.Strings(lines[i:j])
+		i = max(j, i+1)
 	}
 	return strings.Join(lines, "\n")
 }
 
 // listFilter keeps the lines of --list that name this row's groups (the
-// cluster holds every other row's groups too, and kproxy its own).
+// cluster holds every other row's groups too, and kproxy its own), the
+// header and the exit code.
 func listFilter(out string, names diffNames) string {
-	var kept []string
+	var kept, tail []string
+	header := ""
 	for _, l := range strings.Split(out, "\n") {
-		for _, p := range names.pairs {
-			if strings.HasPrefix(p[1], "<group") && strings.TrimSpace(l) == p[0] {
-				kept = append(kept, l)
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 0:
+		case f[0] == "GROUP":
+			header = l
+		case strings.HasPrefix(f[0], "(exit"):
+			tail = append(tail, l)
+		default:
+			for _, p := range names.pairs {
+				if strings.HasPrefix(p[1], "<group") && f[0] == p[0] {
+					kept = append(kept, l)
+				}
 			}
 		}
 	}
 	sort.Strings(kept)
-	return strings.Join(kept, "\n")
+	if header != "" {
+		kept = append([]string{header}, kept...)
+	}
+	return strings.Join(append(kept, tail...), "\n")
 }
 
 // runGroupsDiff runs the kafka-consumer-groups-diff row on s.path; prior
@@ -880,11 +921,16 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fail("log dir: %v", err)
 	}
-	tool, err := s.newConsumerGroupsTool(ctx)
+	t, err := s.newConsumerGroupsTool(ctx)
 	if err != nil {
 		return fail("kafka-consumer-groups: %v", err)
 	}
-	tool.bootstrap = s.bootstrap // the tool goes through the path under test
+	tool, err := s.startGroupsLoop(t)
+	if err != nil {
+		return fail("kafka-consumer-groups: %v", err)
+	}
+	defer tool.close()
+	s.group += "-cg" // the scenario names its topic and group alike
 	g, g848, missing := s.group, s.group+"-kip848", s.group+"-missing"
 	names := diffNames{pairs: [][2]string{{missing, "<group-missing>"}, {g848, "<group-kip848>"}, {g, "<group>"}, {s.topic, "<topic>"}}}
 	parts := s.h.partitions
@@ -939,8 +985,10 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 	}
 	script := [][]string{
 		{"--list"},
+		{"--list", "--state"},
+		{"--list", "--type"},
+		{"--list", "--state", "Stable"},
 		{"--describe", "--group", g},
-		{"--describe", "--members", "--group", g},
 		{"--describe", "--members", "--verbose", "--group", g},
 		{"--describe", "--state", "--group", g},
 		{"--describe", "--group", g848},
@@ -948,12 +996,16 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 		{"--describe", "--state", "--group", g848},
 		{"--describe", "--group", missing},
 		{"--describe", "--state", "--group", missing},
-		{"--describe", "--members", "--group", missing},
 		{"--delete", "--group", g},
 		{"--delete-offsets", "--group", g, "--topic", s.topic},
 		{"--reset-offsets", "--to-earliest", "--execute", "--group", g, "--topic", s.topic},
 		{"--delete", "--group", missing},
 	}
+	live, err := s.rawGroupErrors(ctx, g, g848)
+	if err != nil {
+		return fail("%v", err)
+	}
+	steps = append(steps, groupsDiffStep{args: "(raw group API answers for the live <group>, <group-kip848>)", out: diffNormalize(live, names)})
 	for _, a := range script {
 		if err := runStep(a...); err != nil {
 			return fail("%v", err)
@@ -973,12 +1025,10 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 		{"--describe", "--state", "--group", g},
 		{"--describe", "--members", "--group", g},
 		{"--describe", "--state", "--group", g848},
-		{"--reset-offsets", "--to-earliest", "--dry-run", "--group", g, "--topic", s.topic},
 		{"--reset-offsets", "--to-earliest", "--execute", "--group", g, "--topic", s.topic},
-		{"--describe", "--group", g},
 		{"--reset-offsets", "--to-offset", "10", "--execute", "--group", g, "--all-topics"},
-		{"--describe", "--group", g},
 		{"--reset-offsets", "--shift-by", "-20", "--execute", "--group", g, "--topic", s.topic + ":0,1"},
+		{"--describe", "--group", g},
 		{"--delete-offsets", "--group", g, "--topic", s.topic + ":0"},
 		{"--describe", "--group", g},
 		{"--delete-offsets", "--group", g, "--topic", s.topic},
@@ -987,16 +1037,23 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 		{"--delete", "--group", g},
 		{"--delete", "--group", g848},
 		{"--describe", "--group", g},
-		{"--describe", "--state", "--group", g},
-		{"--describe", "--members", "--group", g848},
+		{"--describe", "--state", "--group", g848},
 		{"--delete", "--group", g},
 		{"--list"},
+		{"--list", "--state"},
 	}
 	for _, a := range script {
 		if err := runStep(a...); err != nil {
 			return fail("%v", err)
 		}
 	}
+	// The raw answers behind the tool's errors: codes and messages of
+	// the group APIs for a group that never existed and a deleted one.
+	raw, err := s.rawGroupErrors(ctx, missing, g, g848)
+	if err != nil {
+		return fail("%v", err)
+	}
+	steps = append(steps, groupsDiffStep{args: "(raw group API answers for <group-missing> and the deleted <group>, <group-kip848>)", out: diffNormalize(raw, names)})
 	s.mu.Lock()
 	res.records = s.distinctLocked(0, n)
 	s.mu.Unlock()
@@ -1136,4 +1193,216 @@ func (s *scenario) pathAdmin() (*kadm.Client, func(), error) {
 		return nil, nil, fmt.Errorf("admin client via %s: %w", s.bootstrap, err)
 	}
 	return kadm.NewClient(cl), cl.Close, nil
+}
+
+// rawGroupErrors sends DescribeGroups, ConsumerGroupDescribe and
+// OffsetFetch for each group through the path under test, and for a
+// group without members DeleteGroups and OffsetDelete too, and prints
+// each answer's error code, message and what it says of the group.
+func (s *scenario) rawGroupErrors(ctx context.Context, groups ...string) (string, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.bootstrap))
+	if err != nil {
+		return "", fmt.Errorf("client via %s: %w", s.bootstrap, err)
+	}
+	defer cl.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msg := func(m *string) string {
+		if m == nil {
+			return "(no message)"
+		}
+		return *m
+	}
+	name := func(code int16) string {
+		if code == 0 {
+			return "NONE"
+		}
+		if e := kerr.ErrorForCode(code); e != nil {
+			var ke *kerr.Error
+			if errors.As(e, &ke) {
+				return ke.Message
+			}
+			return e.Error()
+		}
+		return fmt.Sprint(code)
+	}
+	var lines []string
+	for _, g := range groups {
+		ph := g
+		live := false
+		dg := kmsg.NewPtrDescribeGroupsRequest()
+		dg.Groups = []string{g}
+		dresp, err := dg.RequestWith(cctx, cl)
+		if err != nil {
+			return "", fmt.Errorf("DescribeGroups %s: %w", g, err)
+		}
+		for _, r := range dresp.Groups {
+			lines = append(lines, fmt.Sprintf("DescribeGroups %s: %s %q state %q protocol type %q protocol %q, %d members",
+				ph, name(r.ErrorCode), msg(r.ErrorMessage), r.State, r.ProtocolType, r.Protocol, len(r.Members)))
+			live = live || len(r.Members) > 0
+		}
+		cd := kmsg.NewPtrConsumerGroupDescribeRequest()
+		cd.Groups = []string{g}
+		cresp, err := cd.RequestWith(cctx, cl)
+		if err != nil {
+			return "", fmt.Errorf("ConsumerGroupDescribe %s: %w", g, err)
+		}
+		for _, r := range cresp.Groups {
+			lines = append(lines, fmt.Sprintf("ConsumerGroupDescribe %s: %s %q state %q epoch %d assignor %q, %d members",
+				ph, name(r.ErrorCode), msg(r.ErrorMessage), r.State, r.Epoch, r.AssignorName, len(r.Members)))
+			live = live || len(r.Members) > 0
+		}
+		of := kmsg.NewPtrOffsetFetchRequest()
+		og := kmsg.NewOffsetFetchRequestGroup()
+		og.Group = g
+		of.Groups = append(of.Groups, og)
+		oresp, err := of.RequestWith(cctx, cl)
+		if err != nil {
+			return "", fmt.Errorf("OffsetFetch %s: %w", g, err)
+		}
+		for _, r := range oresp.Groups {
+			lines = append(lines, fmt.Sprintf("OffsetFetch %s: %s, %d topics", ph, name(r.ErrorCode), len(r.Topics)))
+		}
+		if live {
+			continue // the tool's --delete and --delete-offsets ran against the live groups
+		}
+		del := kmsg.NewPtrDeleteGroupsRequest()
+		del.Groups = []string{g}
+		delResp, err := del.RequestWith(cctx, cl)
+		if err != nil {
+			return "", fmt.Errorf("DeleteGroups %s: %w", g, err)
+		}
+		for _, r := range delResp.Groups {
+			lines = append(lines, fmt.Sprintf("DeleteGroups %s: %s", ph, name(r.ErrorCode)))
+		}
+		od := kmsg.NewPtrOffsetDeleteRequest()
+		od.Group = g
+		ot := kmsg.NewOffsetDeleteRequestTopic()
+		ot.Topic = s.topic
+		op := kmsg.NewOffsetDeleteRequestTopicPartition()
+		ot.Partitions = append(ot.Partitions, op)
+		od.Topics = append(od.Topics, ot)
+		odResp, err := od.RequestWith(cctx, cl)
+		if err != nil {
+			return "", fmt.Errorf("OffsetDelete %s: %w", g, err)
+		}
+		lines = append(lines, fmt.Sprintf("OffsetDelete %s: %s", ph, name(odResp.ErrorCode)))
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// groupsLoop runs kafka-consumer-groups many times in one JVM
+// (interop/tools/ConsumerGroupsLoop.java), bootstrapped at the path under
+// test. Its fields are used by the row's goroutine only; lines is fed by
+// the reader goroutine.
+type groupsLoop struct {
+	cmd       *exec.Cmd
+	stdin     io.WriteCloser
+	lines     chan string // stdout lines; closed at EOF
+	bootstrap string
+	dir       string
+	runs      int
+}
+
+// groupsLoopEnd ends each run's output (ConsumerGroupsLoop.END).
+const groupsLoopEnd = "@@kproxy-interop-end "
+
+// startGroupsLoop starts ConsumerGroupsLoop with t's java, class path
+// and main class.
+func (s *scenario) startGroupsLoop(t *consumerGroupsTool) (*groupsLoop, error) {
+	src := filepath.Join(s.h.root, "interop/tools/ConsumerGroupsLoop.java")
+	argv := append(append([]string(nil), t.java...), src, t.mainClass)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	stderr, err := os.Create(s.logPath("kafka-consumer-groups.stderr"))
+	if err != nil {
+		return nil, fmt.Errorf("stderr file: %w", err)
+	}
+	cmd.Stderr = stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		stderr.Close()
+		return nil, fmt.Errorf("stdin pipe: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		stderr.Close()
+		return nil, fmt.Errorf("stdout pipe: %w", err)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		stderr.Close()
+		return nil, fmt.Errorf("start %s: %w", strings.Join(argv, " "), err)
+	}
+	l := &groupsLoop{cmd: cmd, stdin: stdin, lines: make(chan string, 256), bootstrap: s.bootstrap, dir: s.dir}
+	go func() {
+		defer close(l.lines)
+		defer stderr.Close()
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<16), 1<<22)
+		for sc.Scan() {
+			l.lines <- sc.Text()
+		}
+		_ = cmd.Wait()
+	}()
+	return l, nil
+}
+
+// run runs kafka-consumer-groups --bootstrap-server BOOTSTRAP args... and
+// returns its output (standard output and error) and, as its last line,
+// its exit code "(exit N)". Each run's output is kept
+// in the row's log directory as kafka-consumer-groups-N.txt.
+func (l *groupsLoop) run(ctx context.Context, args ...string) (string, error) {
+	l.runs++
+	full := append([]string{"--bootstrap-server", l.bootstrap}, args...)
+	if _, err := io.WriteString(l.stdin, strings.Join(full, "\t")+"\n"); err != nil {
+		return "", fmt.Errorf("kafka-consumer-groups %s: the loop is gone: %w", strings.Join(args, " "), err)
+	}
+	timeout := time.NewTimer(anchorToolTimeout)
+	defer timeout.Stop()
+	var kept []string
+	code := ""
+	for code == "" {
+		select {
+		case line, ok := <-l.lines:
+			if !ok {
+				return "", fmt.Errorf("kafka-consumer-groups %s: the loop exited; stderr in %s", strings.Join(args, " "), filepath.Join(l.dir, "kafka-consumer-groups.stderr"))
+			}
+			if c, ok := strings.CutPrefix(line, groupsLoopEnd); ok {
+				code = c
+			} else if !strings.HasPrefix(line, "SLF4J") {
+				kept = append(kept, line)
+			}
+		case <-timeout.C:
+			return "", fmt.Errorf("kafka-consumer-groups %s: timed out after %s", strings.Join(args, " "), anchorToolTimeout)
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	out := strings.TrimSpace(strings.Join(kept, "\n"))
+	_ = os.WriteFile(filepath.Join(l.dir, fmt.Sprintf("kafka-consumer-groups-%d.txt", l.runs)),
+		[]byte("$ kafka-consumer-groups "+strings.Join(args, " ")+"\n"+out+"\n(exit "+code+")\n"), 0o644)
+	return out + "\n(exit " + code + ")", nil
+}
+
+// close ends the loop: end of input, then SIGKILL if it lingers.
+func (l *groupsLoop) close() {
+	_ = l.stdin.Close()
+	d := drain(l.lines)
+	select {
+	case <-d:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
+		<-d
+	}
+}
+
+// drain consumes lines until it is closed; the returned channel closes then.
+func drain(lines chan string) chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		for range lines {
+		}
+		close(done)
+	}()
+	return done
 }
