@@ -1000,6 +1000,10 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 		{"--delete-offsets", "--group", g, "--topic", s.topic},
 		{"--reset-offsets", "--to-earliest", "--execute", "--group", g, "--topic", s.topic},
 		{"--delete", "--group", missing},
+		{"--describe", "--verbose", "--group", g848},
+		{"--delete", "--group", g848},
+		{"--delete-offsets", "--group", g848, "--topic", s.topic},
+		{"--reset-offsets", "--to-latest", "--execute", "--group", g848, "--topic", s.topic},
 	}
 	live, err := s.rawGroupErrors(ctx, g, g848)
 	if err != nil {
@@ -1034,6 +1038,11 @@ func (s *scenario) runGroupsDiff(ctx context.Context, prior *groupsDiffOutcome) 
 		{"--delete-offsets", "--group", g, "--topic", s.topic},
 		{"--describe", "--group", g},
 		{"--delete-offsets", "--group", missing, "--topic", s.topic},
+		{"--reset-offsets", "--to-datetime", "2020-01-01T00:00:00.000", "--execute", "--group", g848, "--topic", s.topic},
+		{"--describe", "--verbose", "--group", g848},
+		{"--reset-offsets", "--to-latest", "--execute", "--group", g848, "--all-topics"},
+		{"--delete-offsets", "--group", g848, "--topic", s.topic + ":1"},
+		{"--describe", "--group", g848},
 		{"--delete", "--group", g},
 		{"--delete", "--group", g848},
 		{"--describe", "--group", g},
