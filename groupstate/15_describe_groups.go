@@ -78,7 +78,7 @@ func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.R
 				dg.State = stateDead.String()
 				if r.Version >= 6 {
 					dg.ErrorCode = errGroupIDNotFound
-					msg := "group " + dg.Group + " not found"
+					msg := "Group " + dg.Group + " not found." // Kafka's GroupMetadataManager text
 					dg.ErrorMessage = &msg
 				}
 			}
@@ -196,7 +196,7 @@ func describedForVersion(g kmsg.DescribeGroupsResponseGroup, v int16) kmsg.Descr
 		g.ErrorCode, g.ErrorMessage, g.State = errNone, nil, stateDead.String()
 	case v >= 6 && g.ErrorCode == errNone && g.State == stateDead.String() && len(g.Members) == 0:
 		g.ErrorCode = errGroupIDNotFound
-		msg := "group " + g.Group + " not found"
+		msg := "Group " + g.Group + " not found." // Kafka's GroupMetadataManager text
 		g.ErrorMessage = &msg
 	}
 	return g
@@ -217,10 +217,11 @@ func (s *shard) holds(id string) bool {
 func (s *shard) describe(id string) *kmsg.DescribeGroupsResponseGroup {
 	if _, ok := s.consumerGroups[id]; ok {
 		// As Kafka 4 answers: a KIP-848 group is described with
-		// ConsumerGroupDescribe.
+		// ConsumerGroupDescribe; DescribeGroups says so in the text of
+		// Kafka's GroupMetadataManager.classicGroup.
 		dg := kmsg.NewDescribeGroupsResponseGroup()
 		dg.Group, dg.State, dg.ErrorCode = id, stateDead.String(), errGroupIDNotFound
-		msg := "group " + id + " is not a classic group"
+		msg := "Group " + id + " is not a classic group."
 		dg.ErrorMessage = &msg
 		return &dg
 	}

@@ -107,6 +107,10 @@ version_properties() {
 	if version_ge "$KAFKA_VERSION" 4.0.0; then
 		printf '%s\n' "share.coordinator.state.topic.replication.factor=$rf" \
 			"share.coordinator.state.topic.min.isr=$isr"
+		# KIP-848 sessions as short as the classic rows' (10 s), so a
+		# SIGKILLed consumer-protocol member's partitions move within
+		# the kafka-verifiable-kip848 row's time (interop/harness/tools.go).
+		printf '%s\n' "group.consumer.min.session.timeout.ms=3000" "group.consumer.session.timeout.ms=10000"
 	fi
 	if version_ge "$KAFKA_VERSION" 4.2.0; then
 		printf '%s\n' "group.streams.min.session.timeout.ms=3000" "group.streams.session.timeout.ms=10000" \

@@ -133,6 +133,7 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 	py := []string{filepath.Join(cacheDir, "venv/bin/python"), "-u", filepath.Join(h.root, "interop/python/client.py")}
 	js := []string{"node", filepath.Join(h.root, "interop/js/client.js")}
 	goc := func(lib string) []string { return []string{goclient, "--client", lib} }
+	kafkaTools := []string{"env", "KPROXY_CACHE=" + cacheDir, "bash", filepath.Join(h.root, "interop/kafka.sh"), "tools"}
 	return []row{
 		{name: "java-range", client: java, assignor: "range"},
 		{name: "java-coop-sticky", client: java, assignor: "cooperative-sticky"},
@@ -197,6 +198,11 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// engine serves both, so the broker must see none of it.
 		{name: "java-streams-classic", kind: "streams", groupProtocol: "classic"},
 		{name: "kafka-connect", connect: true},
+		// tools.go: Kafka's own verifiable clients and
+		// kafka-consumer-groups, direct and through kproxy.
+		{name: "kafka-verifiable", assignor: "cooperative-sticky", verifiable: true, tools: kafkaTools},
+		{name: "kafka-verifiable-kip848", assignor: "server-uniform", needs: kip848, verifiable: true, tools: kafkaTools},
+		{name: "kafka-consumer-groups-diff", client: goc("franz"), assignor: "range", groupsDiff: true, tools: kafkaTools},
 		// security.go: alice, bob and carol with their ACLs over
 		// SASL_SSL; only with -security (run.sh's security phase).
 		{name: "java-sasl-acls", client: java, security: true},
@@ -319,6 +325,10 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 	var skipped []string
 	var results []result
 	directBlind := false // set when a direct row shows the request log counter sees nothing
+
+	// The direct path's outcomes of the tools.go rows.
+	verifPrior := map[string]*verifOutcome{}
+	var diffPrior *groupsDiffOutcome
 	stamp := time.Now().Unix()
 	for _, r := range h.rows(cacheDir, goclient) {
 		if filter != nil && !filter.MatchString(r.name) || !h.inSubset(r.name) {
@@ -397,6 +407,18 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				res, o = s.runConnect(ctx, kproxyPort, connectPrior)
 				if path == "direct" {
 					connectPrior = o
+				}
+			} else if r.verifiable {
+				var o *verifOutcome
+				res, o = s.runVerifiable(ctx, verifPrior[r.name])
+				if path == "direct" {
+					verifPrior[r.name] = o
+				}
+			} else if r.groupsDiff {
+				var o *groupsDiffOutcome
+				res, o = s.runGroupsDiff(ctx, diffPrior)
+				if path == "direct" {
+					diffPrior = o
 				}
 			} else if r.adoption {
 				var o *adoption

@@ -70,6 +70,12 @@ type row struct {
 	// serves the row's group requests on the kproxy path; it exempts
 	// the row from KPROXY_INTEROP_EXPECT_ENGINE's 0/0/0.
 	brokerGroupTraffic string
+	// verifiable: Kafka's VerifiableProducer and three
+	// VerifiableConsumers, one SIGKILLed (tools.go); groupsDiff: Kafka's
+	// kafka-consumer-groups through the path, its outputs compared with
+	// the direct path's (tools.go). Both use tools.
+	verifiable bool
+	groupsDiff bool
 }
 
 // threeBrokers reports whether the row needs a cluster of three brokers:
