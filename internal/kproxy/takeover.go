@@ -94,6 +94,10 @@ type forwardWatcher struct {
 	// releasing holds the takeovers waiting for their members'
 	// requests to arrive; guarded by mu.
 	releasing map[string]*release
+	// released is poked when a kproxy said it stopped forwarding a
+	// group being taken over, so the takeover completes without
+	// waiting for the next tick.
+	released chan struct{}
 }
 
 // takeoverStore is what a takeover asks of the store;
@@ -118,7 +122,7 @@ const maxWatchedGroups = 10_000
 
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
 	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
-		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release)}
+		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1)}
 }
 
 // Forwarded, Lookup and Claim are the forwardSet's: the watcher is the
@@ -278,6 +282,9 @@ func (w *forwardWatcher) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-w.released:
+			w.finishReleases()
+			continue
 		case <-t.C:
 		}
 		owned, others := w.candidates()

@@ -170,6 +170,12 @@ func (w *forwardWatcher) onReport(r memberReport) (release bool) {
 	if rel := w.releasing[r.Group]; rel != nil {
 		if r.Released && r.InFlight == 0 {
 			delete(rel.waiting, r.From)
+			if len(rel.waiting) == 0 {
+				select {
+				case w.released <- struct{}{}:
+				default:
+				}
+			}
 		} else if !r.Released {
 			rel.waiting[r.From] = true
 		}
