@@ -12,10 +12,10 @@ import (
 // answered at t0.
 func joined(t *testing.T, disabled bool, k memberKey, s time.Duration, t0 time.Time) *memberTracker {
 	t.Helper()
-	tr := newMemberTracker(slog.New(slog.DiscardHandler), disabled)
+	tr := newMemberTracker(slog.New(slog.DiscardHandler), disabled, 0)
 	resp := kmsg.NewPtrJoinGroupResponse()
 	resp.MemberID = k.member
-	tr.end(memberKey{k.group, ""}, s, false, t0, t0, resp, outcomeOK)
+	tr.end(memberReq{key: memberKey{k.group, ""}, session: s}, false, t0, t0, resp, outcomeOK)
 	if tr.size() != 1 {
 		t.Fatalf("after a join, %d members tracked, want 1", tr.size())
 	}
@@ -23,7 +23,7 @@ func joined(t *testing.T, disabled bool, k memberKey, s time.Duration, t0 time.T
 }
 
 func heartbeat(tr *memberTracker, k memberKey, at time.Time, code int16, o outcome) (expired bool) {
-	expired, counted := tr.begin(k, at)
+	expired, counted := tr.begin(memberReq{key: k}, at)
 	if expired {
 		return true
 	}
@@ -33,7 +33,7 @@ func heartbeat(tr *memberTracker, k memberKey, at time.Time, code int16, o outco
 		hb.ErrorCode = code
 		resp = hb
 	}
-	tr.end(k, 0, counted, at, at, resp, o)
+	tr.end(memberReq{key: k}, counted, at, at, resp, o)
 	return false
 }
 
@@ -60,12 +60,12 @@ func TestRelayTellsCutOffMemberToGiveUp(t *testing.T) {
 		t.Fatalf("not told to give up %v after the last heartbeat that reached the owner", giveUp.Sub(last))
 	}
 	lastSeen := giveUp.Add(10 * time.Second)
-	if exp, _ := tr.begin(k, lastSeen); !exp {
+	if exp, _ := tr.begin(memberReq{key: k}, lastSeen); !exp {
 		t.Fatal("a member told to give up was relayed again")
 	}
 	// The member rejoins under a new id; the old one is forgotten by the
 	// sweep once not seen for three sessions.
-	tr.begin(memberKey{"g", "other"}, lastSeen.Add(forgetAfter(s)+2*memberSweepEvery))
+	tr.begin(memberReq{key: memberKey{"g", "other"}}, lastSeen.Add(forgetAfter(s)+2*memberSweepEvery))
 	if n := tr.size(); n != 0 {
 		t.Errorf("%d members tracked three sessions after the last was seen, want 0", n)
 	}
@@ -94,10 +94,10 @@ func TestRelayKeepsMembersOnHealthyLink(t *testing.T) {
 	// A request in flight when the link fails holds the verdict back.
 	at := t0.Add(4*s + 2*time.Second)
 	heartbeat(tr, k, at, 0, outcomeOwnerDown)
-	if exp, counted := tr.begin(k, at.Add(time.Second)); exp || !counted {
+	if exp, counted := tr.begin(memberReq{key: k}, at.Add(time.Second)); exp || !counted {
 		t.Fatalf("begin: expired %v counted %v, want a relayed request", exp, counted)
 	}
-	if exp, _ := tr.begin(k, at.Add(s)); exp {
+	if exp, _ := tr.begin(memberReq{key: k}, at.Add(s)); exp {
 		t.Fatal("told to give up with a request in flight")
 	}
 	// LeaveGroup forgets the member; UNKNOWN_MEMBER_ID from the owner too.
@@ -134,10 +134,127 @@ func TestRelayMemberTrackingAllocs(t *testing.T) {
 	tr := joined(t, false, k, 10*time.Second, t0)
 	resp := kmsg.NewPtrHeartbeatResponse()
 	allocs := testing.AllocsPerRun(1000, func() {
-		_, counted := tr.begin(k, t0)
-		tr.end(k, 0, counted, t0, t0, resp, outcomeOK)
+		_, counted := tr.begin(memberReq{key: k}, t0)
+		tr.end(memberReq{key: k}, counted, t0, t0, resp, outcomeOK)
 	})
 	if allocs != 0 {
 		t.Errorf("%v allocations per tracked request, want 0", allocs)
+	}
+}
+
+// heartbeat848 routes a ConsumerGroupHeartbeat of member k with epoch
+// at at; the owner answers code (with the member id) when o is
+// outcomeOK.
+func heartbeat848(tr *memberTracker, k memberKey, epoch int32, at time.Time, code int16, o outcome) (expired bool) {
+	q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	q.Group, q.MemberID, q.MemberEpoch = k.group, k.member, epoch
+	mr, ok := memberOf(q)
+	if !ok {
+		panic("not a member request")
+	}
+	expired, counted := tr.begin(mr, at)
+	if expired {
+		return true
+	}
+	var resp kmsg.Response
+	if o == outcomeOK {
+		r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		r.ErrorCode = code
+		if code == 0 {
+			r.MemberID, r.MemberEpoch = &k.member, max(epoch, 1)
+		}
+		resp = r
+	}
+	tr.end(mr, counted, at, at, resp, o)
+	return false
+}
+
+// TestRelayTellsCutOffKIP848MemberToGiveUp: a KIP-848 member is tracked
+// from the owner's answers with the consumer session timeout, told
+// UNKNOWN_MEMBER_ID once its heartbeats stopped reaching the owner for
+// the session minus the margin, and let through again when it rejoins
+// with epoch 0 under the same id (as Kafka's consumer does).
+func TestRelayTellsCutOffKIP848MemberToGiveUp(t *testing.T) {
+	k := memberKey{"g", "m848"}
+	const s = 5 * time.Second
+	tr := newMemberTracker(slog.New(slog.DiscardHandler), false, s)
+	t0 := time.Unix(1000, 0)
+	if heartbeat848(tr, k, 0, t0, 0, outcomeOK) || tr.size() != 1 {
+		t.Fatalf("a KIP-848 join: %d members tracked, want 1", tr.size())
+	}
+	last := t0.Add(2 * time.Second)
+	heartbeat848(tr, k, 1, last, 0, outcomeOK)
+	giveUp := last.Add(s - giveUpMargin(s))
+	for at := last.Add(500 * time.Millisecond); at.Before(giveUp); at = at.Add(500 * time.Millisecond) {
+		if heartbeat848(tr, k, 1, at, 0, outcomeOwnerDown) {
+			t.Fatalf("told to give up %v after the last heartbeat that reached the owner", at.Sub(last))
+		}
+	}
+	if !heartbeat848(tr, k, 1, giveUp, 0, outcomeOwnerDown) {
+		t.Fatalf("not told to give up %v after the last heartbeat that reached the owner", giveUp.Sub(last))
+	}
+	// Its commits are answered too.
+	if exp, _ := tr.begin(memberReq{key: k}, giveUp.Add(time.Millisecond)); !exp {
+		t.Fatal("a told member's OffsetCommit was relayed")
+	}
+	// The rejoin (epoch 0, same id) goes to the owner, and from its
+	// answer on the member is tracked afresh.
+	if heartbeat848(tr, k, 0, giveUp.Add(time.Second), 0, outcomeOK) {
+		t.Fatal("a KIP-848 rejoin was answered by the relay")
+	}
+	if heartbeat848(tr, k, 1, giveUp.Add(2*time.Second), 0, outcomeOK) {
+		t.Fatal("the rejoined member was told to give up")
+	}
+	// The owner's own UNKNOWN_MEMBER_ID and FENCED_MEMBER_EPOCH forget
+	// it, as does a leave.
+	for _, code := range []int16{errUnknownMemberID, errFencedMemberEpoch} {
+		heartbeat848(tr, k, 0, t0, 0, outcomeOK)
+		heartbeat848(tr, k, 3, t0, code, outcomeOK)
+		if tr.size() != 0 {
+			t.Errorf("after the owner answered %d, %d members tracked", code, tr.size())
+		}
+	}
+	heartbeat848(tr, k, 0, t0, 0, outcomeOK)
+	tr.left848(k.group, k.member)
+	if tr.size() != 0 {
+		t.Error("a member that left is still tracked")
+	}
+	// Without a consumer session timeout KIP-848 members are not
+	// tracked.
+	none := newMemberTracker(slog.New(slog.DiscardHandler), false, 0)
+	heartbeat848(none, k, 0, t0, 0, outcomeOK)
+	if none.size() != 0 {
+		t.Error("a KIP-848 member tracked without a consumer session timeout")
+	}
+}
+
+// TestMemberGivesUpWithoutOwner: answers that say no owner serves the
+// group (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, or no owner at
+// all, as on a kproxy whose fleet lease ran out) count as requests that
+// did not reach an owner.
+func TestMemberGivesUpWithoutOwner(t *testing.T) {
+	k := memberKey{"g", "m1"}
+	const s = 10 * time.Second
+	t0 := time.Unix(1000, 0)
+	tr := joined(t, false, k, s, t0)
+	heartbeat(tr, k, t0.Add(time.Second), 0, outcomeOK)
+	heartbeat(tr, k, t0.Add(2*time.Second), errNotCoordinator, outcomeOK)
+	mr := memberReq{key: k}
+	tr.noOwner(mr, t0.Add(3*time.Second))
+	heartbeat(tr, k, t0.Add(4*time.Second), errCoordinatorLoadInProgress, outcomeOK)
+	tr.noOwner(mr, t0.Add(5*time.Second))
+	giveUp := t0.Add(time.Second + s - giveUpMargin(s))
+	if tr.check(mr, giveUp.Add(-time.Millisecond)) {
+		t.Fatal("told before the session minus the margin")
+	}
+	if !tr.check(mr, giveUp) {
+		t.Fatal("not told after the session minus the margin without an owner")
+	}
+	// A member answered by a serving owner in between is kept.
+	tr = joined(t, false, k, s, t0)
+	tr.noOwner(mr, t0.Add(time.Second))
+	heartbeat(tr, k, t0.Add(2*time.Second), 0, outcomeOK)
+	if tr.check(mr, t0.Add(s)) {
+		t.Fatal("told to give up although its last heartbeat reached an owner")
 	}
 }

@@ -61,6 +61,12 @@ type RouterConfig struct {
 	// keeps its partitions while the owner gives them away, as without
 	// kproxy. For measurements; the zero value tells members.
 	KeepCutOffMembers bool
+	// ConsumerSessionTimeout is the session timeout the owners give
+	// KIP-848 members (group.consumer.session.timeout.ms), for telling
+	// them to give up in time (relay_members.go); the fleet's kproxies
+	// take it from the same cluster or the same flags. Zero: KIP-848
+	// members are never told.
+	ConsumerSessionTimeout time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records kproxy.relay.requests and
@@ -139,7 +145,7 @@ func NewRouter(cfg RouterConfig) *Router {
 		log:     log,
 		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, cfg.PeerKeepalive, log, metrics),
 		metrics: metrics,
-		members: newMemberTracker(log, cfg.KeepCutOffMembers),
+		members: newMemberTracker(log, cfg.KeepCutOffMembers, cfg.ConsumerSessionTimeout),
 		closing: make(chan struct{}),
 	}
 }
@@ -209,12 +215,24 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		r.send(d, c, req, done)
 		return
 	}
-	req = cloneRequest(req) // the wait outlives the caller's buffers
 	start := time.Now()
+	// A member whose requests have found no owner for most of its
+	// session is told to give up at once (relay_members.go): a kproxy
+	// that lost its fleet lease does not know the new owner.
+	mr, tracked := memberOf(req)
+	if tracked && r.members.check(mr, start) {
+		r.metrics.record(req.Key(), outcomeMemberExpired, 0)
+		done(codec.GroupErrorResponse(req, errUnknownMemberID))
+		return
+	}
+	req = cloneRequest(req) // the wait outlives the caller's buffers
 	r.goWait(func() {
 		var d dest
 		if !r.await(func() (ok bool) { d, ok = r.locate(group); return ok }) {
 			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
+			if tracked {
+				r.members.noOwner(mr, time.Now())
+			}
 			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
@@ -357,39 +375,61 @@ func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
 }
 
 // send hands req to its destination; done gets the answer, or
-// COORDINATOR_NOT_AVAILABLE if there is none.
+// COORDINATOR_NOT_AVAILABLE if there is none. The requests of group
+// members, local or relayed, go through the member tracker
+// (relay_members.go), which may answer UNKNOWN_MEMBER_ID instead.
 func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
-	if d.local {
-		if r.cfg.Local == nil {
-			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
-			return
-		}
-		r.cfg.Local.Handle(c, req, done)
-		return
-	}
 	start := time.Now()
 	key := req.Key()
-	mk, session, tracked := relayedMemberOf(req)
+	mr, tracked := memberOf(req)
 	var counted bool
-	if tracked && mk.member != "" {
+	if tracked {
 		var expired bool
-		if expired, counted = r.members.begin(mk, start); expired {
+		if expired, counted = r.members.begin(mr, start); expired {
 			r.metrics.record(key, outcomeMemberExpired, 0)
 			done(codec.GroupErrorResponse(req, errUnknownMemberID))
 			return
 		}
 	}
 	var leave *kmsg.LeaveGroupRequest
-	if q, ok := req.(*kmsg.LeaveGroupRequest); ok {
+	var leave848 *memberKey
+	switch q := req.(type) {
+	case *kmsg.LeaveGroupRequest:
 		leave = cloneRequest(q).(*kmsg.LeaveGroupRequest) // read after Handle returned
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		if q.MemberEpoch < 0 {
+			leave848 = &memberKey{q.Group, q.MemberID}
+		}
+	}
+	// finish tells the tracker how the request ended.
+	finish := func(resp kmsg.Response, o outcome) {
+		switch {
+		case tracked:
+			r.members.end(mr, counted, start, time.Now(), resp, o)
+		case o != outcomeOK:
+		case leave != nil:
+			r.members.left(leave)
+		case leave848 != nil:
+			if cr, ok := resp.(*kmsg.ConsumerGroupHeartbeatResponse); ok && cr.ErrorCode == 0 {
+				r.members.left848(leave848.group, leave848.member)
+			}
+		}
+	}
+	if d.local {
+		if r.cfg.Local == nil {
+			finish(nil, outcomeNoOwner)
+			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+			return
+		}
+		r.cfg.Local.Handle(c, req, func(resp kmsg.Response) {
+			finish(resp, outcomeOK)
+			done(resp)
+		})
+		return
 	}
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
 		r.metrics.record(key, o, time.Since(start))
-		if tracked {
-			r.members.end(mk, session, counted, start, time.Now(), resp, o)
-		} else if leave != nil && o == outcomeOK {
-			r.members.left(leave)
-		}
+		finish(resp, o)
 		if o != outcomeOK {
 			resp = codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 		}
