@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // joined returns a tracker that relayed member m's JoinGroup (session s)
@@ -257,4 +260,77 @@ func TestMemberGivesUpWithoutOwner(t *testing.T) {
 	if tr.check(mr, t0.Add(s)) {
 		t.Fatal("told to give up although its last heartbeat reached an owner")
 	}
+}
+
+// leaseLocator locates every group here until lost is set, then nowhere:
+// a kproxy whose fleet lease ran out while cut off from the cluster.
+type leaseLocator struct{ lost atomic.Bool }
+
+func (l *leaseLocator) Locate(string) (bool, string, bool) { return !l.lost.Load(), "", !l.lost.Load() }
+func (l *leaseLocator) Changed() <-chan struct{}           { return nil }
+func (l *leaseLocator) Peers() []string                    { return nil }
+
+// answerAll is a local coordinator that answers a JoinGroup with member
+// id "m1" and every other request without error.
+type answerAll struct{}
+
+func (answerAll) Handle(_ Client, req kmsg.Request, reply func(kmsg.Response)) {
+	switch q := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		r := kmsg.NewPtrJoinGroupResponse()
+		r.MemberID = "m1"
+		reply(r)
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		r.MemberID, r.MemberEpoch = &q.MemberID, max(q.MemberEpoch, 1)
+		reply(r)
+	default:
+		reply(codec.GroupErrorResponse(req, 0))
+	}
+}
+
+// TestRouterTellsLocalMembersAfterLeaseLoss: the members a kproxy serves
+// itself are told UNKNOWN_MEMBER_ID once its groups have had no owner
+// for their session minus the margin since their last heartbeat it
+// answered, classic and KIP-848 alike; before that they get
+// COORDINATOR_NOT_AVAILABLE.
+func TestRouterTellsLocalMembersAfterLeaseLoss(t *testing.T) {
+	const session = 600 * time.Millisecond
+	loc := &leaseLocator{}
+	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond, ConsumerSessionTimeout: session})
+	defer r.Close()
+	c := Client{ID: "test"}
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.SessionTimeoutMillis, join.ProtocolType = "g", int32(session/time.Millisecond), "consumer"
+	if got := handle(t, r, c, join).(*kmsg.JoinGroupResponse); got.ErrorCode != 0 || got.MemberID != "m1" {
+		t.Fatalf("join: %+v", got)
+	}
+	hb848 := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	hb848.Group, hb848.MemberID, hb848.MemberEpoch = "g848", "k1", 0
+	checkCodes(t, "KIP-848 join", handle(t, r, c, hb848), 0)
+	hb848.MemberEpoch = 1
+	lastOK := time.Now()
+	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
+	checkCodes(t, "KIP-848 heartbeat", handle(t, r, c, hb848), 0)
+	loc.lost.Store(true)
+	giveUp := lastOK.Add(session - giveUpMargin(session))
+	told, told848 := false, false
+	for !told || !told848 {
+		before := time.Now().Before(giveUp)
+		code := codesOf(t, handle(t, r, c, heartbeatFor("g", "m1")))[0]
+		before848 := time.Now().Before(giveUp) // its last answer was later than the classic member's
+		code848 := codesOf(t, handle(t, r, c, hb848))[0]
+		switch {
+		case before && code != errCoordinatorNotAvailable, before848 && code848 != errCoordinatorNotAvailable:
+			t.Fatalf("%v after the last answered heartbeat: codes %d and %d, want COORDINATOR_NOT_AVAILABLE", time.Since(lastOK), code, code848)
+		case time.Since(lastOK) > session:
+			t.Fatalf("not told to give up %v after the last answered heartbeat (codes %d, %d)", time.Since(lastOK), code, code848)
+		}
+		told, told848 = code == errUnknownMemberID, code848 == errUnknownMemberID
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The KIP-848 member's rejoin with epoch 0 is let through (and finds
+	// no owner).
+	hb848.MemberEpoch = 0
+	checkCodes(t, "KIP-848 rejoin", handle(t, r, c, hb848), errCoordinatorNotAvailable)
 }

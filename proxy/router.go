@@ -56,10 +56,10 @@ type RouterConfig struct {
 	// default 1s.
 	WaitForOwner time.Duration
 	// KeepCutOffMembers turns off answering UNKNOWN_MEMBER_ID to a
-	// classic member whose requests stopped reaching its owner for
-	// longer than the owner keeps it (relay_members.go): the member then
-	// keeps its partitions while the owner gives them away, as without
-	// kproxy. For measurements; the zero value tells members.
+	// member whose requests stopped reaching an owner for longer than
+	// the owner keeps it (relay_members.go): the member then keeps its
+	// partitions while an owner gives them away, as without kproxy. For
+	// measurements; the zero value tells members.
 	KeepCutOffMembers bool
 	// ConsumerSessionTimeout is the session timeout the owners give
 	// KIP-848 members (group.consumer.session.timeout.ms), for telling
@@ -93,10 +93,12 @@ const defaultRebalanceTimeout = 5 * time.Minute
 // sent is never resent, since the owner may have acted on it. Every
 // answer an owner gives, NOT_COORDINATOR included, reaches the client
 // as given; both errors make a client look the coordinator up again,
-// which brings it back to its local kproxy. A classic member whose
-// requests stopped reaching its owner for longer than the owner keeps
-// it is answered UNKNOWN_MEMBER_ID instead, so that it gives up its
-// partitions before the owner gives them away (relay_members.go).
+// which brings it back to its local kproxy. A member (classic or
+// KIP-848) whose requests stopped reaching an owner (relayed or local:
+// a kproxy whose fleet lease ran out finds no owner for its groups) for
+// longer than the owner keeps it is answered UNKNOWN_MEMBER_ID instead,
+// so that it gives up its partitions before an owner gives them away
+// (relay_members.go).
 type Router struct {
 	cfg     RouterConfig   // immutable after NewRouter
 	loc     Locator        // immutable
