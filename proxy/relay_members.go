@@ -73,7 +73,10 @@ type relayedMember struct {
 	// out; no owner at all; or an owner's NOT_COORDINATOR,
 	// COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS).
 	failing bool
-	// inFlight counts the member's requests routed and not answered.
+	// inFlight counts the member's requests routed and not answered
+	// whose answer may renew its session (all but OffsetCommit): while
+	// one is in flight, the owner may have heard from the member later
+	// than alive.
 	inFlight int
 	// told: the member was answered UNKNOWN_MEMBER_ID; it keeps getting
 	// that answer under this member id until forgotten (a KIP-848 join
@@ -134,6 +137,11 @@ type memberReq struct {
 	// join848 is a KIP-848 join (epoch 0): never answered by the
 	// tracker, it forgets a member told under the same id.
 	join848 bool
+	// commit is an OffsetCommit: its answer does not renew the
+	// member's session, so it does not hold the verdict back while in
+	// flight (a commit waits for the store, up to its timeout, on an
+	// owner cut off from the cluster).
+	commit bool
 }
 
 // memberOf says which member a routed request speaks for: a JoinGroup
@@ -151,7 +159,7 @@ func memberOf(req kmsg.Request) (mr memberReq, ok bool) {
 	case *kmsg.SyncGroupRequest:
 		return memberReq{key: memberKey{q.Group, q.MemberID}}, q.MemberID != ""
 	case *kmsg.OffsetCommitRequest:
-		return memberReq{key: memberKey{q.Group, q.MemberID}}, q.MemberID != "" && q.Generation >= 0
+		return memberReq{key: memberKey{q.Group, q.MemberID}, commit: true}, q.MemberID != "" && q.Generation >= 0
 	case *kmsg.ConsumerGroupHeartbeatRequest:
 		return memberReq{key: memberKey{q.Group, q.MemberID}, join848: q.MemberEpoch == 0}, q.MemberEpoch >= 0
 	}
@@ -199,7 +207,7 @@ func (t *memberTracker) beginCounting(mr memberReq, now time.Time, count bool) (
 	} else if t.verdictLocked(k, m, now) {
 		return true, false
 	}
-	if !count {
+	if !count || mr.commit {
 		return false, false
 	}
 	m.inFlight++

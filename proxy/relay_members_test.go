@@ -103,6 +103,20 @@ func TestRelayKeepsMembersOnHealthyLink(t *testing.T) {
 	if exp, _ := tr.begin(memberReq{key: k}, at.Add(s)); exp {
 		t.Fatal("told to give up with a request in flight")
 	}
+	// An OffsetCommit in flight does not hold it back: its answer does
+	// not renew the session.
+	tr = joined(t, false, k, s, t0)
+	heartbeat(tr, k, t0.Add(time.Second), 0, outcomeOwnerDown)
+	if exp, counted := tr.begin(memberReq{key: k, commit: true}, t0.Add(2*time.Second)); exp || counted {
+		t.Fatalf("a commit: expired %v counted %v, want relayed and not counted", exp, counted)
+	}
+	if exp, _ := tr.begin(memberReq{key: k}, t0.Add(s)); !exp {
+		t.Fatal("a commit in flight held the verdict back")
+	}
+	tr = joined(t, false, k, s, t0)
+	at = t0.Add(4*s + 2*time.Second)
+	heartbeat(tr, k, at, 0, outcomeOwnerDown)
+	tr.begin(memberReq{key: k}, at.Add(time.Second))
 	// LeaveGroup forgets the member; UNKNOWN_MEMBER_ID from the owner too.
 	tr.left(&kmsg.LeaveGroupRequest{Group: "g", Members: []kmsg.LeaveGroupRequestMember{{MemberID: "m1"}}})
 	if tr.size() != 0 {
