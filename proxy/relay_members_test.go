@@ -348,3 +348,48 @@ func TestRouterTellsLocalMembersAfterLeaseLoss(t *testing.T) {
 	hb848.MemberEpoch = 0
 	checkCodes(t, "KIP-848 rejoin", handle(t, r, c, hb848), errCoordinatorNotAvailable)
 }
+
+// heldCommits is a local coordinator that holds every OffsetCommit until
+// release is closed, as an engine whose store write hangs.
+type heldCommits struct{ release chan struct{} }
+
+func (h heldCommits) Handle(_ Client, req kmsg.Request, reply func(kmsg.Response)) {
+	go func() {
+		<-h.release
+		reply(codec.GroupErrorResponse(req, 0))
+	}()
+}
+
+// TestRouterAnswersHeldCommitWhenGroupMoves: a local OffsetCommit held
+// by the store is answered COORDINATOR_NOT_AVAILABLE soon after its
+// group stops being served here, not when the store gives up, and the
+// engine's late answer is dropped; while the group is served here it
+// waits.
+func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
+	loc := &leaseLocator{}
+	h := heldCommits{release: make(chan struct{})}
+	r := NewRouter(RouterConfig{Local: h, Locator: loc})
+	defer r.Close()
+	commit := kmsg.NewPtrOffsetCommitRequest()
+	commit.Group, commit.MemberID, commit.Generation = "g", "m1", 1
+	commit.Topics = []kmsg.OffsetCommitRequestTopic{{Topic: "t", Partitions: []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: 5}}}}
+	var answers atomic.Int32
+	got := make(chan kmsg.Response, 2)
+	r.Handle(Client{}, commit, func(resp kmsg.Response) { answers.Add(1); got <- resp })
+	select {
+	case resp := <-got:
+		t.Fatalf("answered while the group is served here and the store holds it: %+v", resp)
+	case <-time.After(3 * localMovedCheck):
+	}
+	lost := time.Now()
+	loc.lost.Store(true)
+	checkCodes(t, "held commit after the group moved", waitReply(t, got, 2*time.Second), errCoordinatorNotAvailable)
+	if took := time.Since(lost); took > 4*localMovedCheck {
+		t.Errorf("answered %v after the group moved, want within %v", took, 4*localMovedCheck)
+	}
+	close(h.release)
+	time.Sleep(100 * time.Millisecond)
+	if n := answers.Load(); n != 1 {
+		t.Errorf("%d answers, want 1 (the engine's late answer dropped)", n)
+	}
+}
