@@ -73,6 +73,10 @@ type relayedMember struct {
 	// out; no owner at all; or an owner's NOT_COORDINATOR,
 	// COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS).
 	failing bool
+	// failedAt is where that request went: an owner's peer address,
+	// destLocal, or "" when it found no owner. A request for another
+	// destination (the group moved) is let through once.
+	failedAt string
 	// inFlight counts the member's requests routed and not answered
 	// whose answer may renew its session (all but OffsetCommit): while
 	// one is in flight, the owner may have heard from the member later
@@ -129,6 +133,9 @@ func newMemberTracker(log *slog.Logger, disabled bool, consumerSession time.Dura
 		members: map[memberKey]*relayedMember{}, told: map[string]int{}}
 }
 
+// destLocal is memberReq.dest for the local engine.
+const destLocal = "\x00local"
+
 // memberReq is what a routed request says of the member it speaks for.
 type memberReq struct {
 	key memberKey
@@ -137,6 +144,11 @@ type memberReq struct {
 	// join848 is a KIP-848 join (epoch 0): never answered by the
 	// tracker, it forgets a member told under the same id.
 	join848 bool
+	// dest is where the router sends the request: an owner's peer
+	// address, destLocal (the local engine, which owns the group and
+	// answers for its members itself: never a verdict), or "" when the
+	// group has no owner (check).
+	dest string
 	// commit is an OffsetCommit: its answer does not renew the
 	// member's session, so it does not hold the verdict back while in
 	// flight (a commit waits for the store, up to its timeout, on an
@@ -204,7 +216,7 @@ func (t *memberTracker) beginCounting(mr memberReq, now time.Time, count bool) (
 		}
 	} else if m.told {
 		return true, false
-	} else if t.verdictLocked(k, m, now) {
+	} else if t.verdictLocked(k, m, mr.dest, now) {
 		return true, false
 	}
 	if !count || mr.commit {
@@ -216,8 +228,15 @@ func (t *memberTracker) beginCounting(mr memberReq, now time.Time, count bool) (
 
 // verdictLocked decides whether member k is told to give up now, and
 // marks it told if so.
-func (t *memberTracker) verdictLocked(k memberKey, m *relayedMember, now time.Time) bool {
+//
+// An owner that will get the request answers for its member itself: the
+// local engine always, and a peer the member's last request did not fail
+// at (the group moved there; its new owner loaded it with fresh session
+// timers). A verdict is given when the request goes nowhere (no owner)
+// or where the last one failed.
+func (t *memberTracker) verdictLocked(k memberKey, m *relayedMember, dest string, now time.Time) bool {
 	if t.disabled || !m.failing || m.inFlight != 0 || m.session <= 0 ||
+		dest == destLocal || (dest != "" && dest != m.failedAt) ||
 		now.Sub(m.alive) < m.session-giveUpMargin(m.session) {
 		return false
 	}
@@ -240,7 +259,7 @@ func (t *memberTracker) noOwner(mr memberReq, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if m := t.members[mr.key]; m != nil {
-		m.seen, m.failing = now, true
+		m.seen, m.failing, m.failedAt = now, true, ""
 	}
 }
 
@@ -271,13 +290,13 @@ func (t *memberTracker) end(mr memberReq, counted bool, sent, now time.Time, res
 	}
 	if o != outcomeOK {
 		if m != nil {
-			m.failing = true
+			m.failing, m.failedAt = true, mr.dest
 		}
 		return
 	}
 	code := answerCode(resp)
 	if m != nil {
-		m.failing = notServed(code)
+		m.failing, m.failedAt = notServed(code), mr.dest
 	}
 	switch r := resp.(type) {
 	case *kmsg.JoinGroupResponse:

@@ -267,6 +267,26 @@ func TestMemberGivesUpWithoutOwner(t *testing.T) {
 	if !tr.check(mr, giveUp) {
 		t.Fatal("not told after the session minus the margin without an owner")
 	}
+	// A request for another owner than the one the last failed at (the
+	// group moved) is let through once; one for the local engine always.
+	tr = joined(t, false, k, s, t0)
+	fail := func(dest string, at time.Time) {
+		mr := memberReq{key: k, dest: dest}
+		exp, counted := tr.begin(mr, at)
+		if exp {
+			t.Fatalf("told at %v going to %q", at.Sub(t0), dest)
+		}
+		tr.end(mr, counted, at, at, nil, outcomeOwnerDown)
+	}
+	fail("x:1", t0.Add(time.Second))
+	late := t0.Add(2 * s)
+	fail("y:1", late)
+	fail(destLocal, late.Add(time.Millisecond))
+	fail(destLocal, late.Add(2*time.Millisecond))
+	fail("x:1", late.Add(3*time.Millisecond))
+	if exp, _ := tr.begin(memberReq{key: k, dest: "x:1"}, late.Add(4*time.Millisecond)); !exp {
+		t.Fatal("not told going where its last request failed")
+	}
 	// A member answered by a serving owner in between is kept.
 	tr = joined(t, false, k, s, t0)
 	tr.noOwner(mr, t0.Add(time.Second))

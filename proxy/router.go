@@ -384,6 +384,10 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	start := time.Now()
 	key := req.Key()
 	mr, tracked := memberOf(req)
+	mr.dest = d.addr
+	if d.local {
+		mr.dest = destLocal
+	}
 	var counted bool
 	if tracked {
 		var expired bool
