@@ -250,6 +250,25 @@ func (t *memberTracker) verdictLocked(k memberKey, m *relayedMember, dest string
 	return true
 }
 
+// untilVerdict says, for a request of member mr that just failed at now,
+// how long until the member is told to give up: ok is false when no
+// verdict is coming (not tracked, disabled, no session, not failing
+// where this request went, or another request in flight that may renew
+// the session), and wait <= 0 means now.
+func (t *memberTracker) untilVerdict(mr memberReq, now time.Time) (wait time.Duration, ok bool) {
+	if t.disabled || mr.key.member == "" || mr.join848 {
+		return 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.members[mr.key]
+	if m == nil || m.told || !m.failing || m.inFlight != 0 || m.session <= 0 ||
+		mr.dest == destLocal || m.failedAt != mr.dest {
+		return 0, false
+	}
+	return m.alive.Add(m.session - giveUpMargin(m.session)).Sub(now), true
+}
+
 // noOwner records that a request of member mr found no owner (it was
 // answered COORDINATOR_NOT_AVAILABLE without being sent anywhere).
 func (t *memberTracker) noOwner(mr memberReq, now time.Time) {

@@ -234,6 +234,8 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
 			if tracked {
 				r.members.noOwner(mr, time.Now())
+				r.failMember(mr, req, done)
+				return
 			}
 			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
@@ -486,9 +488,49 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 		r.metrics.record(key, o, time.Since(start))
 		finish(resp, o)
 		if o != outcomeOK {
+			if tracked {
+				r.failMember(mr, req, done)
+				return
+			}
 			resp = codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 		}
 		done(resp)
+	})
+}
+
+// failMember answers a request of member mr that did not reach an owner.
+// When the member is about to be told to give up (within RelayTimeout),
+// the answer waits for that moment and is UNKNOWN_MEMBER_ID: the member
+// then learns it on time whatever its client's retry backoff after
+// COORDINATOR_NOT_AVAILABLE (franz-go's grows to 5s). Otherwise it is
+// COORDINATOR_NOT_AVAILABLE at once.
+func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Response)) {
+	// Both answers are built now: req is not read once this returns.
+	key := req.Key()
+	unavailable := codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
+	expired := codec.GroupErrorResponse(req, errUnknownMemberID)
+	answer := func() {
+		if r.members.check(mr, time.Now()) {
+			r.metrics.record(key, outcomeMemberExpired, 0)
+			done(expired)
+			return
+		}
+		done(unavailable)
+	}
+	wait, ok := r.members.untilVerdict(mr, time.Now())
+	if !ok || wait <= 0 || wait > r.cfg.RelayTimeout {
+		answer()
+		return
+	}
+	r.goWait(func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			answer()
+		case <-r.closing:
+			done(unavailable)
+		}
 	})
 }
 
