@@ -247,6 +247,10 @@ func New(cfg Config) (*Engine, error) {
 	return e, nil
 }
 
+// ConsumerSessionTimeout is the session timeout the engine gives KIP-848
+// members (Config.ConsumerSessionTimeout, its default applied).
+func (e *Engine) ConsumerSessionTimeout() time.Duration { return e.cfg.ConsumerSessionTimeout }
+
 // owns applies Config.Owns.
 func (e *Engine) owns(group string) bool {
 	return e.cfg.Owns == nil || e.cfg.Owns(group)

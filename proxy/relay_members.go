@@ -1,27 +1,46 @@
 package proxy
 
-// Members behind a relay that cannot reach their owner (docs/fleet.md,
+// Members whose requests stopped reaching their group's owner (docs/fleet.md,
 // "When the network misbehaves").
 //
-// A classic group's coordinator expels a member a session timeout after
-// it last heard from it (Kafka's GroupCoordinator, later
+// A group's coordinator expels a member a session timeout after it last
+// heard from it and then gives its partitions to the others: a classic
+// member's own session timeout (Kafka's GroupCoordinator, later
 // GroupMetadataManager, schedules the expiry on every heartbeat, join and
-// sync of a known member) and then gives its partitions to the others.
-// A member behind a relaying kproxy whose peer link to the owner is cut
-// learns nothing of that: its requests get COORDINATOR_NOT_AVAILABLE,
-// which every client retries while keeping its partitions. So the relay
-// remembers, per member whose requests it relays, the last moment the
-// owner certainly had the member alive, and once the owner could have
-// expired it (that moment plus the session timeout, minus a margin) and
-// the member's requests are not getting through, it answers the member's
-// Heartbeat, SyncGroup, OffsetCommit and JoinGroup itself with
-// UNKNOWN_MEMBER_ID: what the owner answers a member it expired. Every
-// client treats it as the end of its membership: Kafka's
-// AbstractCoordinator resets its generation and member id
-// (resetGenerationOnResponseError) and ConsumerCoordinator then calls
-// onPartitionsLost before rejoining; franz-go's heartbeat loop returns
-// the error and its manage loop calls OnPartitionsLost, and its
-// JoinGroup handling rejoins without a member id.
+// sync of a known member), a KIP-848 member's the group's
+// group.consumer.session.timeout.ms (GroupMetadataManager re-arms it on
+// every ConsumerGroupHeartbeat it serves). A member whose requests cannot
+// reach the owner learns nothing of that: behind a relaying kproxy whose
+// peer link to the owner is cut, or on a kproxy that owned the group and
+// lost its fleet lease (cut off from the brokers, it cannot know the new
+// owner), its requests get COORDINATOR_NOT_AVAILABLE, which every client
+// retries while keeping its partitions. So the router remembers, per
+// member whose requests it routes (relayed or served here), the last
+// moment an owner certainly had the member alive, and once an owner could
+// have expired it (that moment plus the session timeout, minus a margin)
+// and the member's requests are not getting through, it answers the
+// member's requests itself with UNKNOWN_MEMBER_ID: what the owner answers
+// a member it expired (GroupMetadataManager removes an expired member; a
+// later request naming it fails with UnknownMemberIdException, for a
+// classic and a KIP-848 member alike). Every client treats it as the end
+// of its membership:
+//
+//   - classic: Kafka's AbstractCoordinator resets its generation and
+//     member id (resetGenerationOnResponseError) and ConsumerCoordinator
+//     then calls onPartitionsLost before rejoining; franz-go's heartbeat
+//     loop returns the error, its manage loop calls OnPartitionsLost, and
+//     its JoinGroup handling rejoins without a member id.
+//   - KIP-848: Kafka's consumer (AbstractHeartbeatRequestManager) fences
+//     itself on UNKNOWN_MEMBER_ID as on FENCED_MEMBER_EPOCH
+//     (transitionToFenced: onPartitionsLost, then a join with epoch 0 under
+//     the same member id); franz-go's manage848 abandons its assignment
+//     (OnPartitionsLost) and rejoins with epoch 0 under a new member id.
+//     So a KIP-848 join (epoch 0) is always let through, whatever the
+//     member id.
+//
+// A new owner loads a moved group with fresh session timers (docs/fleet.md,
+// "Takeover and handover"), no earlier than the old owner's last answer, so
+// the bound holds across a move as well.
 
 import (
 	"log/slog"
@@ -31,37 +50,50 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// memberKey names a classic group member.
+// memberKey names a group member.
 type memberKey struct{ group, member string }
 
-// relayedMember is what the relay knows of one member. Guarded by the
+// relayedMember is what the router knows of one member. Guarded by the
 // tracker's mu.
 type relayedMember struct {
-	// session is the member's session timeout, from its JoinGroup.
+	// session is the member's session timeout: a classic member's from
+	// its JoinGroup, a KIP-848 member's the tracker's consumer session.
 	session time.Duration
-	// alive is the latest moment the owner certainly had the member
-	// alive: the send time of a Heartbeat or SyncGroup the owner answered
-	// as from a known member, or when a JoinGroup's answer arrived (the
-	// owner restarts every member's session when a join completes).
+	// alive is the latest moment an owner certainly had the member
+	// alive: the send time of a Heartbeat, SyncGroup or
+	// ConsumerGroupHeartbeat an owner answered as from a known member,
+	// or when a JoinGroup's answer arrived (the owner restarts every
+	// member's session when a join completes).
 	alive time.Time
-	// seen is when a request of the member was last relayed or
+	// seen is when a request of the member was last routed or
 	// answered; a member not seen for forgetAfter is forgotten.
 	seen time.Time
-	// failing: the last relayed request of the member did not reach the
-	// owner (no answer: the owner unreachable, silent, timed out).
+	// failing: the last routed request of the member did not reach a
+	// serving owner (no answer: the owner unreachable, silent, timed
+	// out; no owner at all; or an owner's NOT_COORDINATOR,
+	// COORDINATOR_NOT_AVAILABLE or COORDINATOR_LOAD_IN_PROGRESS).
 	failing bool
-	// inFlight counts the member's requests relayed and not answered.
+	// failedAt is where that request went: an owner's peer address,
+	// destLocal, or "" when it found no owner. A request for another
+	// destination (the group moved) is let through once.
+	failedAt string
+	// inFlight counts the member's requests routed and not answered
+	// whose answer may renew its session (all but OffsetCommit): while
+	// one is in flight, the owner may have heard from the member later
+	// than alive.
 	inFlight int
 	// told: the member was answered UNKNOWN_MEMBER_ID; it keeps getting
-	// that answer under this member id until forgotten.
+	// that answer under this member id until forgotten (a KIP-848 join
+	// forgets it).
 	told bool
 }
 
-// giveUpMargin is how long before the owner can expire a member the
-// relay starts telling it to give up: a fifth of its session timeout.
+// giveUpMargin is how long before an owner can expire a member the
+// router starts telling it to give up: a fifth of its session timeout.
 // The member learns at its next request, so the margin must cover a
 // heartbeat interval (Kafka's and franz-go's defaults are 3s of a 45s
-// session, a fifteenth) and some of the retry backoff of a client whose
+// session for a classic member, a fifteenth; 5s of 45s for a KIP-848
+// member, a ninth) and some of the retry backoff of a client whose
 // requests failed with COORDINATOR_NOT_AVAILABLE; the owner also needs
 // a rebalance before another member is given the partitions.
 func giveUpMargin(session time.Duration) time.Duration { return session / 5 }
@@ -76,15 +108,19 @@ func forgetAfter(session time.Duration) time.Duration {
 // for forgetAfter.
 const memberSweepEvery = 5 * time.Second
 
-// memberTracker holds the relayed members. Every field but the immutable
+// memberTracker holds the routed members. Every field but the immutable
 // ones is guarded by mu; its methods are called by the sessions' and the
-// peer connections' goroutines.
+// peer connections' goroutines and by the local coordinator's replies.
 type memberTracker struct {
 	log *slog.Logger // immutable
 
 	// disabled turns the verdict off (the tracking goes on); for
 	// measuring what members see without it. Immutable after newRouter.
 	disabled bool
+	// consumerSession is the session timeout of KIP-848 members
+	// (group.consumer.session.timeout.ms); zero: they are not tracked.
+	// Immutable after newRouter.
+	consumerSession time.Duration
 
 	mu        sync.Mutex
 	members   map[memberKey]*relayedMember // guarded by mu
@@ -92,33 +128,77 @@ type memberTracker struct {
 	nextSweep time.Time                    // guarded by mu
 }
 
-func newMemberTracker(log *slog.Logger, disabled bool) *memberTracker {
-	return &memberTracker{log: log, disabled: disabled, members: map[memberKey]*relayedMember{}, told: map[string]int{}}
+func newMemberTracker(log *slog.Logger, disabled bool, consumerSession time.Duration) *memberTracker {
+	return &memberTracker{log: log, disabled: disabled, consumerSession: consumerSession,
+		members: map[memberKey]*relayedMember{}, told: map[string]int{}}
 }
 
-// relayedMemberOf says which member a relayed request speaks for: a
-// JoinGroup (its member id may be empty; the answer names it), and the
-// Heartbeat, SyncGroup and OffsetCommit of a member (not the simple
-// commit of a group without members). LeaveGroup is handled apart.
-func relayedMemberOf(req kmsg.Request) (key memberKey, session time.Duration, ok bool) {
+// destLocal is memberReq.dest for the local engine.
+const destLocal = "\x00local"
+
+// memberReq is what a routed request says of the member it speaks for.
+type memberReq struct {
+	key memberKey
+	// session is a classic JoinGroup's session timeout.
+	session time.Duration
+	// join848 is a KIP-848 join (epoch 0): never answered by the
+	// tracker, it forgets a member told under the same id.
+	join848 bool
+	// dest is where the router sends the request: an owner's peer
+	// address, destLocal (the local engine, which owns the group and
+	// answers for its members itself: never a verdict), or "" when the
+	// group has no owner (check).
+	dest string
+	// commit is an OffsetCommit: its answer does not renew the
+	// member's session, so it does not hold the verdict back while in
+	// flight (a commit waits for the store, up to its timeout, on an
+	// owner cut off from the cluster).
+	commit bool
+}
+
+// memberOf says which member a routed request speaks for: a JoinGroup
+// (its member id may be empty; the answer names it), the Heartbeat,
+// SyncGroup and OffsetCommit of a member (not the simple commit of a
+// group without members), and a ConsumerGroupHeartbeat (joins, with
+// epoch 0, and heartbeats; a leave is handled apart). LeaveGroup is
+// handled apart.
+func memberOf(req kmsg.Request) (mr memberReq, ok bool) {
 	switch q := req.(type) {
 	case *kmsg.JoinGroupRequest:
-		return memberKey{q.Group, q.MemberID}, time.Duration(max(q.SessionTimeoutMillis, 0)) * time.Millisecond, true
+		return memberReq{key: memberKey{q.Group, q.MemberID}, session: time.Duration(max(q.SessionTimeoutMillis, 0)) * time.Millisecond}, true
 	case *kmsg.HeartbeatRequest:
-		return memberKey{q.Group, q.MemberID}, 0, q.MemberID != ""
+		return memberReq{key: memberKey{q.Group, q.MemberID}}, q.MemberID != ""
 	case *kmsg.SyncGroupRequest:
-		return memberKey{q.Group, q.MemberID}, 0, q.MemberID != ""
+		return memberReq{key: memberKey{q.Group, q.MemberID}}, q.MemberID != ""
 	case *kmsg.OffsetCommitRequest:
-		return memberKey{q.Group, q.MemberID}, 0, q.MemberID != "" && q.Generation >= 0
+		return memberReq{key: memberKey{q.Group, q.MemberID}, commit: true}, q.MemberID != "" && q.Generation >= 0
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		return memberReq{key: memberKey{q.Group, q.MemberID}, join848: q.MemberEpoch == 0}, q.MemberEpoch >= 0
 	}
-	return memberKey{}, 0, false
+	return memberReq{}, false
 }
 
-// begin is called before relaying a request of member k. expired=true
-// means the relay answers it UNKNOWN_MEMBER_ID instead: the member's
-// requests stopped reaching the owner and the owner could have expired
+// begin is called before routing a request of member mr. expired=true
+// means the router answers it UNKNOWN_MEMBER_ID instead: the member's
+// requests stopped reaching an owner and the owner could have expired
 // it. Otherwise counted says whether end must count the request out.
-func (t *memberTracker) begin(k memberKey, now time.Time) (expired, counted bool) {
+func (t *memberTracker) begin(mr memberReq, now time.Time) (expired, counted bool) {
+	return t.beginCounting(mr, now, true)
+}
+
+// check is begin for a request that is not routed anywhere yet (it waits
+// for an owner): it only says whether the router answers it
+// UNKNOWN_MEMBER_ID.
+func (t *memberTracker) check(mr memberReq, now time.Time) (expired bool) {
+	expired, _ = t.beginCounting(mr, now, false)
+	return expired
+}
+
+func (t *memberTracker) beginCounting(mr memberReq, now time.Time, count bool) (expired, counted bool) {
+	if mr.key.member == "" {
+		return false, false
+	}
+	k := mr.key
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.sweepLocked(now)
@@ -127,28 +207,97 @@ func (t *memberTracker) begin(k memberKey, now time.Time) (expired, counted bool
 		return false, false
 	}
 	m.seen = now
-	if m.told {
+	if mr.join848 {
+		if m.told {
+			// The member gave up and rejoins: what the owner
+			// answers decides from here.
+			t.forgetLocked(k)
+			return false, false
+		}
+	} else if m.told {
+		return true, false
+	} else if t.verdictLocked(k, m, mr.dest, now) {
 		return true, false
 	}
-	if !t.disabled && m.failing && m.inFlight == 0 && m.session > 0 &&
-		now.Sub(m.alive) >= m.session-giveUpMargin(m.session) {
-		m.told = true
-		t.told[k.group]++
-		if t.told[k.group] == 1 {
-			t.log.Warn("owner unreachable past a member's session: its requests are answered UNKNOWN_MEMBER_ID, so that it gives up its partitions before the owner gives them away",
-				"group", k.group, "member_id", k.member, "session_timeout", m.session.String(),
-				"last_reached_owner", now.Sub(m.alive).Round(time.Millisecond).String())
-		}
-		return true, false
+	if !count || mr.commit {
+		return false, false
 	}
 	m.inFlight++
 	return false, true
 }
 
-// end is told how a relayed request of member k sent at sent ended: o,
-// and the owner's answer when o is outcomeOK. session is a JoinGroup's
-// session timeout; now is when it ended.
-func (t *memberTracker) end(k memberKey, session time.Duration, counted bool, sent, now time.Time, resp kmsg.Response, o outcome) {
+// verdictLocked decides whether member k is told to give up now, and
+// marks it told if so.
+//
+// An owner that will get the request answers for its member itself: the
+// local engine always, and a peer the member's last request did not fail
+// at (the group moved there; its new owner loaded it with fresh session
+// timers). A verdict is given when the request goes nowhere (no owner)
+// or where the last one failed.
+func (t *memberTracker) verdictLocked(k memberKey, m *relayedMember, dest string, now time.Time) bool {
+	if t.disabled || !m.failing || m.inFlight != 0 || m.session <= 0 ||
+		dest == destLocal || (dest != "" && dest != m.failedAt) ||
+		now.Sub(m.alive) < m.session-giveUpMargin(m.session) {
+		return false
+	}
+	m.told = true
+	t.told[k.group]++
+	if t.told[k.group] == 1 {
+		t.log.Warn("owner unreachable past a member's session: its requests are answered UNKNOWN_MEMBER_ID, so that it gives up its partitions before an owner gives them away",
+			"group", k.group, "member_id", k.member, "session_timeout", m.session.String(),
+			"last_reached_owner", now.Sub(m.alive).Round(time.Millisecond).String())
+	}
+	return true
+}
+
+// untilVerdict says, for a request of member mr that just failed at now,
+// how long until the member is told to give up: ok is false when no
+// verdict is coming (not tracked, disabled, no session, not failing
+// where this request went, or another request in flight that may renew
+// the session), and wait <= 0 means now.
+func (t *memberTracker) untilVerdict(mr memberReq, now time.Time) (wait time.Duration, ok bool) {
+	if t.disabled || mr.key.member == "" || mr.join848 {
+		return 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	m := t.members[mr.key]
+	if m == nil || m.told || !m.failing || m.inFlight != 0 || m.session <= 0 ||
+		mr.dest == destLocal || m.failedAt != mr.dest {
+		return 0, false
+	}
+	return m.alive.Add(m.session - giveUpMargin(m.session)).Sub(now), true
+}
+
+// noOwner records that a request of member mr found no owner (it was
+// answered COORDINATOR_NOT_AVAILABLE without being sent anywhere).
+func (t *memberTracker) noOwner(mr memberReq, now time.Time) {
+	if mr.key.member == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m := t.members[mr.key]; m != nil {
+		m.seen, m.failing, m.failedAt = now, true, ""
+	}
+}
+
+// Error codes that say a request did not reach a serving owner.
+const (
+	errCoordinatorLoadInProgress int16 = 14 // COORDINATOR_LOAD_IN_PROGRESS
+	errNotCoordinator            int16 = 16 // NOT_COORDINATOR
+	errFencedMemberEpoch         int16 = 110
+)
+
+// notServed reports whether code says the request found no serving owner.
+func notServed(code int16) bool {
+	return code == errCoordinatorNotAvailable || code == errNotCoordinator || code == errCoordinatorLoadInProgress
+}
+
+// end is told how a routed request of member mr sent at sent ended: o,
+// and the owner's answer when o is outcomeOK; now is when it ended.
+func (t *memberTracker) end(mr memberReq, counted bool, sent, now time.Time, resp kmsg.Response, o outcome) {
+	k := mr.key
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m := t.members[k]
@@ -160,24 +309,20 @@ func (t *memberTracker) end(k memberKey, session time.Duration, counted bool, se
 	}
 	if o != outcomeOK {
 		if m != nil {
-			m.failing = true
+			m.failing, m.failedAt = true, mr.dest
 		}
 		return
 	}
+	code := answerCode(resp)
 	if m != nil {
-		m.failing = false
+		m.failing, m.failedAt = notServed(code), mr.dest
 	}
 	switch r := resp.(type) {
 	case *kmsg.JoinGroupResponse:
 		switch {
 		case r.ErrorCode == 0 && r.MemberID != "":
-			jk := memberKey{k.group, r.MemberID}
-			j := t.members[jk]
-			if j == nil {
-				j = &relayedMember{}
-				t.members[jk] = j
-			}
-			j.session, j.alive, j.seen, j.failing = session, now, now, false
+			j := t.addLocked(memberKey{k.group, r.MemberID}, mr.session, now)
+			j.alive = now
 		case r.ErrorCode == errUnknownMemberID:
 			t.forgetLocked(k)
 		}
@@ -185,7 +330,67 @@ func (t *memberTracker) end(k memberKey, session time.Duration, counted bool, se
 		t.answeredLocked(m, k, r.ErrorCode, sent)
 	case *kmsg.SyncGroupResponse:
 		t.answeredLocked(m, k, r.ErrorCode, sent)
+	case *kmsg.ConsumerGroupHeartbeatResponse:
+		switch r.ErrorCode {
+		case 0:
+			if t.consumerSession <= 0 {
+				return
+			}
+			id := k.member
+			if r.MemberID != nil && *r.MemberID != "" {
+				id = *r.MemberID // v0: the owner mints it on the join
+			}
+			c := t.members[memberKey{k.group, id}]
+			if c == nil {
+				c = t.addLocked(memberKey{k.group, id}, t.consumerSession, now)
+			}
+			// The owner re-arms the session when it serves the
+			// heartbeat, after it was sent.
+			if sent.After(c.alive) {
+				c.alive = sent
+			}
+		case errUnknownMemberID, errFencedMemberEpoch:
+			// The owner fenced it; the member rejoins with epoch 0.
+			t.forgetLocked(k)
+		}
 	}
+}
+
+// addLocked starts tracking member k (or restarts it), not failing.
+func (t *memberTracker) addLocked(k memberKey, session time.Duration, now time.Time) *relayedMember {
+	m := t.members[k]
+	if m == nil {
+		m = &relayedMember{}
+		t.members[k] = m
+	}
+	if m.told {
+		t.untellLocked(k.group)
+		m.told = false
+	}
+	m.session, m.seen, m.failing = session, now, false
+	return m
+}
+
+// answerCode is the error code of a routed member request's answer (an
+// OffsetCommit's first partition's).
+func answerCode(resp kmsg.Response) int16 {
+	switch r := resp.(type) {
+	case *kmsg.JoinGroupResponse:
+		return r.ErrorCode
+	case *kmsg.HeartbeatResponse:
+		return r.ErrorCode
+	case *kmsg.SyncGroupResponse:
+		return r.ErrorCode
+	case *kmsg.ConsumerGroupHeartbeatResponse:
+		return r.ErrorCode
+	case *kmsg.OffsetCommitResponse:
+		for _, t := range r.Topics {
+			for _, p := range t.Partitions {
+				return p.ErrorCode
+			}
+		}
+	}
+	return 0
 }
 
 // answeredLocked records the owner's answer code to a Heartbeat or
@@ -216,6 +421,14 @@ func (t *memberTracker) left(q *kmsg.LeaveGroupRequest) {
 	}
 }
 
+// left848 forgets the KIP-848 member whose leave (epoch -1 or -2) the
+// owner answered.
+func (t *memberTracker) left848(group, member string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.forgetLocked(memberKey{group, member})
+}
+
 func (t *memberTracker) forgetLocked(k memberKey) {
 	m := t.members[k]
 	if m == nil {
@@ -223,15 +436,19 @@ func (t *memberTracker) forgetLocked(k memberKey) {
 	}
 	delete(t.members, k)
 	if m.told {
-		if t.told[k.group]--; t.told[k.group] <= 0 {
-			delete(t.told, k.group)
-		}
+		t.untellLocked(k.group)
+	}
+}
+
+func (t *memberTracker) untellLocked(group string) {
+	if t.told[group]--; t.told[group] <= 0 {
+		delete(t.told, group)
 	}
 }
 
 // sweepLocked forgets, every memberSweepEvery, the members not seen for
 // forgetAfter their session: the tracker holds only members whose
-// requests this relay carried recently.
+// requests this router carried recently.
 func (t *memberTracker) sweepLocked(now time.Time) {
 	if now.Before(t.nextSweep) {
 		return

@@ -56,11 +56,17 @@ type RouterConfig struct {
 	// default 1s.
 	WaitForOwner time.Duration
 	// KeepCutOffMembers turns off answering UNKNOWN_MEMBER_ID to a
-	// classic member whose requests stopped reaching its owner for
-	// longer than the owner keeps it (relay_members.go): the member then
-	// keeps its partitions while the owner gives them away, as without
-	// kproxy. For measurements; the zero value tells members.
+	// member whose requests stopped reaching an owner for longer than
+	// the owner keeps it (relay_members.go): the member then keeps its
+	// partitions while an owner gives them away, as without kproxy. For
+	// measurements; the zero value tells members.
 	KeepCutOffMembers bool
+	// ConsumerSessionTimeout is the session timeout the owners give
+	// KIP-848 members (group.consumer.session.timeout.ms), for telling
+	// them to give up in time (relay_members.go); the fleet's kproxies
+	// take it from the same cluster or the same flags. Zero: KIP-848
+	// members are never told.
+	ConsumerSessionTimeout time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records kproxy.relay.requests and
@@ -87,10 +93,12 @@ const defaultRebalanceTimeout = 5 * time.Minute
 // sent is never resent, since the owner may have acted on it. Every
 // answer an owner gives, NOT_COORDINATOR included, reaches the client
 // as given; both errors make a client look the coordinator up again,
-// which brings it back to its local kproxy. A classic member whose
-// requests stopped reaching its owner for longer than the owner keeps
-// it is answered UNKNOWN_MEMBER_ID instead, so that it gives up its
-// partitions before the owner gives them away (relay_members.go).
+// which brings it back to its local kproxy. A member (classic or
+// KIP-848) whose requests stopped reaching an owner (relayed or local:
+// a kproxy whose fleet lease ran out finds no owner for its groups) for
+// longer than the owner keeps it is answered UNKNOWN_MEMBER_ID instead,
+// so that it gives up its partitions before an owner gives them away
+// (relay_members.go).
 type Router struct {
 	cfg     RouterConfig   // immutable after NewRouter
 	loc     Locator        // immutable
@@ -139,7 +147,7 @@ func NewRouter(cfg RouterConfig) *Router {
 		log:     log,
 		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, cfg.PeerKeepalive, log, metrics),
 		metrics: metrics,
-		members: newMemberTracker(log, cfg.KeepCutOffMembers),
+		members: newMemberTracker(log, cfg.KeepCutOffMembers, cfg.ConsumerSessionTimeout),
 		closing: make(chan struct{}),
 	}
 }
@@ -209,12 +217,26 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		r.send(d, c, req, done)
 		return
 	}
-	req = cloneRequest(req) // the wait outlives the caller's buffers
 	start := time.Now()
+	// A member whose requests have found no owner for most of its
+	// session is told to give up at once (relay_members.go): a kproxy
+	// that lost its fleet lease does not know the new owner.
+	mr, tracked := memberOf(req)
+	if tracked && r.members.check(mr, start) {
+		r.metrics.record(req.Key(), outcomeMemberExpired, 0)
+		done(codec.GroupErrorResponse(req, errUnknownMemberID))
+		return
+	}
+	req = cloneRequest(req) // the wait outlives the caller's buffers
 	r.goWait(func() {
 		var d dest
 		if !r.await(func() (ok bool) { d, ok = r.locate(group); return ok }) {
 			r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
+			if tracked {
+				r.members.noOwner(mr, time.Now())
+				r.failMember(mr, req, done)
+				return
+			}
 			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
@@ -357,44 +379,180 @@ func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
 }
 
 // send hands req to its destination; done gets the answer, or
-// COORDINATOR_NOT_AVAILABLE if there is none.
+// COORDINATOR_NOT_AVAILABLE if there is none. The requests of group
+// members, local or relayed, go through the member tracker
+// (relay_members.go), which may answer UNKNOWN_MEMBER_ID instead.
 func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
-	if d.local {
-		if r.cfg.Local == nil {
-			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
-			return
-		}
-		r.cfg.Local.Handle(c, req, done)
-		return
-	}
 	start := time.Now()
 	key := req.Key()
-	mk, session, tracked := relayedMemberOf(req)
+	mr, tracked := memberOf(req)
+	mr.dest = d.addr
+	if d.local {
+		mr.dest = destLocal
+	}
 	var counted bool
-	if tracked && mk.member != "" {
+	if tracked {
 		var expired bool
-		if expired, counted = r.members.begin(mk, start); expired {
+		if expired, counted = r.members.begin(mr, start); expired {
 			r.metrics.record(key, outcomeMemberExpired, 0)
 			done(codec.GroupErrorResponse(req, errUnknownMemberID))
 			return
 		}
 	}
 	var leave *kmsg.LeaveGroupRequest
-	if q, ok := req.(*kmsg.LeaveGroupRequest); ok {
+	var leave848 *memberKey
+	switch q := req.(type) {
+	case *kmsg.LeaveGroupRequest:
 		leave = cloneRequest(q).(*kmsg.LeaveGroupRequest) // read after Handle returned
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		if q.MemberEpoch < 0 {
+			leave848 = &memberKey{q.Group, q.MemberID}
+		}
+	}
+	// finish tells the tracker how the request ended.
+	finish := func(resp kmsg.Response, o outcome) {
+		switch {
+		case tracked:
+			r.members.end(mr, counted, start, time.Now(), resp, o)
+		case o != outcomeOK:
+		case leave != nil:
+			r.members.left(leave)
+		case leave848 != nil:
+			if cr, ok := resp.(*kmsg.ConsumerGroupHeartbeatResponse); ok && cr.ErrorCode == 0 {
+				r.members.left848(leave848.group, leave848.member)
+			}
+		}
+	}
+	if d.local {
+		if r.cfg.Local == nil {
+			finish(nil, outcomeNoOwner)
+			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+			return
+		}
+		group, watch := storeBound(req)
+		if !watch {
+			r.cfg.Local.Handle(c, req, func(resp kmsg.Response) {
+				finish(resp, outcomeOK)
+				done(resp)
+			})
+			return
+		}
+		// A request that waits for the store may outlive this kproxy's
+		// ownership of its group (a lost fleet lease: the store call
+		// hangs on an unreachable cluster up to the store timeout). Its
+		// answer would hold up every later answer on the client's
+		// connection, its heartbeats' included, so once the group is
+		// no longer served here it is answered COORDINATOR_NOT_AVAILABLE
+		// at once (the write lands before the new owner's claim or not
+		// at all; the client retries it there), and the local answer,
+		// when it comes, is dropped.
+		var answered atomic.Bool
+		fallback := codec.GroupErrorResponse(req, errCoordinatorNotAvailable) // req is not read after Handle returns
+		var timer *time.Timer
+		var timerMu sync.Mutex // guards timer between the local answer and the watch
+		var watchMoved func()
+		watchMoved = func() {
+			if answered.Load() {
+				return
+			}
+			if d, ok := r.locate(group); ok && d.local {
+				timerMu.Lock()
+				if !answered.Load() {
+					timer = time.AfterFunc(localMovedCheck, watchMoved)
+				}
+				timerMu.Unlock()
+				return
+			}
+			if answered.CompareAndSwap(false, true) {
+				r.metrics.record(key, outcomeNoOwner, time.Since(start))
+				finish(nil, outcomeNoOwner)
+				done(fallback)
+			}
+		}
+		timerMu.Lock()
+		timer = time.AfterFunc(localMovedCheck, watchMoved)
+		timerMu.Unlock()
+		r.cfg.Local.Handle(c, req, func(resp kmsg.Response) {
+			if !answered.CompareAndSwap(false, true) {
+				return // answered when the group moved away
+			}
+			timerMu.Lock()
+			timer.Stop()
+			timerMu.Unlock()
+			finish(resp, outcomeOK)
+			done(resp)
+		})
+		return
 	}
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
 		r.metrics.record(key, o, time.Since(start))
-		if tracked {
-			r.members.end(mk, session, counted, start, time.Now(), resp, o)
-		} else if leave != nil && o == outcomeOK {
-			r.members.left(leave)
-		}
+		finish(resp, o)
 		if o != outcomeOK {
+			if tracked {
+				r.failMember(mr, req, done)
+				return
+			}
 			resp = codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 		}
 		done(resp)
 	})
+}
+
+// failMember answers a request of member mr that did not reach an owner.
+// When the member is about to be told to give up (within RelayTimeout),
+// the answer waits for that moment and is UNKNOWN_MEMBER_ID: the member
+// then learns it on time whatever its client's retry backoff after
+// COORDINATOR_NOT_AVAILABLE (franz-go's grows to 5s). Otherwise it is
+// COORDINATOR_NOT_AVAILABLE at once.
+func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Response)) {
+	// Both answers are built now: req is not read once this returns.
+	key := req.Key()
+	unavailable := codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
+	expired := codec.GroupErrorResponse(req, errUnknownMemberID)
+	answer := func() {
+		if r.members.check(mr, time.Now()) {
+			r.metrics.record(key, outcomeMemberExpired, 0)
+			done(expired)
+			return
+		}
+		done(unavailable)
+	}
+	wait, ok := r.members.untilVerdict(mr, time.Now())
+	if !ok || wait <= 0 || wait > r.cfg.RelayTimeout {
+		answer()
+		return
+	}
+	r.goWait(func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			answer()
+		case <-r.closing:
+			done(unavailable)
+		}
+	})
+}
+
+// localMovedCheck is how often a local request waiting for the store
+// checks whether its group is still served here.
+const localMovedCheck = 250 * time.Millisecond
+
+// storeBound names the group of a request whose local answer may wait
+// for a store write: OffsetCommit, SyncGroup (the leader's) and
+// ConsumerGroupHeartbeat (a new epoch or assignment). JoinGroup and
+// SyncGroup parked for a rebalance are answered NOT_COORDINATOR by the
+// engine's Unload.
+func storeBound(req kmsg.Request) (group string, ok bool) {
+	switch q := req.(type) {
+	case *kmsg.OffsetCommitRequest:
+		return q.Group, true
+	case *kmsg.SyncGroupRequest:
+		return q.Group, true
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		return q.Group, true
+	}
+	return "", false
 }
 
 // timeoutFor is how long a relayed request may wait for its answer. A

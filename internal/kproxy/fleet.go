@@ -218,7 +218,8 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Logger:        log.With("component", "router"),
 		MeterProvider: w.meterProvider,
 
-		KeepCutOffMembers: fc.KeepCutOffMembers,
+		KeepCutOffMembers:      fc.KeepCutOffMembers,
+		ConsumerSessionTimeout: eng.ConsumerSessionTimeout(),
 	})
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router

@@ -153,8 +153,8 @@ type FleetConfig struct {
 	// differs from PeerListen.
 	PeerAdvertise string
 	// KeepCutOffMembers turns off telling the members whose requests
-	// this kproxy relays to give up their partitions once their owner
-	// is unreachable past their session (proxy.RouterConfig); for
+	// this kproxy relays or serves to give up their partitions once no
+	// owner is reachable past their session (proxy.RouterConfig); for
 	// measuring what members see without it. The zero value tells them.
 	KeepCutOffMembers bool
 	// PeerTLS, when set, makes the peer wire mutual TLS: the peer
