@@ -69,6 +69,22 @@ type watchedGroup struct {
 type flight struct {
 	sent time.Time
 	max  time.Duration
+	// membership: a JoinGroup, SyncGroup or LeaveGroup, which changes
+	// the group's membership; a takeover waits for none to be on its
+	// way. Heartbeats and commits, which members send all the time,
+	// only have to arrive before the anchor joins (the drain).
+	membership bool
+}
+
+// joining counts g's membership requests in flight.
+func (g *watchedGroup) joining() int {
+	n := 0
+	for _, fl := range g.inFlight {
+		if fl.membership {
+			n++
+		}
+	}
+	return n
 }
 
 // forwardWatcher is the proxy.ForwardWatcher half of a takeover; it
@@ -94,6 +110,10 @@ type forwardWatcher struct {
 	// releasing holds the takeovers waiting for their members'
 	// requests to arrive; guarded by mu.
 	releasing map[string]*release
+	// draining holds the groups no longer forwarded whose requests
+	// still on their way are waited for (a takeover here, or another
+	// kproxy's): kept in groups meanwhile; guarded by mu.
+	draining map[string]bool
 	// released is poked when a kproxy said it stopped forwarding a
 	// group being taken over, so the takeover completes without
 	// waiting for the next tick.
@@ -122,7 +142,8 @@ const maxWatchedGroups = 10_000
 
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
 	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
-		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1)}
+		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1),
+		draining: make(map[string]bool)}
 }
 
 // Forwarded, Lookup and Claim are the forwardSet's: the watcher is the
@@ -139,6 +160,7 @@ func (w *forwardWatcher) Claim(ctx context.Context, group, kind string) bool {
 func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
 	var answered func(g *watchedGroup, resp kmsg.Response)
 	max := 30 * time.Second
+	membership := true
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		if r.ProtocolType == "" {
@@ -196,6 +218,7 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 		}
 	case *kmsg.HeartbeatRequest:
 		member, gen := r.MemberID, r.Generation
+		membership = false
 		answered = func(g *watchedGroup, resp kmsg.Response) {
 			hr, ok := resp.(*kmsg.HeartbeatResponse)
 			m := g.members[member]
@@ -222,6 +245,7 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 			}
 		}
 	case *kmsg.OffsetCommitRequest, *kmsg.TxnOffsetCommitRequest:
+		membership = false
 		answered = func(*watchedGroup, kmsg.Response) {}
 	default:
 		return nil
@@ -239,7 +263,7 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 	}
 	w.seq++
 	id := w.seq
-	g.inFlight[id] = flight{sent: time.Now(), max: max}
+	g.inFlight[id] = flight{sent: time.Now(), max: max, membership: membership}
 	w.mu.Unlock()
 	return func(resp kmsg.Response) {
 		w.mu.Lock()
@@ -319,6 +343,9 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 				delete(g.members, id) // the cluster expired it
 			}
 		}
+		if w.draining[group] {
+			continue
+		}
 		if len(g.members) == 0 && len(g.inFlight) == 0 || !w.fw.Forwarded(group) {
 			delete(w.groups, group)
 			continue
@@ -361,24 +388,24 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 
 // mergedLocked returns every member of group known here: watched here
 // and reported by other kproxies; ok says they all stand synced at one
-// generation, heard from recently, with no request of the group on its
-// way to the cluster anywhere.
+// generation, heard from recently, with no JoinGroup, SyncGroup or
+// LeaveGroup of the group on its way to the cluster anywhere.
 func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*watchedMember, bool) {
 	all := make(map[string]*watchedMember)
-	inFlight := 0
+	joining := 0
 	if g := w.groups[group]; g != nil {
-		inFlight += len(g.inFlight)
+		joining += g.joining()
 		for id, m := range g.members {
 			all[id] = m
 		}
 	}
 	for _, r := range w.remote[group] {
-		inFlight += r.InFlight
+		joining += r.Joining
 		for _, rm := range r.Members {
 			all[rm.ID] = rm.member(r.at)
 		}
 	}
-	if len(all) == 0 || inFlight > 0 {
+	if len(all) == 0 || joining > 0 {
 		return all, false
 	}
 	gen := int32(-1)
@@ -426,10 +453,11 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
 		return err
 	}
-	w.fw.takeOver(group)
 	w.mu.Lock()
 	w.releasing[group] = rel
+	w.draining[group] = true
 	w.mu.Unlock()
+	w.fw.takeOver(group)
 	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
 		"generation", gen, "other_kproxies", len(rel.waiting))
 	return nil
@@ -462,6 +490,7 @@ func (w *forwardWatcher) finishReleases() {
 			}
 			ready = append(ready, group)
 			delete(w.releasing, group)
+			delete(w.draining, group)
 			delete(w.groups, group)
 			delete(w.remote, group)
 		}

@@ -35,6 +35,9 @@ type memberReport struct {
 	From     string           `json:"from"`
 	Members  []reportedMember `json:"members"`
 	InFlight int              `json:"in_flight"`
+	// Joining is how many of those are JoinGroup, SyncGroup or
+	// LeaveGroup requests.
+	Joining int `json:"joining"`
 	// Released says the kproxy stopped forwarding the group (the owner
 	// asked it to) and InFlight of its requests are still out.
 	Released bool `json:"released,omitempty"`
@@ -85,7 +88,7 @@ func (r reportedMember) member(at time.Time) *watchedMember {
 
 // reportLocked builds the report of group g; w.mu is held.
 func (w *forwardWatcher) reportLocked(group string, g *watchedGroup, now time.Time) memberReport {
-	r := memberReport{Group: group, From: w.id, InFlight: len(g.inFlight)}
+	r := memberReport{Group: group, From: w.id, InFlight: len(g.inFlight), Joining: g.joining()}
 	for id, m := range g.members {
 		rm := reportedMember{
 			ID: id, InstanceID: cloneString(m.instanceID), ClientID: m.clientID, ClientHost: m.clientHost,
@@ -110,6 +113,9 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 	if !w.sendReport(ctx, r) {
 		return
 	}
+	w.mu.Lock()
+	w.draining[r.Group] = true
+	w.mu.Unlock()
 	w.fw.takeOver(r.Group)
 	w.log.Info("takeover: the group's owner takes it over; its requests go to the owner from now on", "group", r.Group)
 	go func() {
@@ -126,6 +132,7 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 				w.sendReport(ctx, final)
 				w.mu.Lock()
 				delete(w.groups, r.Group)
+				delete(w.draining, r.Group)
 				w.mu.Unlock()
 				return
 			}

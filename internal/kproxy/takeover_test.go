@@ -103,12 +103,20 @@ func TestTakeoverLocal(t *testing.T) {
 		t.Fatalf("took over a group with a direct member (err %v, prepared %v)", err, st.prepared)
 	}
 
-	// A heartbeat on its way holds the takeover off.
+	// A SyncGroup on its way holds the takeover off; a heartbeat does
+	// not (members send them all the time).
+	sq := kmsg.NewPtrSyncGroupRequest()
+	sq.Group, sq.MemberID, sq.Generation = "g", "m1", 7
+	syncDone := w.Watch(proxy.Client{ID: "client-m1", Host: "10.0.0.1"}, "g", sq)
+	if owned, _ := w.candidates(); len(owned) != 0 {
+		t.Fatalf("candidate with a SyncGroup in flight: %v", owned)
+	}
+	syncDone(kmsg.NewPtrSyncGroupResponse())
 	hb := kmsg.NewPtrHeartbeatRequest()
 	hb.Group, hb.MemberID, hb.Generation = "g", "m2", 7
 	answer := w.Watch(proxy.Client{ID: "client-m2", Host: "10.0.0.1"}, "g", hb)
-	if owned, _ := w.candidates(); len(owned) != 0 {
-		t.Fatalf("candidate with a heartbeat in flight: %v", owned)
+	if owned, _ := w.candidates(); len(owned) != 1 {
+		t.Fatalf("not a candidate with only a heartbeat in flight: %v", owned)
 	}
 	// REBALANCE_IN_PROGRESS: m2 rejoins, no takeover until it synced.
 	hr := kmsg.NewPtrHeartbeatResponse()
@@ -120,10 +128,20 @@ func TestTakeoverLocal(t *testing.T) {
 	joinSync(w, "m1", 8, "m1")
 	joinSync(w, "m2", 8, "m1")
 
+	// A heartbeat on its way when the group is taken over: the anchor
+	// may join only once it arrived.
+	hb.Generation = 8
+	answer = w.Watch(proxy.Client{ID: "client-m2", Host: "10.0.0.1"}, "g", hb)
 	st.group = describedGroup("m1", "m2")
 	if err := w.tryTakeover(ctx, "g"); err != nil {
 		t.Fatal(err)
 	}
+	w.candidates() // the loop's next tick must not forget what is on its way
+	w.finishReleases()
+	if st.ready["g"] {
+		t.Fatal("the anchor may join while a member's heartbeat is on its way to the cluster")
+	}
+	answer(kmsg.NewPtrHeartbeatResponse())
 	w.finishReleases()
 	if len(st.prepared["g"]) != 2 || !st.ready["g"] || w.fw.Forwarded("g") {
 		t.Fatalf("prepared %v, ready %v, still forwarded %v", st.prepared, st.ready, w.fw.Forwarded("g"))
