@@ -155,6 +155,7 @@ if [[ ! -f "$SRC_DIR/.complete" ]]; then
 	}
 	ls "$SRC_DIR/librdkafka_$upstream.orig.tar.gz" >/dev/null || die "no librdkafka_$upstream.orig.tar.gz in $SRC_DIR"
 	touch "$SRC_DIR/.complete"
+	rm -rf "$apt_dir" # sid's source index (25 MB), not needed again
 fi
 
 # --- build --------------------------------------------------------------
