@@ -262,6 +262,12 @@ run_one() {
 	done < <(grep -E '^\| [0-9]{4}_' <<<"$clean")
 	local suffix=""
 	[[ "$sub" == - ]] || suffix="[$sub]"
+	# The runner's own words for a failure: '### Test "NAME (SUBTEST)"
+	# failed at FILE:LINE...' and the line after it.
+	if ((rc != 0)); then
+		printf '%s %s %s%s: %s\n' "$path" "$proto" "$num" "$suffix" \
+			"$(grep -m1 -A1 '^### Test .* failed at' <<<"$clean" | paste -sd' ' - | cut -c1-300)" >>"$LOGS/failures"
+	fi
 	# No summary: the runner crashed or timed out. A failure outside the
 	# tests (the runner's exit checks: threads left, leaks) fails too.
 	if ((n == 0)); then
@@ -274,6 +280,7 @@ run_one() {
 }
 
 : >"$LOGS/results"
+: >"$LOGS/failures"
 wanted=" ${TESTS_ARG//,/ } "
 tests_began=$SECONDS
 for entry in "${CHOSEN[@]}"; do
@@ -319,5 +326,9 @@ while read -r name proto; do
 	fi
 	printf '%-48s %-9s %-22s %-22s %s\n' "$name" "$proto" "$ds ${dt}s ${dn}sub" "$ks ${kt}s ${kn}sub" "$verdict"
 done < <(awk '{print $3, $2}' "$LOGS/results" | awk '!seen[$0]++')
+if [[ -s "$LOGS/failures" ]]; then
+	printf '\nFailures (path protocol test: the runner'"'"'s message):\n'
+	cat "$LOGS/failures"
+fi
 say "librdkafka $upstream (Debian $VERSION), broker $BROKER (Kafka $KAFKA_VERSION): build ${build_secs}s (0 = cached), tests ${tests_secs}s, total $((SECONDS - began))s; logs in $LOGS"
 exit $fail
