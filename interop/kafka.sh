@@ -3,7 +3,7 @@
 # on 127.0.0.1 for the kproxy interop tier. The broker jars come from Maven
 # Central through interop/broker/pom.xml and are cached under $KPROXY_CACHE.
 #
-#   interop/kafka.sh start  [--brokers 1|3] [--port 9092] [--version 4.1.1] [--security sasl_ssl]
+#   interop/kafka.sh start  [--brokers 1|3] [--port 9092] [--version 4.1.1] [--security sasl_ssl] [--partitions 1]
 #   interop/kafka.sh stop
 #   interop/kafka.sh status
 #   interop/kafka.sh fetch [--version V]  # only download the jars
@@ -20,6 +20,8 @@
 # the controller quorum. Every request the broker serves is logged by
 # kafka.request.logger at DEBUG into $STATE/node-N/request.log so the harness
 # can count the API keys the broker saw.
+# --partitions N sets num.partitions, the partition count of auto-created
+# topics (default 1; librdkafka's tests expect 4, interop/librdkafka.sh).
 #
 # --security sasl_ssl (one node only): the client port is a SASL_SSL
 # listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
@@ -176,7 +178,7 @@ cmd_tools() {
 }
 
 write_node_config() {
-	local n=$1 brokers=$2 port=$3 dir=$4
+	local n=$1 brokers=$2 port=$3 dir=$4 partitions=${5:-1}
 	local voters="" i
 	for ((i = 1; i <= brokers; i++)); do
 		voters+="${voters:+,}$i@127.0.0.1:$((port + 100 + i - 1))"
@@ -195,7 +197,7 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 log.dirs=$dir/data
-num.partitions=1
+num.partitions=$partitions
 default.replication.factor=$rf
 auto.create.topics.enable=true
 broker.session.timeout.ms=$session
@@ -405,10 +407,11 @@ scram_args() {
 }
 
 cmd_start() {
-	local brokers=1 port=9092 security=""
+	local brokers=1 port=9092 security="" partitions=1
 	while (($#)); do
 		case "$1" in
 		--brokers) brokers=$2; shift 2 ;;
+		--partitions) partitions=$2; shift 2 ;;
 		--port) port=$2; shift 2 ;;
 		--security) security=$2; shift 2 ;;
 		--version) KAFKA_VERSION=$2; shift 2 ;;
@@ -417,6 +420,7 @@ cmd_start() {
 	done
 	version_setup "$KAFKA_VERSION"
 	[[ "$brokers" == 1 || "$brokers" == 3 ]] || die "--brokers must be 1 or 3"
+	[[ "$partitions" =~ ^[1-9][0-9]*$ ]] || die "--partitions must be a positive number"
 	[[ -z "$security" || "$security" == sasl_ssl ]] || die "--security: only sasl_ssl"
 	[[ -z "$security" || "$brokers" == 1 ]] || die "--security sasl_ssl runs one node only"
 	if [[ -n "$(running_pids)" ]]; then
@@ -439,7 +443,7 @@ cmd_start() {
 EOF
 	for ((n = 1; n <= brokers; n++)); do
 		local dir="$STATE/node-$n"
-		write_node_config "$n" "$brokers" "$port" "$dir"
+		write_node_config "$n" "$brokers" "$port" "$dir" "$partitions"
 		local -a scram=()
 		if [[ -n "$security" ]]; then
 			write_security "$dir" "$port"

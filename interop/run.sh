@@ -109,8 +109,22 @@ go -C interop build -o "$LOGS/harness" ./harness || die "harness build failed"
 bash interop/kafka.sh stop >/dev/null 2>&1 || true
 trap 'bash interop/kafka.sh stop || true' EXIT
 rc=0
-# When -rows selects only security rows, the main phase has nothing to do.
-if [[ -n "$("$LOGS/harness" -list "$@")" || -z "$("$LOGS/harness" -list -security - "$@")" ]]; then
+# The librdkafka phase (below) runs when -rows is not given or matches
+# "librdkafka" (a bash regex match, as -rows is usually a plain pattern).
+rows_arg="" kproxy_port=19200 prev=""
+for a in "$@"; do
+	case "$prev" in -rows | --rows) rows_arg=$a ;; -kproxy-port | --kproxy-port) kproxy_port=$a ;; esac
+	case "$a" in -rows=* | --rows=*) rows_arg=${a#*=} ;; -kproxy-port=* | --kproxy-port=*) kproxy_port=${a#*=} ;; esac
+	prev=$a
+done
+librdkafka=0
+if [[ "${KPROXY_INTEROP_LIBRDKAFKA:-1}" != 0 ]] && { [[ -z "$rows_arg" ]] || [[ librdkafka =~ $rows_arg ]]; }; then
+	librdkafka=1
+fi
+# When -rows selects only security rows or the librdkafka phase, the main
+# phase has nothing to do.
+if [[ -n "$("$LOGS/harness" -list "$@")" ]] ||
+	[[ -z "$("$LOGS/harness" -list -security - "$@")" && ( -z "$rows_arg" || "$librdkafka" == 0 ) ]]; then
 	bash interop/kafka.sh start --brokers "$BROKERS" --port "$PORT"
 	reqlogs=$(bash interop/kafka.sh request-log | paste -sd, -)
 
@@ -200,6 +214,27 @@ for spec in "${version_specs[@]}"; do
 	say "Kafka $v phase took $((SECONDS - phase))s"
 	((rc != 0)) || rc=$rcv
 done
+
+# librdkafka's own consumer-group tests (interop/librdkafka.sh: its tests/
+# suite from Debian's source package, built once and cached), directly and
+# through a kproxy of its own, against a one-broker cluster whose
+# auto-created topics have 4 partitions as the suite expects. It runs when
+# -rows is not given or matches "librdkafka"; KPROXY_INTEROP_LIBRDKAFKA=0
+# skips it, =all runs its slow tests too.
+if ((librdkafka)); then
+	say "librdkafka phase"
+	phase=$SECONDS
+	bash interop/kafka.sh stop >/dev/null 2>&1 || true
+	bash interop/kafka.sh start --port "$PORT" --partitions 4
+	set +e
+	KPROXY_INTEROP_LOGS="$LOGS" KPROXY_BIN="$([[ -x "$LOGS/kproxy-bin" ]] && echo "$LOGS/kproxy-bin")" \
+		bash interop/librdkafka.sh --broker "127.0.0.1:$PORT" --kproxy-port "$kproxy_port" \
+		--tier "$([[ "${KPROXY_INTEROP_LIBRDKAFKA:-1}" == all ]] && echo all || echo ci)"
+	rcl=$?
+	set -e
+	say "librdkafka phase took $((SECONDS - phase))s"
+	((rc != 0)) || rc=$rcl
+fi
 
 say "total time $((SECONDS - began))s; member logs in $LOGS"
 exit $rc
