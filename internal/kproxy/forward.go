@@ -183,6 +183,23 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 	return e, nil
 }
 
+// recheck decides again for a forwarded group whose decision is older
+// than forwardRecheck and reports whether it is still forwarded: a group
+// whose members are all requests on their way through kproxies
+// (FindCoordinator is asked once, then never again while the member
+// keeps its coordinator) learns so that the fleet took it over
+// meanwhile.
+func (f *forwardSet) recheck(ctx context.Context, group string) (bool, error) {
+	f.mu.RLock()
+	e, ok := f.groups[group]
+	f.mu.RUnlock()
+	if !ok || !e.forward || time.Since(e.at) <= forwardRecheck {
+		return ok && e.forward, nil
+	}
+	e, err := f.decide(ctx, group, e)
+	return e.forward, err
+}
+
 // takeOver records that group is served here from now on: it was taken
 // over from the cluster's coordinator (takeover.go).
 func (f *forwardSet) takeOver(group string) {

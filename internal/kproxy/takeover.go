@@ -110,6 +110,11 @@ type forwardWatcher struct {
 	// releasing holds the takeovers waiting for their members'
 	// requests to arrive; guarded by mu.
 	releasing map[string]*release
+	// settle is takeoverSettle (tests shorten it); immutable.
+	settle time.Duration
+	// readySince holds when each group was first seen ready for a
+	// takeover, this time; guarded by mu.
+	readySince map[string]time.Time
 	// draining holds the groups no longer forwarded whose requests
 	// still on their way are waited for (a takeover here, or another
 	// kproxy's): kept in groups meanwhile; guarded by mu.
@@ -133,6 +138,12 @@ type takeoverStore interface {
 // takeover.
 const takeoverInterval = time.Second
 
+// takeoverSettle is how long a group must stay ready before it is
+// taken over: a member restarted onto its sidecar is gone from the
+// cluster's group for the moment of its restart, when the others may all
+// be behind kproxy already.
+const takeoverSettle = 3 * time.Second
+
 // takeoverDrain bounds the wait for a group's forwarded requests to be
 // answered once it is no longer forwarded.
 const takeoverDrain = 5 * time.Second
@@ -143,7 +154,7 @@ const maxWatchedGroups = 10_000
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
 	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
 		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1),
-		draining: make(map[string]bool)}
+		draining: make(map[string]bool), readySince: make(map[string]time.Time), settle: takeoverSettle}
 }
 
 // Forwarded, Lookup and Claim are the forwardSet's: the watcher is the
@@ -311,6 +322,7 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
+		w.recheck(ctx)
 		owned, others := w.candidates()
 		for _, group := range owned {
 			if err := w.tryTakeover(ctx, group); err != nil && ctx.Err() == nil {
@@ -321,6 +333,34 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			w.report(ctx, rep)
 		}
 		w.finishReleases()
+	}
+}
+
+// recheck asks the cluster again about the forwarded groups watched
+// here (forwardSet.recheck): a member that joined through this kproxy
+// while the fleet took its group over joined the cluster's group beside
+// the anchor and gets nothing there; once this kproxy sees the anchor it
+// stops forwarding, so the member's next heartbeat reaches the group's
+// owner, which does not know it: it rejoins there.
+func (w *forwardWatcher) recheck(ctx context.Context) {
+	w.mu.Lock()
+	groups := make([]string, 0, len(w.groups))
+	for group := range w.groups {
+		if !w.draining[group] {
+			groups = append(groups, group)
+		}
+	}
+	w.mu.Unlock()
+	for _, group := range groups {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		forward, err := w.fw.recheck(cctx, group)
+		cancel()
+		if err == nil && !forward {
+			w.log.Info("the group is served by kproxy now (taken over, or empty on the cluster): its requests go to its owner", "group", group)
+			w.mu.Lock()
+			delete(w.groups, group)
+			w.mu.Unlock()
+		}
 	}
 }
 
@@ -378,7 +418,16 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 		if _, busy := w.releasing[group]; busy || (w.owns != nil && !w.owns(group)) {
 			continue
 		}
-		if _, ok := w.mergedLocked(group, now); ok {
+		if _, ok := w.mergedLocked(group, now); !ok {
+			delete(w.readySince, group)
+			continue
+		}
+		since, seen := w.readySince[group]
+		if !seen {
+			since = now
+			w.readySince[group] = now
+		}
+		if now.Sub(since) >= w.settle {
 			owned = append(owned, group)
 		}
 	}
@@ -489,6 +538,7 @@ func (w *forwardWatcher) finishReleases() {
 					"group", group, "kproxies_silent", len(rel.waiting), "in_flight_here", local)
 			}
 			ready = append(ready, group)
+			delete(w.readySince, group)
 			delete(w.releasing, group)
 			delete(w.draining, group)
 			delete(w.groups, group)

@@ -51,7 +51,9 @@ func newTestWatcher(t *testing.T, owns func(string) bool) (*forwardWatcher, *fak
 	st := &fakeTakeoverStore{prepared: map[string][]kafkastore.TakeoverMember{}, records: map[string][]byte{}, ready: map[string]bool{}}
 	fw := newForwardSet(nil)
 	fw.mark("g")
-	return newForwardWatcher(fw, st, owns, slog.New(slog.NewTextHandler(io.Discard, nil))), st
+	w := newForwardWatcher(fw, st, owns, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.settle = 0
+	return w, st
 }
 
 // joinSync runs member id through a watched JoinGroup and SyncGroup of
