@@ -85,7 +85,7 @@ CHOSEN=(
 	"ci   0130   classic,consumer -" # stored offsets committed, and after a rebalance (1/1 s)
 	"ci   0132   classic          -" # assignor strategy ordering (5 s; the test skips itself with KIP-848)
 	"ci   0140   classic,consumer -" # commit metadata through the C++ API (2/2 s)
-	"slow 0018   classic,consumer -" # members leave while consuming, close() (42/? s)
+	"slow 0018   classic,consumer -" # members leave while consuming, close() (29/39 s)
 	"slow 0033   classic,consumer -" # regex subscriptions (34/85 s)
 	"slow 0045   classic,consumer -" # subscription updates: regex, topics added, many updates (52/60 s)
 	"slow 0050   classic,consumer -" # subscribe adds topics (21/23 s)
