@@ -181,7 +181,7 @@ func (s *session) routeKind(h codec.RequestHeader, kind string, start int64, hea
 	req.SetVersion(h.Version)
 	if err := req.ReadFrom(frame[4+h.Len:]); err != nil {
 		// The broker answers a malformed request as it does directly.
-		return s.forwardBytes(h, codec.Forward, start, frame)
+		return s.forwardBytes(h, codec.Forward, start, frame, nil)
 	}
 	ctx, cancel := context.WithTimeout(s.p.ctx, lookupTimeout)
 	defer cancel()
@@ -193,7 +193,7 @@ func (s *session) routeKind(h codec.RequestHeader, kind string, start int64, hea
 		}
 	}
 	if !served {
-		return s.forwardBytes(h, codec.Forward, start, frame)
+		return s.forwardBytes(h, codec.Forward, start, frame, nil)
 	}
 	s.p.log.Debug("forwarding: a consumer group asked for as another kind", "kind", kind, "groups", groups)
 	return s.queueLocal(h, start, wrongKind(req, kind))

@@ -357,7 +357,7 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
 		// Transactions (and anything else that is not a group) belong
 		// to the brokers: routed as with groups forwarded.
-		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame)
+		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame, nil)
 	}
 	if fw := s.p.cfg.Forwarder; fw != nil {
 		if g := forwardedGroup(fw, req); g != "" {
@@ -366,7 +366,7 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 			if w, ok := fw.(ForwardWatcher); ok {
 				watch = w.Watch(s.rc, g, req)
 			}
-			return s.forwardWatched(h, start, frame, watch)
+			return s.forwardBytes(h, codec.Forward, start, frame, watch)
 		}
 	}
 	return s.queueCoordinator(h, start, req)
@@ -553,30 +553,14 @@ func (s *session) forward(h codec.RequestHeader, r codec.Route, start int64, hea
 }
 
 // forwardBytes sends a frame already read into memory upstream; r is as
-// for forward.
-func (s *session) forwardBytes(h codec.RequestHeader, r codec.Route, start int64, frame []byte) error {
-	if err := s.ensureUpstream(); err != nil {
-		return err
+// for forward. watch, if not nil, gets the response (ForwardWatcher), or
+// nil if the request never went.
+func (s *session) forwardBytes(h codec.RequestHeader, r codec.Route, start int64, frame []byte, watch func(kmsg.Response)) error {
+	err := s.ensureUpstream()
+	if err == nil {
+		err = s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, watch: watch})
 	}
-	if err := s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
-		return err
-	}
-	if _, err := s.upW.Write(frame); err != nil {
-		return fmt.Errorf("forwarding %s: %w", kmsg.NameForKey(h.Key), err)
-	}
-	return nil
-}
-
-// forwardWatched sends a forwarded group request's frame upstream;
-// watch, if not nil, gets its response (ForwardWatcher).
-func (s *session) forwardWatched(h codec.RequestHeader, start int64, frame []byte, watch func(kmsg.Response)) error {
-	if err := s.ensureUpstream(); err != nil {
-		if watch != nil {
-			watch(nil)
-		}
-		return err
-	}
-	if err := s.push(slot{route: codec.Forward, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, watch: watch}); err != nil {
+	if err != nil {
 		if watch != nil {
 			watch(nil)
 		}

@@ -101,15 +101,6 @@ func (s *Store) TakeoverReady(group string) {
 	}
 }
 
-// CancelTakeover drops group's pending takeover if nothing loaded it.
-func (s *Store) CancelTakeover(group string) {
-	if as := s.anchors; as != nil {
-		as.mu.Lock()
-		delete(as.takeovers, group)
-		as.mu.Unlock()
-	}
-}
-
 // takeTakeover hands group's pending takeover to its anchor a (the
 // group is being loaded) and returns its record; nil if none is
 // pending, or a load had it already.

@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/classic"
 	"github.com/kproxy/kproxy/proxy"
 )
 
@@ -131,7 +131,6 @@ type takeoverStore interface {
 	DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error)
 	PrepareTakeover(group string, record []byte, members []kafkastore.TakeoverMember) error
 	TakeoverReady(group string)
-	CancelTakeover(group string)
 }
 
 // takeoverInterval is how often the watched groups are checked for a
@@ -290,13 +289,12 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 	}
 }
 
-// gone reports whether a group error code ends a membership.
+// gone reports whether a group error code ends a membership: the
+// member id or generation is no longer the group's, or a newer instance
+// of its group.instance.id replaced it.
 func gone(code int16) bool {
-	switch code {
-	case kerr.UnknownMemberID.Code, kerr.IllegalGeneration.Code, kerr.FencedInstanceID.Code:
-		return true
-	}
-	return false
+	o := classic.OutcomeOf(code)
+	return o == classic.Stale || o == classic.Fenced
 }
 
 func cloneString(s *string) *string {

@@ -44,8 +44,6 @@ func (s *fakeTakeoverStore) TakeoverReady(group string) {
 	s.ready[group] = true
 }
 
-func (s *fakeTakeoverStore) CancelTakeover(string) {}
-
 func newTestWatcher(t *testing.T, owns func(string) bool) (*forwardWatcher, *fakeTakeoverStore) {
 	t.Helper()
 	st := &fakeTakeoverStore{prepared: map[string][]kafkastore.TakeoverMember{}, records: map[string][]byte{}, ready: map[string]bool{}}
