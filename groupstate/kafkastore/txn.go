@@ -580,14 +580,18 @@ func (s *Store) failTxn(tp *txnPart, batch []*txnWrite, err error) {
 		code = kerr.NotCoordinator
 	}
 	cerr := fmt.Errorf("kafkastore: transaction of groups partition %d failed: %w (%v)", tp.p, code, err)
+	if !dropped {
+		// The claim ends before the batch's callers hear of the failure:
+		// one that sees NOT_COORDINATOR and asks Claimed must hear false.
+		s.log.Warn("kafkastore: dropping groups partition after a failed transaction", "partition", tp.p, "fenced", isFenced, "err", err)
+		s.end(tp, kerr.NotCoordinator)
+	}
 	for _, w := range batch {
 		w.done <- txnResult{err: cerr}
 	}
 	if dropped {
 		return
 	}
-	s.log.Warn("kafkastore: dropping groups partition after a failed transaction", "partition", tp.p, "fenced", isFenced, "err", err)
-	s.end(tp, kerr.NotCoordinator)
 	if f := s.txn.opts.OnFenced; f != nil {
 		tp.fenceOnce.Do(func() { f(tp.p) })
 	}

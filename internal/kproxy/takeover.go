@@ -435,8 +435,11 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 
 // mergedLocked returns every member of group known here: watched here
 // and reported by other kproxies; ok says they all stand synced at one
-// generation, heard from recently, with no JoinGroup, SyncGroup or
-// LeaveGroup of the group on its way to the cluster anywhere.
+// generation, each answered without error within its session timeout
+// (a member heartbeating every session/3, as clients do by default, is
+// often older than half of it once a report carried it here), with no
+// JoinGroup, SyncGroup or LeaveGroup of the group on its way to the
+// cluster anywhere.
 func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*watchedMember, bool) {
 	all := make(map[string]*watchedMember)
 	joining := 0
@@ -458,7 +461,7 @@ func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*
 	gen := int32(-1)
 	for _, m := range all {
 		if !m.synced || (gen >= 0 && m.generation != gen) ||
-			now.Sub(m.lastOK) > time.Duration(m.sessionMS)*time.Millisecond/2 {
+			now.Sub(m.lastOK) > time.Duration(m.sessionMS)*time.Millisecond {
 			return all, false
 		}
 		gen = m.generation
