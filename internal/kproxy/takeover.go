@@ -166,8 +166,31 @@ func (w *forwardWatcher) Claim(ctx context.Context, group, kind string) bool {
 	return w.fw.Claim(ctx, group, kind)
 }
 
-// Watch implements proxy.ForwardWatcher.
+// ForwardRequest implements proxy.RequestForwarder.
+func (w *forwardWatcher) ForwardRequest(group string, req kmsg.Request) (bool, bool) {
+	return w.fw.ForwardRequest(group, req)
+}
+
+// Watch implements proxy.ForwardWatcher. The JoinGroup answers of a
+// group being handed back also tell the forwardSet the member ids the
+// cluster handed out (forwardSet.issuedID).
 func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
+	inner := w.watch(c, group, req)
+	if _, ok := req.(*kmsg.JoinGroupRequest); !ok || !w.fw.handingBack(group) {
+		return inner
+	}
+	return func(resp kmsg.Response) {
+		if jr, ok := resp.(*kmsg.JoinGroupResponse); ok && jr.MemberID != "" {
+			w.fw.issuedID(group, jr.MemberID)
+		}
+		if inner != nil {
+			inner(resp)
+		}
+	}
+}
+
+// watch is Watch for the takeover: what it learns of the members.
+func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
 	var answered func(g *watchedGroup, resp kmsg.Response)
 	max := 30 * time.Second
 	membership := true
