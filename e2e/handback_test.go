@@ -21,13 +21,24 @@ import (
 // a member of the cluster's own in it). One rebalance later the three
 // share the partitions in the cluster's group, without the anchor; no
 // partition was owned twice, offsets never went backwards, nothing was
-// lost.
+// lost. The last run starts the members on the brokers and moves them
+// behind the relays first, so the group is taken over (docs/anchors.md)
+// seconds before one moves back: the relays stop holding a group taken
+// over once the anchor stands alone in the cluster's group.
 func TestHandBackFleet(t *testing.T) {
-	for _, balancer := range []string{"eager", "cooperative"} {
-		t.Run(balancer, func(t *testing.T) {
+	for _, run := range []struct {
+		balancer      string
+		takeoverFirst bool
+	}{{"eager", false}, {"cooperative", false}, {"cooperative", true}} {
+		balancer := run.balancer
+		name := balancer
+		if run.takeoverFirst {
+			name += "-after-takeover"
+		}
+		t.Run(name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			group, topic := "handback-fleet-"+balancer, "handback-fleet-t-"+balancer
+			group, topic := "handback-fleet-"+name, "handback-fleet-t-"+name
 			const n = 600
 			cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(6, topic),
 				kfake.GroupMinSessionTimeout(500*time.Millisecond))
@@ -61,9 +72,32 @@ func TestHandBackFleet(t *testing.T) {
 			own, recs := newOwnership(t), newRecords()
 			watch := watchOffsets(ctx, t, brokers, topic, group)
 			mc := func() memberCfg { return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts} }
-			a := startMemberAt(t, relays[0].Addr(), "a", mc())
-			b := startMemberAt(t, relays[1].Addr(), "b", mc())
-			c := startMemberAt(t, relays[2].Addr(), "c", mc())
+			names := []string{"a", "b", "c"}
+			behind := make([]*member, len(names))
+			if run.takeoverFirst {
+				// Adoption: the members start on the brokers and move
+				// behind the relays one at a time.
+				var direct []*member
+				for _, name := range names {
+					direct = append(direct, startMemberAt(t, brokers[0], name+"-direct", mc()))
+				}
+				waitOwners(t, own, 6, "a-direct", "b-direct", "c-direct")
+				for i, name := range names {
+					direct[i].leave()
+					own.releaseAll(name + "-direct")
+					behind[i] = startMemberAt(t, relays[i].Addr(), name, mc())
+					want := append([]string(nil), names[:i+1]...)
+					for _, rest := range names[i+1:] {
+						want = append(want, rest+"-direct")
+					}
+					waitOwners(t, own, 6, want...)
+				}
+			} else {
+				for i, name := range names {
+					behind[i] = startMemberAt(t, relays[i].Addr(), name, mc())
+				}
+			}
+			a, b, c := behind[0], behind[1], behind[2]
 			defer a.leave()
 			defer b.leave()
 			waitOwners(t, own, 6, "a", "b", "c")

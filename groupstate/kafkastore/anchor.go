@@ -179,10 +179,8 @@ type anchor struct {
 	// live without an anchor (before the first join).
 	checked bool
 	// takeover, when set, is the takeover the first join completes
-	// (takeover.go); cleared by that join. tookOver is when a join
-	// completed one.
+	// (takeover.go); cleared by that join.
 	takeover *takeoverPlan
-	tookOver time.Time
 	// handbackCheck is set when the cluster rebalances the group with
 	// OnHandBack set: the worker asks whether a member reached it
 	// directly before it rejoins. handback is the hand-back in progress
@@ -869,9 +867,6 @@ func (as *anchorSet) join(a *anchor) error {
 	}
 	a.mu.Lock()
 	a.state, a.memberID, a.gen, a.have = anchorIn, jr.MemberID, jr.Generation, want
-	if plan != nil {
-		a.tookOver = time.Now()
-	}
 	a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
 	a.broadcastLocked()
 	handsBack := as.handsBack(a)
@@ -994,7 +989,9 @@ func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID
 			// accepts such a commit only while its group is empty.
 			a.mu.Unlock()
 			return "", 0, false, nil, nil
-		case a.state == anchorIn && !a.rejoin:
+		case a.state == anchorIn && (!a.rejoin || a.handback != nil):
+			// A hand-back never rejoins: its commits go on under the
+			// membership it holds until the anchor leaves.
 			a.commits++
 			memberID, gen = a.memberID, a.gen
 			a.mu.Unlock()
@@ -1322,15 +1319,25 @@ func (as *anchorSet) pollRebalances() {
 				if a == nil || g.ErrorCode != 0 {
 					continue
 				}
-				if g.State != "PreparingRebalance" && g.State != "CompletingRebalance" {
+				others := 0
+				for _, m := range g.Members {
+					if m.InstanceID == nil || *m.InstanceID != as.opts.InstanceID {
+						others++
+					}
+				}
+				rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
+				if !rebalancing && others == 0 {
 					continue
 				}
 				a.mu.Lock()
 				switch {
 				case a.state != anchorIn || a.handback != nil:
-				case g.State == "PreparingRebalance" && as.handsBack(a):
+				case others > 0 && as.handsBack(a):
+					// A member of the cluster's own: rebalancing to take
+					// it in, or in a generation the anchor led (given
+					// nothing). Either way the group goes back.
 					a.handbackCheck = true
-				default:
+				case rebalancing:
 					a.rejoin, a.rejoinKnown = true, true
 				}
 				a.mu.Unlock()

@@ -41,15 +41,9 @@ type handback struct {
 // a hand-back waits for the members.
 const handbackCheckEvery = 250 * time.Millisecond
 
-// handbackAfterTakeover is how long after the anchor took a group over
-// a rebalance of the cluster's group is not a reason to hand it back:
-// the members the anchor replaced are still leaving.
-const handbackAfterTakeover = 10 * time.Second
-
-// clusterMembers describes group on the cluster: its state and how many
-// members other than the anchor it holds; anchored says the anchor is
-// one of them.
-func (as *anchorSet) clusterMembers(ctx context.Context, group string) (state string, others int, anchored bool, err error) {
+// clusterMembers describes group on the cluster: how many members other
+// than the anchor it holds; anchored says the anchor is one of them.
+func (as *anchorSet) clusterMembers(ctx context.Context, group string) (others int, anchored bool, err error) {
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{group}
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
@@ -59,15 +53,15 @@ func (as *anchorSet) clusterMembers(ctx context.Context, group string) (state st
 		return 0
 	})
 	if err != nil {
-		return "", 0, false, fmt.Errorf("describing group %q: %w", group, err)
+		return 0, false, fmt.Errorf("describing group %q: %w", group, err)
 	}
 	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
 	if len(groups) == 0 {
-		return "", 0, false, fmt.Errorf("describing group %q: empty answer", group)
+		return 0, false, fmt.Errorf("describing group %q: empty answer", group)
 	}
 	g := groups[0]
 	if g.ErrorCode != 0 {
-		return "", 0, false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
+		return 0, false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
 	}
 	for _, m := range g.Members {
 		if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
@@ -76,17 +70,18 @@ func (as *anchorSet) clusterMembers(ctx context.Context, group string) (state st
 			others++
 		}
 	}
-	return g.State, others, anchored, nil
+	return others, anchored, nil
 }
 
-// checkHandback runs when the cluster rebalances a's group: if a member
-// other than the anchor is in the cluster's group and the engine can hand
-// the group back, the hand-back begins; otherwise the anchor rejoins.
+// checkHandback runs when the cluster rebalances a's group, or holds a
+// member besides the anchor: if a member other than the anchor is in the
+// cluster's group and the engine can hand the group back, the hand-back
+// begins; otherwise the anchor rejoins.
 // During a hand-back it decides whether the anchor leaves now.
 func (as *anchorSet) checkHandback(a *anchor) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	state, others, anchored, err := as.clusterMembers(ctx, a.group)
+	others, anchored, err := as.clusterMembers(ctx, a.group)
 	a.mu.Lock()
 	hb := a.handback
 	a.handbackCheck = false
@@ -95,7 +90,7 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 	}
 	a.mu.Unlock()
 	if hb == nil {
-		if err != nil || others == 0 || (state != "PreparingRebalance" && state != "CompletingRebalance") {
+		if err != nil || others == 0 {
 			a.mu.Lock()
 			a.rejoin, a.rejoinKnown = true, true
 			a.broadcastLocked()
@@ -142,10 +137,13 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 	return nil
 }
 
-// handsBack reports whether a rebalance of a's group may be a member
-// reaching it directly, to be handed back (a.mu held).
+// handsBack reports whether a member of the cluster's own in a's group
+// may make the anchor hand it back (a.mu held). The members a takeover
+// replaced are not: the anchor's join that completes a takeover answers
+// once they left (takeover.go), and is never one that begins a
+// hand-back.
 func (as *anchorSet) handsBack(a *anchor) bool {
-	return as.opts.OnHandBack != nil && a.want.Members > 0 && time.Since(a.tookOver) > handbackAfterTakeover
+	return as.opts.OnHandBack != nil && a.want.Members > 0
 }
 
 // beginHandback asks the engine to hand a's group back, the cluster's

@@ -68,6 +68,10 @@ type forwardEntry struct {
 	// group is not forwarded whatever the cluster shows (its members
 	// are still there until the anchor replaced them).
 	takenOver time.Time
+	// takenIDs are the member ids the anchor replaces in that takeover
+	// (nil if unknown); immutable. The hold ends early once the cluster's
+	// group lists none of them beside the anchor.
+	takenIDs []string
 	// handback is set while the group is being handed back to the
 	// cluster's coordinator (the anchor and members of the cluster's
 	// own in its group, docs/anchors.md): FindCoordinator names the
@@ -176,11 +180,13 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 		return forwardEntry{}, err
 	}
 	now := time.Now()
-	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver}
+	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver, takenIDs: prev.takenIDs}
 	switch {
-	case now.Sub(e.takenOver) < takeoverHold:
+	case now.Sub(e.takenOver) < takeoverHold && (e.takenIDs == nil || !c.Anchored || hasAny(c.MemberIDs, e.takenIDs)):
 		// Taken over: served here while the anchor replaces the
-		// members in the cluster's group.
+		// members in the cluster's group. Once the anchor stands there
+		// without them, what the cluster shows decides again (a member
+		// joining directly then starts a hand-back).
 	case c.Live():
 		e.forward, e.kind = true, c.Kind
 	case c.Anchored && len(c.MemberIDs) > 0:
@@ -200,7 +206,7 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 	}
 	if cur, ok := f.groups[group]; ok && cur.takenOver.After(e.takenOver) {
 		// Taken over while the cluster was asked.
-		e.takenOver, e.forward, e.kind = cur.takenOver, false, ""
+		e.takenOver, e.takenIDs, e.forward, e.handback, e.kind = cur.takenOver, cur.takenIDs, false, false, ""
 	}
 	f.setLocked(group, e)
 	f.mu.Unlock()
@@ -225,13 +231,14 @@ func (f *forwardSet) recheck(ctx context.Context, group string) (bool, error) {
 }
 
 // takeOver records that group is served here from now on: it was taken
-// over from the cluster's coordinator (takeover.go).
-func (f *forwardSet) takeOver(group string) {
+// over from the cluster's coordinator (takeover.go), the anchor
+// replacing members (their ids; nil if unknown).
+func (f *forwardSet) takeOver(group string, members []string) {
 	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.groups[group]
-	e.forward, e.kind, e.at, e.takenOver = false, "", now, now
+	e.forward, e.handback, e.kind, e.at, e.takenOver, e.takenIDs = false, false, "", now, now, members
 	f.setLocked(group, e)
 }
 
@@ -384,4 +391,14 @@ func (f *forwardSet) ForwardRequest(group string, req kmsg.Request) (forward, re
 		return known(r.MemberID), false
 	}
 	return false, false
+}
+
+// hasAny reports whether any of ids is in set.
+func hasAny(set, ids []string) bool {
+	for _, id := range ids {
+		if slices.Contains(set, id) {
+			return true
+		}
+	}
+	return false
 }
