@@ -19,7 +19,8 @@ import (
 // members still behind kproxy follow it there through their relays,
 // which learn of the hand-back from the cluster's group (the anchor and
 // a member of the cluster's own in it). One rebalance later the three
-// share the partitions in the cluster's group, without the anchor; no
+// share the partitions in the cluster's group, without the anchor; the
+// next member moved back joins it as in a plain rolling restart. No
 // partition was owned twice, offsets never went backwards, nothing was
 // lost. The last run starts the members on the brokers and moves them
 // behind the relays first, so the group is taken over (docs/anchors.md)
@@ -99,7 +100,6 @@ func TestHandBackFleet(t *testing.T) {
 			}
 			a, b, c := behind[0], behind[1], behind[2]
 			defer a.leave()
-			defer b.leave()
 			waitOwners(t, own, 6, "a", "b", "c")
 			cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 			if err != nil {
@@ -126,6 +126,13 @@ func TestHandBackFleet(t *testing.T) {
 					t.Fatalf("the anchor stayed in the cluster's group after the hand-back: %+v", m)
 				}
 			}
+			// The next member back joins the cluster's group as in a
+			// plain rolling restart: the relays forward the group now.
+			b.leave()
+			own.releaseAll("b")
+			b2 := startMemberAt(t, brokers[0], "b-direct", mc())
+			defer b2.leave()
+			waitOwners(t, own, 6, "a", "b-direct", "c-direct")
 			produce(n/2, n)
 			waitConsumed(t, recs, n)
 			own.check()

@@ -182,11 +182,13 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 	now := time.Now()
 	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver, takenIDs: prev.takenIDs}
 	switch {
-	case now.Sub(e.takenOver) < takeoverHold && (e.takenIDs == nil || !c.Anchored || hasAny(c.MemberIDs, e.takenIDs)):
+	case now.Sub(e.takenOver) < takeoverHold && (e.takenIDs == nil || hasAny(c.MemberIDs, e.takenIDs)):
 		// Taken over: served here while the anchor replaces the
-		// members in the cluster's group. Once the anchor stands there
-		// without them, what the cluster shows decides again (a member
-		// joining directly then starts a hand-back).
+		// members in the cluster's group. Once the cluster's group
+		// lists none of them, what it shows decides again: the anchor
+		// alone (served here), the anchor and a member that joined
+		// directly (a hand-back), members and no anchor (handed back:
+		// forwarded).
 	case c.Live():
 		e.forward, e.kind = true, c.Kind
 	case c.Anchored && len(c.MemberIDs) > 0:

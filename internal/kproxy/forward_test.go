@@ -209,3 +209,37 @@ func TestForwardSetHandBack(t *testing.T) {
 		t.Fatalf("forwarded count %d, want 1", f.forwarded.Load())
 	}
 }
+
+// TestForwardSetTakeoverHold: a group taken over stays served here while
+// the cluster's group still lists a member the anchor replaces; then
+// what the cluster shows decides again, within the hold too: the anchor
+// alone is served here, the anchor and a member that joined directly is
+// a hand-back, members without the anchor (handed back) are forwarded.
+func TestForwardSetTakeoverHold(t *testing.T) {
+	ctx := context.Background()
+	c := &fakeCluster{groups: map[string]kafkastore.ClusterGroup{}}
+	f := newForwardSet(c)
+	f.takeOver("g", []string{"m1", "m2"})
+	for _, step := range []struct {
+		what              string
+		cluster           kafkastore.ClusterGroup
+		forward, handback bool
+	}{
+		{"members still there, anchor not yet", kafkastore.ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"m1", "m2"}}, false, false},
+		{"anchor joining, one member left", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"m2"}}, false, false},
+		{"anchor alone", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true}, false, false},
+		{"a member joined directly", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"d"}}, false, true},
+		{"handed back", kafkastore.ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"d", "m1-new"}}, true, false},
+	} {
+		c.mu.Lock()
+		c.groups["g"] = step.cluster
+		c.mu.Unlock()
+		f.mu.RLock()
+		prev := f.groups["g"]
+		f.mu.RUnlock()
+		e, err := f.decide(ctx, "g", prev)
+		if err != nil || e.forward != step.forward || e.handback != step.handback {
+			t.Fatalf("%s: forward %v handback %v (%v), want %v %v", step.what, e.forward, e.handback, err, step.forward, step.handback)
+		}
+	}
+}
