@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -115,6 +116,7 @@ type session struct {
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
+	late    []int32          // owned by the writer: correlation ids of ApiVersions answered from the cache whose upstream answers are still to drop (apiversions.go)
 	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite; from rw
 	outBuf  []byte           // owned by the writer: rewritten responses; from rw
 	rw      *rewriteBufs     // owned by the writer: the pooled holder of respBuf and outBuf, nil between uses
@@ -144,6 +146,13 @@ func (s *session) run() {
 	go s.writeLoop()
 	err := s.readLoop()
 	close(s.slots)
+	if clientGone(err) && !s.draining.Load() {
+		// Nobody will read the answers still owed: close the upstream
+		// too, or a writer waiting for a broker that stopped answering
+		// (a partition) would hold the session, both sockets and their
+		// buffers until the broker answered.
+		s.closeConns()
+	}
 	var down *upstreamDownError
 	if errors.As(err, &down) {
 		// Reset rather than close: a clean close after the client's
@@ -177,6 +186,12 @@ func (s *session) run() {
 		rewritePool.Put(s.rw)
 		s.rw, s.respBuf, s.outBuf = nil, nil, nil
 	}
+}
+
+// clientGone says whether err, which ended a session's reader, means the
+// client closed or lost its connection.
+func clientGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // drain makes the reader stop at the next request boundary; the writer
@@ -708,6 +723,16 @@ func (s *session) writeForwarded(sl slot) error {
 			return fmt.Errorf("writing to client: %w", err)
 		}
 	}
+	if len(s.late) > 0 {
+		if err := s.dropLate(); err != nil {
+			return err
+		}
+	}
+	if sl.key == codec.KeyApiVersions {
+		if done, err := s.awaitApiVersions(sl); done || err != nil {
+			return err
+		}
+	}
 	upR, err := s.upstreamReader()
 	if err != nil {
 		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
@@ -758,6 +783,9 @@ func (s *session) writeForwarded(sl slot) error {
 	resp, err := codec.RewriteResponse(sl.key, sl.version, body, s.p, s.p.cfg.Coordinator != nil)
 	if err != nil {
 		return err
+	}
+	if sl.key == codec.KeyApiVersions && resp != nil {
+		s.rememberApiVersions(resp)
 	}
 	out := frame
 	if resp != nil {
