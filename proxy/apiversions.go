@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"sync"
 	"time"
@@ -130,15 +132,10 @@ func (s *session) awaitApiVersions(sl slot) (done bool, err error) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		return false, fmt.Errorf("reading ApiVersions response from upstream: %w", truncated(err))
 	}
-	resp, first := s.p.apiv.answer(s.node, sl.version)
+	resp := s.cachedApiVersions(sl.version, "broker did not answer ApiVersions in time: answered from its last known versions; its late answer will be dropped")
 	if resp == nil {
 		return false, nil // cannot happen: has() was true and nothing is dropped
 	}
-	if first {
-		s.log.Warn("broker did not answer ApiVersions in time: answered from its last known versions; its late answer will be dropped",
-			"node", s.node, "timeout", timeout)
-	}
-	s.p.metrics.apiVersionsCached()
 	s.late = append(s.late, sl.corr)
 	s.respBuf = codec.AppendResponse(s.respBuf[:0], sl.corr, resp)
 	_, err = s.bw.Write(s.respBuf)
@@ -150,6 +147,50 @@ func (s *session) awaitApiVersions(sl slot) (done bool, err error) {
 	s.p.metrics.bytesOut(int64(n))
 	s.p.metrics.request(sl.key, codec.Local, sl.start)
 	return true, nil
+}
+
+// cachedApiVersions returns the cached ApiVersions answer at version, or
+// nil when there is none, logging why (at WARN once per episode of the
+// broker's) and counting it.
+func (s *session) cachedApiVersions(version int16, why string) *kmsg.ApiVersionsResponse {
+	resp, first := s.p.apiv.answer(s.node, version)
+	if resp == nil {
+		return nil
+	}
+	if first {
+		s.log.Warn(why, "node", s.node, "api_versions_timeout", s.p.cfg.ApiVersionsTimeout)
+	}
+	s.p.metrics.apiVersionsCached()
+	return resp
+}
+
+// apiVersionsBeforeUpstream serves an ApiVersions request arriving on a
+// session without an upstream connection yet, when an answer is cached:
+// it dials the broker within Config.ApiVersionsTimeout and, when that
+// times out (a partition that drops the connection attempt, or a TLS
+// handshake that gets no answer), answers the client from the cache
+// instead of making it wait for the whole dial timeout. done is false
+// when the request is to be forwarded as usual (dialled in time, nothing
+// cached, or the dial refused: ensureUpstream then reports the broker
+// down as before). The next forwarded request dials again with the full
+// Config.DialTimeout. Called by the reader.
+func (s *session) apiVersionsBeforeUpstream(h codec.RequestHeader, start int64, total int) (done bool, err error) {
+	if !s.p.apiv.has() {
+		return false, nil
+	}
+	err = s.ensureUpstreamWithin(s.p.cfg.ApiVersionsTimeout)
+	var ne net.Error
+	if err == nil || !(errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded)) {
+		return false, nil
+	}
+	resp := s.cachedApiVersions(h.Version, "broker not dialled within api_versions_timeout: ApiVersions answered from its last known versions")
+	if resp == nil {
+		return false, nil
+	}
+	if _, err := s.br.Discard(total); err != nil {
+		return true, truncated(err)
+	}
+	return true, s.queueLocal(h, start, resp)
 }
 
 // dropLate reads and drops the broker's late answers to ApiVersions

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,4 +180,69 @@ func sessionCount(p *Proxy) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.sessions)
+}
+
+// TestApiVersionsAnsweredWhenDialHangs: where connecting to the broker
+// hangs (a partition that drops the connection attempt), a new
+// connection's ApiVersions is answered from the broker's last answer
+// within ApiVersionsTimeout instead of after the whole dial timeout; the
+// next forwarded request still dials with the full timeout and, failing,
+// resets the connection as a dead broker does.
+func TestApiVersionsAnsweredWhenDialHangs(t *testing.T) {
+	cluster := newCluster(t, kfake.NumBrokers(1))
+	var hang atomic.Bool
+	const timeout, dialTimeout = 300 * time.Millisecond, 1500 * time.Millisecond
+	p := startProxy(t, cluster.ListenAddrs(), func(c *Config) {
+		c.ApiVersionsTimeout, c.DialTimeout = timeout, dialTimeout
+		c.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if hang.Load() {
+				<-ctx.Done()
+				return nil, fmt.Errorf("dialling %s: %w", addr, ctx.Err())
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+	})
+	ask := func(conn net.Conn, corr int32) (*kmsg.ApiVersionsResponse, error) {
+		req := kmsg.NewPtrApiVersionsRequest()
+		req.Version = 3
+		req.ClientSoftwareName, req.ClientSoftwareVersion = "apiv-test", "1"
+		sendRequest(t, conn, req, corr)
+		resp := kmsg.NewPtrApiVersionsResponse()
+		resp.Version = 3
+		return resp, readAnswer(conn, 5*time.Second, corr, resp)
+	}
+	first, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if _, err := ask(first, 1); err != nil {
+		t.Fatalf("ApiVersions with the broker reachable: %v", err)
+	}
+
+	hang.Store(true)
+	conn, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	resp, err := ask(conn, 2)
+	if took := time.Since(start); err != nil || resp.ErrorCode != 0 || took > dialTimeout {
+		t.Fatalf("ApiVersions with the dial hanging: %v (code %d) after %v; want an answer within the %v dial timeout", err, resp.ErrorCode, took, dialTimeout)
+	}
+	meta := kmsg.NewPtrMetadataRequest()
+	meta.Version = 9
+	sendRequest(t, conn, meta, 3)
+	mresp := kmsg.NewPtrMetadataResponse()
+	mresp.Version = 9
+	start = time.Now()
+	err = readAnswer(conn, 5*time.Second, 3, mresp)
+	if err == nil {
+		t.Fatal("Metadata answered although the broker cannot be dialled")
+	}
+	if took := time.Since(start); took < dialTimeout-100*time.Millisecond || took > dialTimeout+2*time.Second {
+		t.Errorf("connection closed %v after the Metadata request (%v), want after the %v dial timeout", took, err, dialTimeout)
+	}
 }

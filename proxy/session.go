@@ -327,6 +327,11 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	}
 	switch d.Route {
 	case codec.Forward, codec.Rewrite:
+		if h.Key == codec.KeyApiVersions && s.up == nil {
+			if done, err := s.apiVersionsBeforeUpstream(h, start, total); done || err != nil {
+				return err
+			}
+		}
 		if d.Edit == codec.EditObserve {
 			s.observeSASLRequest(h, head, total)
 		}
@@ -495,7 +500,10 @@ func (s *session) findCoordinator(req *kmsg.FindCoordinatorRequest) *kmsg.FindCo
 }
 
 // ensureUpstream dials the broker this session stands for.
-func (s *session) ensureUpstream() error {
+func (s *session) ensureUpstream() error { return s.ensureUpstreamWithin(s.p.cfg.DialTimeout) }
+
+// ensureUpstreamWithin is ensureUpstream with timeout bounding each dial.
+func (s *session) ensureUpstreamWithin(timeout time.Duration) error {
 	if s.up != nil {
 		if s.upW == nil {
 			s.upW = getWriter(s.up)
@@ -508,7 +516,7 @@ func (s *session) ensureUpstream() error {
 	}
 	var errs []error
 	for _, a := range addrs {
-		c, err := s.p.dialUpstream(a)
+		c, err := s.p.dialUpstreamWithin(a, timeout)
 		if tlsErr := (*upstreamTLSError)(nil); errors.As(err, &tlsErr) {
 			return err // reachable: its listener stays open
 		}
