@@ -317,7 +317,16 @@ func (p *peerPool) connFailed(pc *peerConn, err error, o outcome, inFlight int) 
 		return
 	}
 	attempt, failed := h.attempts, h.failed
-	p.startLocked(pc.addr, true, peerBackoff(attempt))
+	delay := peerBackoff(attempt)
+	if pc.probe && o == outcomeSilent {
+		// The reconnection was accepted and its keepalive held: the
+		// next one starts at once, so that one always waits for an
+		// answer and the episode ends the moment the link heals
+		// (held bytes flow on) instead of up to a backoff later.
+		// Refused or reset reconnections still back off.
+		delay = 0
+	}
+	p.startLocked(pc.addr, true, delay)
 	p.mu.Unlock()
 	if begins {
 		p.metrics.peerDown(o)
