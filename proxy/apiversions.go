@@ -105,7 +105,7 @@ func (s *session) rememberApiVersions(resp kmsg.Response) {
 		return
 	}
 	if s.p.apiv.remember(s.node, r) {
-		s.log.Info("broker answers ApiVersions again", "node", s.node)
+		s.log.Info("broker answers ApiVersions again")
 	}
 }
 
@@ -158,7 +158,7 @@ func (s *session) cachedApiVersions(version int16, why string) *kmsg.ApiVersions
 		return nil
 	}
 	if first {
-		s.log.Warn(why, "node", s.node, "api_versions_timeout", s.p.cfg.ApiVersionsTimeout)
+		s.log.Warn(why, "api_versions_timeout", s.p.cfg.ApiVersionsTimeout)
 	}
 	s.p.metrics.apiVersionsCached()
 	return resp
@@ -207,7 +207,7 @@ func (s *session) dropLate() error {
 		if err != nil {
 			return err
 		}
-		s.log.Debug("dropped a late ApiVersions answer", "node", s.node, "bytes", len(frame))
+		s.log.Debug("dropped a late ApiVersions answer", "bytes", len(frame))
 		s.respBuf = keep(frame[:0])
 		s.late = s.late[1:]
 	}

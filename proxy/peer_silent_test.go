@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -182,5 +183,53 @@ func TestSilentPeerEpisodeEndsAtHeal(t *testing.T) {
 		if took > 200*time.Millisecond {
 			t.Fatalf("round %d: requests failed for %v after heal; want within 200ms", round, took)
 		}
+	}
+}
+
+// TestJoinWaitsForSilentPeer: while the owner is in an unreachable
+// episode, a member's heartbeat fails at once, and so does the JoinGroup
+// of a member that has a member id, but the JoinGroup of a member
+// joining afresh waits for the owner and is answered by it the moment the
+// link heals, as a direct member's join held in TCP would be.
+func TestJoinWaitsForSilentPeer(t *testing.T) {
+	b := &fakeEngine{name: "B", prefix: "b", marker: markerB}
+	ps := startPeerServer(t, "127.0.0.1:0", b, nil)
+	link, err := faultnet.Listen(ps.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	r := NewRouter(RouterConfig{Locator: newTestLocator("a", map[string]string{"b": link.Addr()}),
+		RelayTimeout: 600 * time.Millisecond, WaitForOwner: 100 * time.Millisecond, Logger: slog.New(&logRecorder{})})
+	t.Cleanup(r.Close)
+	join := func(member string) *kmsg.JoinGroupRequest {
+		j := kmsg.NewPtrJoinGroupRequest()
+		j.Version = 5
+		j.Group, j.MemberID, j.ProtocolType, j.RebalanceTimeoutMillis, j.SessionTimeoutMillis = "b-group", member, "consumer", 10000, 10000
+		j.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: []byte{0, 1}}}
+		return j
+	}
+	checkCodes(t, "before the fault", handle(t, r, Client{ID: "c"}, heartbeatFor("b-group", "m")), markerB)
+	link.Blackhole(faultnet.Both)
+	waitFor(t, 5*time.Second, "the episode", func() bool {
+		return codesOf(t, handle(t, r, Client{ID: "c"}, heartbeatFor("b-group", "m")))[0] == codeUnavailable
+	})
+	start := time.Now()
+	checkCodes(t, "a known member's join during the episode", handle(t, r, Client{ID: "c"}, join("m")), codeUnavailable)
+	if took := time.Since(start); took > 200*time.Millisecond {
+		t.Fatalf("a known member's join waited %v", took)
+	}
+	held := handleAsync(r, Client{ID: "c"}, join(""))
+	time.Sleep(time.Second)
+	select {
+	case resp := <-held:
+		t.Fatalf("a fresh join was answered during the episode: %v", codesOf(t, resp))
+	default:
+	}
+	link.Heal()
+	healed := time.Now()
+	checkCodes(t, "the fresh join after heal", waitReply(t, held, 5*time.Second), markerB)
+	if took := time.Since(healed); took > 300*time.Millisecond {
+		t.Fatalf("the held join was answered %v after heal; want at once", took)
 	}
 }
