@@ -274,15 +274,12 @@ func serverHandshake(ctx context.Context, c net.Conn, cfg *tls.Config, timeout t
 	return nil, false
 }
 
-// dialUpstream connects to a broker for a session, over TLS when
-// Config.UpstreamTLS is set. A TLS failure is a *upstreamTLSError: the
-// broker is reachable, so its listener must stay open.
-func (p *Proxy) dialUpstream(addr string) (net.Conn, error) {
-	return p.dialUpstreamWithin(addr, p.cfg.DialTimeout)
-}
-
-// dialUpstreamWithin is dialUpstream with timeout bounding the dial and
-// the TLS handshake each.
+// dialUpstreamWithin connects to a broker for a session, over TLS when
+// Config.UpstreamTLS is set, timeout bounding the dial and the TLS
+// handshake each (sessions pass Config.DialTimeout, or a shorter one for
+// an ApiVersions that may be answered from the cache). A TLS failure is
+// a *upstreamTLSError: the broker is reachable, so its listener must
+// stay open.
 func (p *Proxy) dialUpstreamWithin(addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	var err error

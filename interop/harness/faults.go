@@ -426,8 +426,7 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	}
 	procs = append(procs, a)
 	nodeA := &fleetNode{name: "A", proc: a, admin: fmt.Sprintf("127.0.0.1:%d", portA+9)}
-	servedBy, parts, _, err := waitFleet(ctx, []*fleetNode{nodeA}, true, 60*time.Second)
-	if err != nil {
+	if _, _, _, err := waitFleet(ctx, []*fleetNode{nodeA}, true, 60*time.Second); err != nil {
 		return fail("A alone: %v", err)
 	}
 	b, err := launchKproxy(ctx, s.h, bin, s.logPath("kproxy-b.log"), portB, nodeArgs(portB))
@@ -436,7 +435,8 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	}
 	procs = append(procs, b)
 	nodeB := &fleetNode{name: "B", proc: b, admin: fmt.Sprintf("127.0.0.1:%d", portB+9)}
-	if servedBy, parts, _, err = waitFleet(ctx, []*fleetNode{nodeA, nodeB}, true, 60*time.Second); err != nil {
+	servedBy, parts, _, err := waitFleet(ctx, []*fleetNode{nodeA, nodeB}, true, 60*time.Second)
+	if err != nil {
 		return fail("A and B: %v", err)
 	}
 	// A group whose groups-topic partition A owns.
