@@ -107,6 +107,11 @@ type Config struct {
 	MaxConnectionsPerHost int
 	// DialTimeout bounds connecting to a broker; default 10s.
 	DialTimeout time.Duration
+	// ApiVersionsTimeout bounds the wait for a broker's answer to a
+	// forwarded ApiVersions request; past it the client is answered from
+	// the last ApiVersions answer a broker gave through this kproxy
+	// (apiversions.go). Default 1s.
+	ApiVersionsTimeout time.Duration
 	// Dial, when set, connects to a broker instead of net.Dial (tests
 	// put a fault relay between kproxy and the brokers with it); TLS, if
 	// configured, runs over the connection it returns.
@@ -202,6 +207,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 10 * time.Second
+	}
+	if c.ApiVersionsTimeout <= 0 {
+		c.ApiVersionsTimeout = time.Second
 	}
 	if c.MetadataInterval <= 0 {
 		c.MetadataInterval = 30 * time.Second

@@ -51,6 +51,7 @@ type metrics struct {
 	down     metric.Int64UpDownCounter
 	refusals metric.Int64Counter
 	acceptEr metric.Int64Counter
+	apivLate metric.Int64Counter
 	refOpts  [numRefusals][]metric.AddOption
 	accOpts  [2][]metric.AddOption // acceptEr by reason: other, file_descriptors
 
@@ -95,6 +96,7 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 	x.down, _ = m.Int64UpDownCounter("kproxy.brokers.unreachable", metric.WithDescription("Broker listeners closed because their broker cannot be dialled; reopened when it answers."))
 	x.refusals, _ = m.Int64Counter("kproxy.refused", metric.WithDescription("Connections closed by kproxy's limits, by reason: frames over their API's limit or the memory budget, connection limits, read and idle timeouts, group requests before SASL authentication."))
 	x.acceptEr, _ = m.Int64Counter("kproxy.accept.errors", metric.WithDescription("Failed accepts, by reason: file_descriptors (EMFILE, ENFILE: out of file descriptors) or other; the listener backs off from 5ms to 1s and keeps accepting."))
+	x.apivLate, _ = m.Int64Counter("kproxy.apiversions.cached", metric.WithDescription("ApiVersions requests answered from the brokers' last known versions because the broker did not answer within api_versions_timeout."))
 	for i, reason := range []string{"other", "file_descriptors"} {
 		x.accOpts[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", reason)))}
 	}
@@ -146,6 +148,8 @@ func (x *metrics) upstreamError(ctx context.Context) {
 }
 
 func (x *metrics) brokerDown(n int64) { x.down.Add(context.Background(), n) }
+
+func (x *metrics) apiVersionsCached() { x.apivLate.Add(context.Background(), 1) }
 
 func (x *metrics) refused(r refusal) { x.refusals.Add(context.Background(), 1, x.refOpts[r]...) }
 

@@ -187,6 +187,9 @@ type peerHealth struct {
 	attempts int       // reconnections tried so far
 	wanted   time.Time // when a request last asked for the address
 	failed   int       // requests failed at once during the episode
+	// ended is closed when the episode ends (answered, forgotten or
+	// the pool closed), by whoever removes it from the pool's health.
+	ended chan struct{}
 }
 
 func newPeerPool(dial Dialer, dialTimeout, keepalive time.Duration, log *slog.Logger, metrics *relayMetrics) *peerPool {
@@ -304,20 +307,30 @@ func (p *peerPool) connFailed(pc *peerConn, err error, o outcome, inFlight int) 
 	h := p.health[pc.addr]
 	begins := h == nil
 	if begins {
-		h = &peerHealth{since: now, reason: o.String(), wanted: now}
+		h = &peerHealth{since: now, reason: o.String(), wanted: now, ended: make(chan struct{})}
 		p.health[pc.addr] = h
 	} else {
 		h.attempts++
 	}
 	if now.Sub(h.wanted) > peerForget {
 		delete(p.health, pc.addr)
+		close(h.ended)
 		p.mu.Unlock()
 		p.log.Info("peer still unreachable and no longer asked for: reconnections stop", "peer", pc.addr,
 			"down_for", now.Sub(h.since).Round(time.Millisecond).String(), "reason", err.Error())
 		return
 	}
 	attempt, failed := h.attempts, h.failed
-	p.startLocked(pc.addr, true, peerBackoff(attempt))
+	delay := peerBackoff(attempt)
+	if pc.probe && o == outcomeSilent {
+		// The reconnection was accepted and its keepalive held: the
+		// next one starts at once, so that one always waits for an
+		// answer and the episode ends the moment the link heals
+		// (held bytes flow on) instead of up to a backoff later.
+		// Refused or reset reconnections still back off.
+		delay = 0
+	}
+	p.startLocked(pc.addr, true, delay)
 	p.mu.Unlock()
 	if begins {
 		p.metrics.peerDown(o)
@@ -338,9 +351,21 @@ func (p *peerPool) connUp(pc *peerConn) {
 		return
 	}
 	delete(p.health, pc.addr)
+	close(h.ended)
 	p.mu.Unlock()
 	p.log.Info("peer reachable again", "peer", pc.addr, "outcome", h.reason, "down_for", time.Since(h.since).Round(time.Millisecond).String(),
 		"reconnections", h.attempts+1, "failed_at_once", h.failed)
+}
+
+// episode returns a channel closed when addr's unreachable episode
+// ends, and whether addr is in one now.
+func (p *peerPool) episode(addr string) (ended <-chan struct{}, down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h := p.health[addr]; h != nil {
+		return h.ended, true
+	}
+	return nil, false
 }
 
 // close fails every connection (their calls get outcomeClosed) and waits

@@ -31,7 +31,8 @@ type Proxy struct {
 	listenPort int    // immutable after New; 0 means ephemeral ports
 	bootPort   int32  // the bootstrap listener's actual port; set by Start before any other listener
 
-	disco *kgo.Client // discovers brokers; owned by the discovery loop
+	disco *kgo.Client      // discovers brokers; owned by the discovery loop
+	apiv  apiVersionsCache // the brokers' last ApiVersions answers (apiversions.go); safe for concurrent use
 
 	tlsSrc    *TLSSource         // nil: plaintext listeners; immutable
 	tlsServer *tls.Config        // built from tlsSrc; immutable

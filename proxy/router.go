@@ -213,7 +213,14 @@ func (r *Router) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
 
 // single routes a request for one group.
 func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg.Response)) {
-	if d, ok := r.locate(group); ok {
+	d, ok := r.locate(group)
+	if jg, isJoin := req.(*kmsg.JoinGroupRequest); isJoin && jg.MemberID == "" {
+		if !ok || r.ownerDown(d) {
+			r.holdJoin(c, jg, group, done)
+			return
+		}
+	}
+	if ok {
 		r.send(d, c, req, done)
 		return
 	}
@@ -241,6 +248,66 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 			return
 		}
 		r.send(d, c, req, done)
+	})
+}
+
+// ownerDown says whether d is a peer in an unreachable episode.
+func (r *Router) ownerDown(d dest) bool {
+	if d.local {
+		return false
+	}
+	_, down := r.pool.episode(d.addr)
+	return down
+}
+
+// holdJoin routes the JoinGroup of a member joining afresh (no member
+// id: it owns nothing) whose group has no owner, or whose owner is in an
+// unreachable episode: instead of COORDINATOR_NOT_AVAILABLE at once, it
+// waits for an owner that can be reached (the episode's end, or a table
+// change that names another owner), for at most the join's rebalance
+// timeout, and is then sent. A JoinGroup is the one group request a
+// client expects to wait (a broker holds it for the whole rebalance), and
+// nothing the member does waits behind it; answered at once, the client
+// would retry only after its backoff (franz-go's grows to 5s, Kafka's to
+// 1s), so that a member cut off from its owner joined again up to that
+// long after heal, where a directly connected member's join, held in
+// TCP, goes on the moment the link heals. Past the wait it is sent
+// anyway: an owner still down answers it COORDINATOR_NOT_AVAILABLE at
+// once.
+func (r *Router) holdJoin(c Client, jg *kmsg.JoinGroupRequest, group string, done func(kmsg.Response)) {
+	start := time.Now()
+	hold := r.timeoutFor(jg) - r.cfg.RelayTimeout
+	req := cloneRequest(jg) // the wait outlives the caller's buffers
+	r.goWait(func() {
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		for {
+			changed := r.loc.Changed() // before locating: no change is missed
+			d, ok := r.locate(group)
+			var ended <-chan struct{}
+			if ok {
+				var down bool
+				if ended, down = r.pool.episode(d.addr); d.local || !down {
+					r.send(d, c, req, done)
+					return
+				}
+			}
+			select {
+			case <-ended: // nil, never ready, while there is no owner
+			case <-changed:
+			case <-t.C:
+				if ok {
+					r.send(d, c, req, done)
+					return
+				}
+				r.metrics.record(req.Key(), outcomeNoOwner, time.Since(start))
+				done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+				return
+			case <-r.closing:
+				done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+				return
+			}
+		}
 	})
 }
 

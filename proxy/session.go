@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -115,6 +116,7 @@ type session struct {
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
+	late    []int32          // owned by the writer: correlation ids of ApiVersions answered from the cache whose upstream answers are still to drop (apiversions.go)
 	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite; from rw
 	outBuf  []byte           // owned by the writer: rewritten responses; from rw
 	rw      *rewriteBufs     // owned by the writer: the pooled holder of respBuf and outBuf, nil between uses
@@ -144,6 +146,13 @@ func (s *session) run() {
 	go s.writeLoop()
 	err := s.readLoop()
 	close(s.slots)
+	if clientGone(err) && !s.draining.Load() {
+		// Nobody will read the answers still owed: close the upstream
+		// too, or a writer waiting for a broker that stopped answering
+		// (a partition) would hold the session, both sockets and their
+		// buffers until the broker answered.
+		s.closeConns()
+	}
 	var down *upstreamDownError
 	if errors.As(err, &down) {
 		// Reset rather than close: a clean close after the client's
@@ -177,6 +186,12 @@ func (s *session) run() {
 		rewritePool.Put(s.rw)
 		s.rw, s.respBuf, s.outBuf = nil, nil, nil
 	}
+}
+
+// clientGone says whether err, which ended a session's reader, means the
+// client closed or lost its connection.
+func clientGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // drain makes the reader stop at the next request boundary; the writer
@@ -312,6 +327,11 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	}
 	switch d.Route {
 	case codec.Forward, codec.Rewrite:
+		if h.Key == codec.KeyApiVersions && s.up == nil {
+			if done, err := s.apiVersionsBeforeUpstream(h, start, total); done || err != nil {
+				return err
+			}
+		}
 		if d.Edit == codec.EditObserve {
 			s.observeSASLRequest(h, head, total)
 		}
@@ -483,7 +503,10 @@ func (s *session) findCoordinator(req *kmsg.FindCoordinatorRequest) *kmsg.FindCo
 }
 
 // ensureUpstream dials the broker this session stands for.
-func (s *session) ensureUpstream() error {
+func (s *session) ensureUpstream() error { return s.ensureUpstreamWithin(s.p.cfg.DialTimeout) }
+
+// ensureUpstreamWithin is ensureUpstream with timeout bounding each dial.
+func (s *session) ensureUpstreamWithin(timeout time.Duration) error {
 	if s.up != nil {
 		if s.upW == nil {
 			s.upW = getWriter(s.up)
@@ -496,7 +519,7 @@ func (s *session) ensureUpstream() error {
 	}
 	var errs []error
 	for _, a := range addrs {
-		c, err := s.p.dialUpstream(a)
+		c, err := s.p.dialUpstreamWithin(a, timeout)
 		if tlsErr := (*upstreamTLSError)(nil); errors.As(err, &tlsErr) {
 			return err // reachable: its listener stays open
 		}
@@ -711,6 +734,16 @@ func (s *session) writeForwarded(sl slot) error {
 			return fmt.Errorf("writing to client: %w", err)
 		}
 	}
+	if len(s.late) > 0 {
+		if err := s.dropLate(); err != nil {
+			return err
+		}
+	}
+	if sl.key == codec.KeyApiVersions {
+		if done, err := s.awaitApiVersions(sl); done || err != nil {
+			return err
+		}
+	}
 	upR, err := s.upstreamReader()
 	if err != nil {
 		return fmt.Errorf("reading %s response from upstream: %w", kmsg.NameForKey(sl.key), truncated(err))
@@ -761,6 +794,9 @@ func (s *session) writeForwarded(sl slot) error {
 	resp, err := codec.RewriteResponse(sl.key, sl.version, body, s.p, s.p.cfg.Coordinator != nil)
 	if err != nil {
 		return err
+	}
+	if sl.key == codec.KeyApiVersions && resp != nil {
+		s.rememberApiVersions(resp)
 	}
 	out := frame
 	if resp != nil {

@@ -274,18 +274,21 @@ func serverHandshake(ctx context.Context, c net.Conn, cfg *tls.Config, timeout t
 	return nil, false
 }
 
-// dialUpstream connects to a broker for a session, over TLS when
-// Config.UpstreamTLS is set. A TLS failure is a *upstreamTLSError: the
-// broker is reachable, so its listener must stay open.
-func (p *Proxy) dialUpstream(addr string) (net.Conn, error) {
+// dialUpstreamWithin connects to a broker for a session, over TLS when
+// Config.UpstreamTLS is set, timeout bounding the dial and the TLS
+// handshake each (sessions pass Config.DialTimeout, or a shorter one for
+// an ApiVersions that may be answered from the cache). A TLS failure is
+// a *upstreamTLSError: the broker is reachable, so its listener must
+// stay open.
+func (p *Proxy) dialUpstreamWithin(addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	var err error
 	if p.cfg.Dial != nil {
-		ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+		ctx, cancel := context.WithTimeout(p.ctx, timeout)
 		c, err = p.cfg.Dial(ctx, "tcp", addr)
 		cancel()
 	} else {
-		c, err = net.DialTimeout("tcp", addr, p.cfg.DialTimeout)
+		c, err = net.DialTimeout("tcp", addr, timeout)
 	}
 	if err != nil || p.cfg.UpstreamTLS == nil {
 		return c, err
@@ -295,7 +298,7 @@ func (p *Proxy) dialUpstream(addr string) (net.Conn, error) {
 		host, _, _ := net.SplitHostPort(addr)
 		conf.ServerName = host
 	}
-	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(p.ctx, timeout)
 	defer cancel()
 	tc := tls.Client(c, conf)
 	if err := tc.HandshakeContext(ctx); err != nil {

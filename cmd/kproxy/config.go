@@ -58,6 +58,8 @@ type fileConfig struct {
 	// the file (loadFile) or a flag (resolve): only those override the
 	// cluster's values (kproxy.GroupsConfig.SettingSources).
 	sources map[string]string
+	// dialVia is the hidden --upstream-dial-via (dialvia.go); nil: none.
+	dialVia dialVia
 }
 
 // groupSettingKeys are the keys of the file's groups section that set one

@@ -27,9 +27,13 @@ brokers and serves consumer groups from kproxy's own coordinator.`,
 		Args: cobra.NoArgs,
 	}
 	f := bindFlags(cmd.Flags(), true)
+	via := bindDialVia(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, err := f.resolve()
 		if err != nil {
+			return err
+		}
+		if cfg.dialVia, err = parseDialVia(*via); err != nil {
 			return err
 		}
 		if err := cfg.validate(); err != nil {

@@ -3,6 +3,9 @@ package main
 import (
 	"log/slog"
 	"os"
+	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/kproxy"
@@ -36,11 +39,16 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 	// A cluster that requires SASL of kproxy requires it of clients:
 	// their group requests need a completed exchange (issue 9).
 	pcfg.RequireSASL = cfg.UpstreamSASL.Mechanism != ""
+	upOpts := sec.clientOpts
+	if cfg.dialVia != nil {
+		pcfg.Dial = cfg.dialVia.dial
+		upOpts = append(slices.Clone(upOpts), kgo.Dialer(cfg.dialVia.dial))
+	}
 	fc := cfg.Groups.Fleet
 	return kproxy.Config{
 		Upstream:     cfg.Upstream,
 		DialTimeout:  cfg.DialTimeout,
-		UpstreamOpts: sec.clientOpts,
+		UpstreamOpts: upOpts,
 		Proxy:        pcfg,
 		Groups: kproxy.GroupsConfig{
 			Mode:           kproxy.GroupsMode(cfg.Groups.Mode),

@@ -158,6 +158,12 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "franz-brokerkill", brokerKill: true},
 		// fleet.go: one member per
 		// kproxy of a fleet, then the group's owner is killed.
+		// faults.go: a fleet owner's upstream cut or slowed, the peer
+		// link into it cut, each beside a direct member whose own
+		// path gets the same fault.
+		{name: "fault-owner-upstream-cut", fault: faultUpstreamCut, faultFor: 35 * time.Second, brokerGroupTraffic: faultTraffic},
+		{name: "fault-peer-link-cut", fault: faultPeerCut, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
+		{name: "fault-owner-upstream-slow", fault: faultUpstreamSlow, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
 			producer: goc("franz")},
@@ -347,10 +353,10 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 		for _, path := range paths {
 			name := r.name + "/" + path
 			bootstrap := h.broker
-			if (r.fleet || r.apiVersions) && path != "kproxy" {
+			if (r.fleet || r.apiVersions || r.fault != "") && path != "kproxy" {
 				continue // compared with the direct path inside the row, or none exists
 			}
-			if path == "kproxy" && !r.fleet && !r.adoption {
+			if path == "kproxy" && !r.fleet && !r.adoption && r.fault == "" {
 				startKproxy()
 				if kpErr != nil {
 					results = append(results, result{row: r.name, path: path, rebalances: "-", settle: "-", broker: "-",
@@ -381,6 +387,9 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 			if r.fleet {
 				res = s.runFleet(ctx, kproxyBin, kproxyPort)
 				res.notes = append(res.notes, "runs on the kproxy path only: a fleet of kproxies has no direct counterpart")
+			} else if r.fault != "" {
+				res = s.runFaultRow(ctx, kproxyBin, kproxyPort, r.fault, r.faultFor)
+				res.notes = append(res.notes, "runs on the kproxy path only and compares it with a direct member under the same fault itself; settle column = recovery after heal, kproxy/direct")
 			} else if r.brokerKill {
 				var o *brokerOutage
 				res, o = s.runBrokerKill(ctx, killPrior)
@@ -439,7 +448,7 @@ func run(h *harness, rowsFilter, pathsFlag, requestLogs, kproxyBin string, kprox
 				}
 			}
 			res = applyExpectation(res, h.expectedLack(r, path))
-			if path == "kproxy" && !r.fleet && kp != nil && !kp.alive() {
+			if path == "kproxy" && !r.fleet && r.fault == "" && kp != nil && !kp.alive() {
 				res.pass = false
 				res.reason = joinReason(res.reason, "kproxy process died: "+tail(kp.logPath, 300))
 			}

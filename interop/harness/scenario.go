@@ -32,6 +32,11 @@ type row struct {
 	// brokerKill: the row kills and restarts a broker (brokerkill.go); it
 	// needs a cluster of three.
 	brokerKill bool
+	// fault: the row puts a fault on a fleet owner's path and on a
+	// direct member's own path and compares them (faults.go); kproxy
+	// path only. faultFor is how long the fault lasts.
+	fault    faultKind
+	faultFor time.Duration
 	// sessionMS overrides the harness's member session timeout when > 0.
 	sessionMS int
 	// security: the row runs three principals against a SASL_SSL broker
