@@ -10,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
 	"github.com/kproxy/kproxy/proxy"
@@ -53,6 +54,9 @@ type watchedMember struct {
 	synced bool
 	// lastOK is when an answer at generation last came without error.
 	lastOK time.Time
+	// kip848 is set for a KIP-848 member (takeover_kip848.go), whose
+	// epoch generation holds.
+	kip848 *kip848Member
 }
 
 // watchedGroup is one forwarded group's members behind this kproxy, and
@@ -123,6 +127,10 @@ type forwardWatcher struct {
 	// group being taken over, so the takeover completes without
 	// waiting for the next tick.
 	released chan struct{}
+	// consumerRecord builds a KIP-848 group's record for the engine
+	// (groupstate.Engine.ConsumerTakeoverRecord); nil without an
+	// engine. Set before run starts, immutable after.
+	consumerRecord func(groupstate.ConsumerTakeover) ([]byte, error)
 }
 
 // takeoverStore is what a takeover asks of the store;
@@ -254,6 +262,8 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 				delete(g.members, id)
 			}
 		}
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		answered, membership = watchConsumerHeartbeat(clientInfo{c.ID, c.Host}, r)
 	case *kmsg.OffsetCommitRequest, *kmsg.TxnOffsetCommitRequest:
 		membership = false
 		answered = func(*watchedGroup, kmsg.Response) {}
@@ -474,6 +484,12 @@ func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*
 // (finishReleases) once the other kproxies that forward its members
 // stopped forwarding them.
 func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
+	w.mu.Lock()
+	consumer := w.isConsumerGroupLocked(group)
+	w.mu.Unlock()
+	if consumer {
+		return w.tryConsumerTakeover(ctx, group)
+	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	d, err := w.store.DescribeClassicGroup(dctx, group)
 	cancel()
@@ -495,22 +511,35 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 		w.mu.Unlock()
 		return nil
 	}
-	rel := &release{since: now, waiting: make(map[string]bool)}
-	for from := range w.remote[group] {
-		rel.waiting[from] = true
-	}
+	rel := w.newReleaseLocked(group, now)
 	w.mu.Unlock()
 	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
 		return err
 	}
+	w.startRelease(group, rel)
+	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
+		"generation", gen, "other_kproxies", len(rel.waiting))
+	return nil
+}
+
+// newReleaseLocked returns the release of group's takeover, waiting for
+// the kproxies that reported its members; w.mu is held.
+func (w *forwardWatcher) newReleaseLocked(group string, now time.Time) *release {
+	rel := &release{since: now, waiting: make(map[string]bool)}
+	for from := range w.remote[group] {
+		rel.waiting[from] = true
+	}
+	return rel
+}
+
+// startRelease stops forwarding group, taken over, and waits for its
+// requests on their way (finishReleases).
+func (w *forwardWatcher) startRelease(group string, rel *release) {
 	w.mu.Lock()
 	w.releasing[group] = rel
 	w.draining[group] = true
 	w.mu.Unlock()
 	w.fw.takeOver(group)
-	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
-		"generation", gen, "other_kproxies", len(rel.waiting))
-	return nil
 }
 
 // release is a takeover waiting for the requests of its members still

@@ -1,0 +1,116 @@
+package kafkastore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Takeover of a forwarded KIP-848 group (docs/anchors.md, "Rolling
+// kproxy in"). As for a classic group (takeover.go) the engine is handed
+// the group as the cluster holds it (a consumer group record:
+// groupstate.Engine.ConsumerTakeoverRecord) and its members' requests
+// stop being forwarded; the anchor's first join then takes their place.
+// The order differs: a classic JoinGroup into a consumer group that still
+// has members would make the anchor a member of that group, given
+// partitions by the cluster's assignor out of the members' (Kafka's
+// GroupMetadataManager.classicGroupJoinToConsumerGroup). So the members
+// leave first, in one LeaveGroup (Kafka 4.x fences consumer-protocol
+// members named in a LeaveGroup: classicGroupLeaveToConsumerGroup, one
+// write and one epoch bump), and each member the LeaveGroup did not
+// remove leaves by a ConsumerGroupHeartbeat at epoch -1 on its behalf
+// (kfake, the tests' cluster, takes only those). The group is then
+// Empty, and the anchor's JoinGroup converts it into a classic group
+// (maybeDeleteEmptyConsumerGroup: the group's records are deleted, its
+// offsets kept) and waits group.initial.rebalance.delay.ms (3 s by
+// default) before it completes. Commits wait for the anchor's join
+// meanwhile (commitIdentity): none is lost, none goes out anonymously.
+
+// PrepareConsumerTakeover is PrepareTakeover for a KIP-848 group:
+// record is a consumer group record, and the anchor's first join takes
+// members out of the cluster's group before it joins.
+func (s *Store) PrepareConsumerTakeover(group string, record []byte, members []TakeoverMember) error {
+	return s.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{}), consumer: true})
+}
+
+// DescribeConsumerGroup returns what the cluster's coordinator answers
+// ConsumerGroupDescribe for group.
+func (s *Store) DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
+	as := s.anchors
+	if as == nil {
+		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("kafkastore: describing group %q without anchors", group)
+	}
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if g := r.(*kmsg.ConsumerGroupDescribeResponse).Groups; len(g) > 0 {
+			return g[0].ErrorCode
+		}
+		return 0
+	})
+	if err != nil {
+		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("describing consumer group %q: %w", group, err)
+	}
+	groups := resp.(*kmsg.ConsumerGroupDescribeResponse).Groups
+	if len(groups) != 1 {
+		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("describing consumer group %q: %d groups in the answer", group, len(groups))
+	}
+	return groups[0], nil
+}
+
+// joinAfterLeaving completes a KIP-848 takeover: once no member request
+// is on its way to the cluster (plan.ready), the members leave the
+// cluster's group, then the anchor's JoinGroup req goes out.
+func (as *anchorSet) joinAfterLeaving(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
+	if err := as.awaitTakeoverReady(ctx, a, plan); err != nil {
+		return nil, err
+	}
+	as.removeConsumerMembers(ctx, a.group, plan.members)
+	return as.request(ctx, a.group, req, func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode })
+}
+
+// removeConsumerMembers takes members out of the cluster's KIP-848
+// group: one LeaveGroup, then a leave heartbeat for each member it did
+// not remove. A member the cluster no longer has is gone already; any
+// other failure is logged: the anchor's join then finds the group not
+// empty and hands it back (join).
+func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, members []TakeoverMember) {
+	leave := kmsg.NewPtrLeaveGroupRequest()
+	leave.Group = group
+	reason := "taken over by kproxy"
+	for _, m := range members {
+		lm := kmsg.NewLeaveGroupRequestMember()
+		lm.MemberID, lm.InstanceID, lm.Reason = m.MemberID, m.InstanceID, &reason
+		leave.Members = append(leave.Members, lm)
+	}
+	left := make(map[string]bool)
+	resp, err := as.request(ctx, group, leave, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
+	if err != nil {
+		as.s.log.Info("kafkastore: takeover: the members' LeaveGroup failed; they leave one by one", "group", group, "err", err)
+	} else {
+		for _, m := range resp.(*kmsg.LeaveGroupResponse).Members {
+			if m.ErrorCode == 0 {
+				left[m.MemberID] = true
+			}
+		}
+	}
+	for _, m := range members {
+		if left[m.MemberID] {
+			continue
+		}
+		hb := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		hb.Group, hb.MemberID, hb.InstanceID, hb.MemberEpoch = group, m.MemberID, m.InstanceID, -1
+		resp, err := as.request(ctx, group, hb, func(r kmsg.Response) int16 { return r.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode })
+		switch {
+		case err != nil:
+			as.s.log.Warn("kafkastore: takeover: a member's leave failed", "group", group, "member", m.MemberID, "err", err)
+		case resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode == kerr.UnknownMemberID.Code:
+			// Gone already.
+		case resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode != 0:
+			as.s.log.Warn("kafkastore: takeover: a member's leave was refused", "group", group, "member", m.MemberID,
+				"err", kerr.ErrorForCode(resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode))
+		}
+	}
+}
