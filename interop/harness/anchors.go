@@ -716,10 +716,9 @@ const adoptionTakeover = 20 * time.Second
 
 // waitTakeover checks, once every member of the adoption rows is behind
 // kproxy, what becomes of the group (docs/anchors.md, "Rolling kproxy
-// in"): a classic group is taken over without a rebalance (the broker's
-// coordinator then lists the anchor alone, and no member sees its
-// partitions change); a KIP-848 group stays the cluster's, with its
-// members, until it empties.
+// in"): the group, classic or KIP-848, is taken over without a rebalance
+// (the broker's coordinator then lists the anchor alone, and no member
+// sees its partitions change).
 func (s *scenario) waitTakeover(ctx context.Context, ms []*member) error {
 	s.mu.Lock()
 	changes := 0
@@ -739,13 +738,7 @@ func (s *scenario) waitTakeover(ctx context.Context, ms []*member) error {
 		if len(ids) == 1 && ids[0] == anchorClientID && state == "Stable" {
 			break
 		}
-		if s.r.needs == kip848 {
-			if time.Since(began) > 5*time.Second {
-				sort.Strings(ids)
-				s.note("KIP-848 group: after every member moved behind kproxy the broker's coordinator still serves it (%s, client ids %v): not taken over while it runs (docs/anchors.md)", state, ids)
-				return nil
-			}
-		} else if time.Since(began) > adoptionTakeover {
+		if time.Since(began) > adoptionTakeover {
 			sort.Strings(ids)
 			return fmt.Errorf("the group was not taken over within %s of every member moving behind kproxy: the broker's coordinator shows it %s with client ids %v", adoptionTakeover, state, ids)
 		}
