@@ -3,6 +3,7 @@ package kafkastore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -113,4 +114,71 @@ func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, me
 				"err", kerr.ErrorForCode(resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode))
 		}
 	}
+}
+
+// handBackWait bounds how long an anchor that found the cluster's group
+// turned into a KIP-848 group with members of its own waits for kproxy's
+// members to reach that group before it leaves.
+const handBackWait = 30 * time.Second
+
+// handBackConsumer hands group back to the cluster when the anchor's
+// JoinGroup (member id memberID) found the cluster's group a KIP-848
+// group with members of its own (a member moved back to the brokers:
+// Kafka upgraded the anchored classic group and counts the anchor, a
+// classic member, as owning the partitions it joined with). It reports
+// false when the group is not a KIP-848 group on the cluster (the caller
+// hands a classic group back its own way).
+//
+// The order keeps every partition with one owner. The anchor first stops
+// the group here (lose: the engine unloads it and forwards it), so
+// kproxy's members are sent to the cluster, which does not know them:
+// they drop their partitions and rejoin there. Until the anchor leaves,
+// the cluster holds the partitions it joined with for it, so the
+// newcomers get none of them. Once kproxy's members are back in the
+// cluster's group (as many new members as kproxy had), or after
+// handBackWait, the anchor leaves and the cluster assigns them.
+func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID string) bool {
+	d, err := as.s.DescribeConsumerGroup(ctx, a.group)
+	if err != nil || d.ErrorCode != 0 {
+		return false
+	}
+	isAnchor := func(m kmsg.ConsumerGroupDescribeResponseGroupMember) bool {
+		return m.MemberID == memberID || m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID
+	}
+	direct := make(map[string]bool)
+	for _, m := range d.Members {
+		if !isAnchor(m) {
+			direct[m.MemberID] = true
+		}
+	}
+	a.mu.Lock()
+	ours := a.want.Members
+	a.mu.Unlock()
+	as.s.log.Warn("kafkastore: a member reached the cluster's group directly; handing the KIP-848 group back once kproxy's members rejoined there",
+		"group", a.group, "direct_members", len(direct), "kproxy_members", ours)
+	as.lose(a, AnchorLiveOnCluster)
+	began := time.Now()
+	back := 0
+	for time.Since(began) < handBackWait && ctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		d, err := as.s.DescribeConsumerGroup(ctx, a.group)
+		if err != nil || d.ErrorCode != 0 {
+			continue
+		}
+		back = 0
+		for _, m := range d.Members {
+			if !isAnchor(m) && !direct[m.MemberID] {
+				back++
+			}
+		}
+		if back >= ours {
+			break
+		}
+	}
+	if err := as.leave(ctx, a.group, memberID); err != nil {
+		as.s.log.Warn("kafkastore: the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
+	}
+	as.s.log.Info("kafkastore: KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
+		"of", ours, "waited", time.Since(began).Round(time.Millisecond))
+	return true
 }

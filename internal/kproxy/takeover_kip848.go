@@ -249,7 +249,7 @@ func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[s
 			return tk, nil, "member " + dm.MemberID + " was not told its assignment"
 		}
 		tm := groupstate.ConsumerTakeoverMember{
-			ID: dm.MemberID, ClientID: m.clientID, ClientHost: dm.ClientHost,
+			ID: dm.MemberID, ClientID: m.clientID, ClientHost: m.clientHost,
 			RebalanceTimeout: time.Duration(m.kip848.RebalanceMS) * time.Millisecond,
 			Subscribed:       slices.Clone(dm.SubscribedTopics), Assigned: assigned,
 		}

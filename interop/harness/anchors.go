@@ -745,6 +745,11 @@ func (s *scenario) waitTakeover(ctx context.Context, ms []*member) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	took := time.Since(began)
+	if s.r.needs == kip848 {
+		s.mu.Lock()
+		s.epochsRestart = time.Now().UnixMilli()
+		s.mu.Unlock()
+	}
 	time.Sleep(3 * time.Second) // a rebalance the takeover caused shows by now
 	s.mu.Lock()
 	after := 0
