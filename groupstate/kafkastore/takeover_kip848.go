@@ -3,6 +3,7 @@ package kafkastore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -134,9 +135,11 @@ const handBackWait = 30 * time.Second
 // kproxy's members are sent to the cluster, which does not know them:
 // they drop their partitions and rejoin there. Until the anchor leaves,
 // the cluster holds the partitions it joined with for it, so the
-// newcomers get none of them. Once kproxy's members are back in the
-// cluster's group (as many new members as kproxy had), or after
-// handBackWait, the anchor leaves and the cluster assigns them.
+// newcomers get none of them. Once every one of kproxy's members is
+// back in the cluster's group under its id (a client that keeps its id
+// when fenced), or after handBackWait (franz-go takes a new id after
+// UNKNOWN_MEMBER_ID, and a newcomer cannot be told from a member that
+// came back), the anchor leaves and the cluster assigns them.
 func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID string) bool {
 	d, err := as.s.DescribeConsumerGroup(ctx, a.group)
 	if err != nil || d.ErrorCode != 0 {
@@ -152,14 +155,14 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 		}
 	}
 	a.mu.Lock()
-	ours := a.want.Members
+	ids := a.want.MemberIDs
 	a.mu.Unlock()
 	as.s.log.Warn("kafkastore: a member reached the cluster's group directly; handing the KIP-848 group back once kproxy's members rejoined there",
-		"group", a.group, "direct_members", len(direct), "kproxy_members", ours)
+		"group", a.group, "direct_members", len(direct), "kproxy_members", len(ids))
 	as.lose(a, AnchorLiveOnCluster)
 	began := time.Now()
 	back := 0
-	for time.Since(began) < handBackWait && ctx.Err() == nil {
+	for time.Since(began) < handBackWait && ctx.Err() == nil && back < len(ids) {
 		time.Sleep(200 * time.Millisecond)
 		d, err := as.s.DescribeConsumerGroup(ctx, a.group)
 		if err != nil || d.ErrorCode != 0 {
@@ -167,18 +170,15 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 		}
 		back = 0
 		for _, m := range d.Members {
-			if !isAnchor(m) && !direct[m.MemberID] {
+			if slices.Contains(ids, m.MemberID) {
 				back++
 			}
-		}
-		if back >= ours {
-			break
 		}
 	}
 	if err := as.leave(ctx, a.group, memberID); err != nil {
 		as.s.log.Warn("kafkastore: the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
 	}
 	as.s.log.Info("kafkastore: KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
-		"of", ours, "waited", time.Since(began).Round(time.Millisecond))
+		"of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
 	return true
 }

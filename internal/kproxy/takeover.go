@@ -33,8 +33,9 @@ import (
 // group over once every member is accounted for, and tells the others to
 // stop forwarding it before the anchor replaces the members.
 //
-// KIP-848 groups are not taken over: their members are forwarded until
-// the group empties.
+// KIP-848 groups are taken over through the same watching, reports,
+// settle time and drain, with checks and an order of their own
+// (takeover_kip848.go).
 
 // watchedMember is what this kproxy saw of one member of a forwarded
 // classic group. Guarded by the watcher's mu.

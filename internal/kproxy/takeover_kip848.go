@@ -41,13 +41,17 @@ import (
 // classic one's fields (watchedMember.generation holds its epoch).
 // Guarded by the watcher's mu; exported fields travel in reports.
 type kip848Member struct {
-	RackID         *string              `json:"rack_id,omitempty"`
-	Subscribed     []string             `json:"subscribed,omitempty"`
-	Regex          *string              `json:"regex,omitempty"`
-	ServerAssignor *string              `json:"server_assignor,omitempty"`
-	RebalanceMS    int32                `json:"rebalance_ms,omitempty"`
-	Assigned       map[string][]int32   `json:"assigned"` // by topic id in hex, sorted
-	assigned       map[[16]byte][]int32 // Assigned decoded; nil until an answer carried one
+	RackID         *string            `json:"rack_id,omitempty"`
+	Subscribed     []string           `json:"subscribed,omitempty"`
+	Regex          *string            `json:"regex,omitempty"`
+	ServerAssignor *string            `json:"server_assignor,omitempty"`
+	RebalanceMS    int32              `json:"rebalance_ms,omitempty"`
+	Assigned       map[string][]int32 `json:"assigned"` // by topic id in hex, sorted
+	// SinceChanged is how long before the report the member was told an
+	// assignment other than the one before (ms); changed is when, here.
+	SinceChanged int64 `json:"since_changed_ms"`
+	changed      time.Time
+	assigned     map[[16]byte][]int32 // Assigned decoded; nil until an answer carried one
 }
 
 // consumerTakeoverStore is what a KIP-848 takeover asks of the store
@@ -117,13 +121,16 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 			return
 		}
 		if hr.Assignment != nil {
-			k.assigned = make(map[[16]byte][]int32)
+			next := make(map[[16]byte][]int32)
 			for _, t := range hr.Assignment.Topics {
 				ps := slices.Clone(t.Partitions)
 				slices.Sort(ps)
-				k.assigned[t.TopicID] = ps
+				next[t.TopicID] = ps
 			}
-			k.Assigned = encodeAssigned(k.assigned)
+			if k.assigned == nil || !samePartitions(next, k.assigned) {
+				k.changed = time.Now()
+			}
+			k.assigned, k.Assigned = next, encodeAssigned(next)
 		}
 		m.generation = hr.MemberEpoch
 		m.synced = k.assigned != nil
@@ -143,12 +150,25 @@ func encodeAssigned(in map[[16]byte][]int32) map[string][]int32 {
 	return out
 }
 
-// clone copies k for a report received (member), decoding Assigned.
-func (k *kip848Member) clone() *kip848Member {
+// report copies k for a report sent at now.
+func (k *kip848Member) report(now time.Time) *kip848Member {
 	if k == nil {
 		return nil
 	}
 	c := *k
+	c.Subscribed = slices.Clone(k.Subscribed)
+	c.Assigned = maps.Clone(k.Assigned)
+	c.SinceChanged = now.Sub(k.changed).Milliseconds()
+	return &c
+}
+
+// clone copies k, a report received at at (member), decoding Assigned.
+func (k *kip848Member) clone(at time.Time) *kip848Member {
+	if k == nil {
+		return nil
+	}
+	c := *k
+	c.changed = at.Add(-time.Duration(k.SinceChanged) * time.Millisecond)
 	c.Subscribed = slices.Clone(k.Subscribed)
 	c.Assigned = maps.Clone(k.Assigned)
 	if k.Assigned != nil {
@@ -206,7 +226,7 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 		w.mu.Unlock()
 		return nil
 	}
-	tk, members, why := consumerTakeoverOf(d, all)
+	tk, members, why := consumerTakeoverOf(d, all, w.settle)
 	if why != "" {
 		w.mu.Unlock()
 		w.log.Debug("takeover: the cluster's KIP-848 group is not the one watched", "group", group, "why", why)
@@ -228,8 +248,11 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 }
 
 // consumerTakeoverOf builds the takeover of the cluster's KIP-848 group
-// d, whose members watched describes; why says what does not match.
-func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[string]*watchedMember) (tk groupstate.ConsumerTakeover, members []kafkastore.TakeoverMember, why string) {
+// d, whose members watched describes, each told its assignment at least
+// settle ago (a KIP-848 group reconciles within an epoch: the group is
+// taken over only once it was quiet for the settle time); why says what
+// does not match.
+func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[string]*watchedMember, settle time.Duration) (tk groupstate.ConsumerTakeover, members []kafkastore.TakeoverMember, why string) {
 	tk = groupstate.ConsumerTakeover{Epoch: d.Epoch, Assignor: d.AssignorName}
 	for _, dm := range d.Members {
 		m := watched[dm.MemberID]
@@ -247,6 +270,9 @@ func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[s
 		}
 		if !samePartitions(assigned, m.kip848.assigned) {
 			return tk, nil, "member " + dm.MemberID + " was not told its assignment"
+		}
+		if time.Since(m.kip848.changed) < settle {
+			return tk, nil, "member " + dm.MemberID + " was told a new assignment less than the settle time ago"
 		}
 		tm := groupstate.ConsumerTakeoverMember{
 			ID: dm.MemberID, ClientID: m.clientID, ClientHost: m.clientHost,

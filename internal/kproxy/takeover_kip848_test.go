@@ -100,8 +100,10 @@ func TestTakeoverKIP848Local(t *testing.T) {
 		{"m1 revoking", described848(6, map[string][]int32{"m1": {0, 1}, "m2": {2}}, map[string][]int32{"m1": {0, 1}, "m2": {2}}),
 			func() { beat848(w, "m1", 5, 6, []int32{0, 1}) }, false},
 		{"m2 not reconciled", described848(6, map[string][]int32{"m1": {0, 1}, "m2": {}}, map[string][]int32{"m1": {0, 1}, "m2": {2}}), nil, false},
+		{"told just now", described848(7, map[string][]int32{"m1": {0, 1}, "m2": {2}}, nil),
+			func() { beat848(w, "m2", 6, 7, []int32{2}); beat848(w, "m1", 6, 7, nil); w.settle = time.Hour }, false},
 		{"stable", described848(7, map[string][]int32{"m1": {0, 1}, "m2": {2}}, nil),
-			func() { beat848(w, "m2", 6, 7, []int32{2}); beat848(w, "m1", 6, 7, nil) }, true},
+			func() { w.settle = 0 }, true},
 	}
 	for _, s := range steps {
 		if s.prep != nil {
