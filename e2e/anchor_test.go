@@ -388,13 +388,16 @@ func TestAnchorThatCannotJoin(t *testing.T) {
 }
 
 // TestRollbackMemberByMember: an application moved back off kproxy one
-// member at a time. A member that reaches the brokers directly while its
-// group is still kproxy's joins the cluster's group, where the anchor
-// holds every partition kproxy's members own: it gets nothing, so no
-// partition is ever owned twice; once the last member left kproxy the
-// anchor leaves and the direct members take every partition over from
-// the committed offsets, which never went backwards; nothing is lost.
-// Then the whole run again with cooperative members.
+// member at a time. The first member that reaches the brokers directly
+// joins the cluster's group beside the anchor; kproxy hands the group
+// back within the rebalance that join started: its engine's member
+// follows the direct one into the cluster's group (its JoinGroup
+// forwarded with an id of the cluster's), the anchor leaves, and the
+// cluster completes one rebalance with both members, so the direct
+// member gets partitions at once instead of idling until the last member
+// left kproxy. No partition is ever owned twice, the committed offsets
+// never go backwards and nothing is lost. Then the whole run again with
+// cooperative members.
 func TestRollbackMemberByMember(t *testing.T) {
 	for _, balancer := range []string{"eager", "cooperative"} {
 		t.Run(balancer, func(t *testing.T) {
@@ -404,7 +407,7 @@ func TestRollbackMemberByMember(t *testing.T) {
 			group, topic := "rollback-"+balancer, "rollback-t-"+balancer
 			const n = 900
 			s.produce(ctx, topic, 4, n/3)
-			opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second)}
+			opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
 			if balancer == "eager" {
 				opts = append(opts, kgo.Balancers(kgo.RangeBalancer()))
 			}
@@ -417,30 +420,32 @@ func TestRollbackMemberByMember(t *testing.T) {
 			adm := directAdmin(t, s)
 			waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool { return len(d.Members) == 1 })
 
-			// b goes back to the brokers: a keeps every partition.
+			// b goes back to the brokers: kproxy hands the group back,
+			// a follows b-direct into the cluster's group.
 			b.leave()
 			own.releaseAll("b")
+			moved := time.Now()
 			b2 := startMemberAt(t, s.cluster.ListenAddrs()[0], "b-direct", mc())
-			waitOwners(t, own, 4, "a")
-			waitDirect(ctx, t, adm, group, "anchor and b-direct", func(d kadm.DescribedGroup) bool { return len(d.Members) == 2 && d.State == "Stable" })
-			s.produceRange(ctx, topic, n/3, 2*n/3)
-			time.Sleep(time.Second)
-			if o := own.owners(); len(o["b-direct"]) > 0 {
-				t.Fatalf("the direct member got %v while kproxy's member still owns its partitions", o["b-direct"])
+			waitOwners(t, own, 4, "a", "b-direct")
+			t.Logf("handed back: a and b-direct share the partitions %s after b-direct started", time.Since(moved).Round(time.Millisecond))
+			d := waitDirect(ctx, t, adm, group, "a and b-direct in the cluster's group", func(d kadm.DescribedGroup) bool {
+				return len(d.Members) == 2 && d.State == "Stable"
+			})
+			for _, m := range d.Members {
+				if m.InstanceID != nil {
+					t.Fatalf("the anchor stayed in the cluster's group after the hand-back: %+v", m)
+				}
 			}
+			if g, ok := s.kproxy.Engine().Group(group); ok && len(g.Members) > 0 {
+				t.Fatalf("kproxy's engine still holds members of the group handed back: %+v", g.Members)
+			}
+			s.produceRange(ctx, topic, n/3, 2*n/3)
 
-			// a goes back too: the anchor leaves, the direct members
-			// share every partition.
+			// a goes back too: a plain rebalance of the cluster's group.
 			a.leave()
 			own.releaseAll("a")
 			a2 := startMemberAt(t, s.cluster.ListenAddrs()[0], "a-direct", mc())
 			waitOwners(t, own, 4, "a-direct", "b-direct")
-			d := waitDirect(ctx, t, adm, group, "direct only", func(d kadm.DescribedGroup) bool { return len(d.Members) == 2 })
-			for _, m := range d.Members {
-				if m.InstanceID != nil {
-					t.Fatalf("the anchor stayed after the last member left kproxy: %+v", m)
-				}
-			}
 			s.produceRange(ctx, topic, 2*n/3, n)
 			deadline := time.Now().Add(30 * time.Second)
 			for recs.distinct() < n && time.Now().Before(deadline) {

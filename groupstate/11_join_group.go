@@ -49,6 +49,10 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 		s.e.log.Info("groupstate: empty consumer group replaced by a classic group", "group", r.Group)
 	}
 	g, ok := s.classicGroups[r.Group]
+	if ok && g.handingBack {
+		g.refuseHandedBackJoin(r, reply)
+		return
+	}
 	if !ok {
 		if r.MemberID != "" {
 			reply(joinError(errUnknownMemberID, r.MemberID))

@@ -125,6 +125,7 @@ const (
 	CauseSubscriptionChanged  = "subscription_changed"   // a KIP-848 member changed its subscription or assignor
 	CauseTopicsChanged        = "topics_changed"         // a subscribed topic was created, deleted or resized (KIP-848)
 	CauseUnloaded             = "unloaded"               // Engine.Unload dropped the group (EventGroupUnloaded)
+	CauseHandedBack           = "handed_back"            // the group is being handed back to the cluster's coordinator (Engine.HandBack)
 	// CauseConvertedToConsumer and CauseConvertedToClassic are carried
 	// by EventGroupConverted; CauseConvertedToClassic also by the
 	// classic rebalance that follows a downgrade (EventRebalanceStarted).

@@ -62,6 +62,10 @@ type classicGroup struct {
 	// savingGen are being persisted (the syncs wait for it).
 	savingSync bool
 	savingGen  int32
+	// handingBack is set once the group is being handed back to the
+	// cluster's coordinator (classic_handback.go): its JoinGroups are
+	// refused with NOT_COORDINATOR.
+	handingBack bool
 }
 
 // classicMember is one joined member of a classic group (owned by the loop).

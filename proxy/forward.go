@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/binary"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -44,10 +45,23 @@ type GroupForwarder interface {
 // holds the connection's later answers in their order meanwhile.
 const lookupTimeout = 2 * time.Second
 
+// RequestForwarder is implemented by a GroupForwarder that decides per
+// request for some groups: a group being handed back to the cluster's
+// coordinator (docs/anchors.md) has members of kproxy's engine and
+// members already in the cluster's group, told apart by member id.
+type RequestForwarder interface {
+	// ForwardRequest is called instead of Forwarded for every request
+	// about one group, with the same constraints. It reports whether req
+	// goes to the cluster's coordinator; rewrite says it changed req,
+	// which then travels upstream re-encoded instead of as it came.
+	ForwardRequest(group string, req kmsg.Request) (forward, rewrite bool)
+}
+
 // forwardedGroup returns the single group req is about when the
 // forwarder forwards it; "" otherwise (multi-group requests are served
-// by kproxy, which answers them for the groups it holds).
-func forwardedGroup(fw GroupForwarder, req kmsg.Request) string {
+// by kproxy, which answers them for the groups it holds). rewrite says
+// the forwarder changed req (RequestForwarder).
+func forwardedGroup(fw GroupForwarder, req kmsg.Request) (group string, rewrite bool) {
 	var g string
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
@@ -81,10 +95,30 @@ func forwardedGroup(fw GroupForwarder, req kmsg.Request) string {
 			g = r.Groups[0]
 		}
 	}
-	if g == "" || !fw.Forwarded(g) {
-		return ""
+	if g == "" {
+		return "", false
 	}
-	return g
+	if rf, ok := fw.(RequestForwarder); ok {
+		forward, rewrite := rf.ForwardRequest(g, req)
+		if !forward {
+			return "", false
+		}
+		return g, rewrite
+	}
+	if !fw.Forwarded(g) {
+		return "", false
+	}
+	return g, false
+}
+
+// reencoded returns frame (size, header of hlen bytes, body) with its
+// body replaced by req encoded at its version.
+func reencoded(frame []byte, hlen int, req kmsg.Request) []byte {
+	body := req.AppendTo(nil)
+	out := make([]byte, 4, 4+hlen+len(body))
+	binary.BigEndian.PutUint32(out, uint32(hlen+len(body)))
+	out = append(out, frame[4:4+hlen]...)
+	return append(out, body...)
 }
 
 // queueFindCoordinator answers a FindCoordinator for groups: kproxy's own

@@ -360,8 +360,11 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		return s.forwardBytes(h, codec.RouteFor(h.Key, h.Version, false).Route, start, frame, nil)
 	}
 	if fw := s.p.cfg.Forwarder; fw != nil {
-		if g := forwardedGroup(fw, req); g != "" {
+		if g, rewrite := forwardedGroup(fw, req); g != "" {
 			// The cluster's coordinator serves this group (forward.go).
+			if rewrite {
+				frame = reencoded(frame, int(h.Len), req)
+			}
 			var watch func(kmsg.Response)
 			if w, ok := fw.(ForwardWatcher); ok {
 				watch = w.Watch(s.rc, g, req)

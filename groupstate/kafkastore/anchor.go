@@ -58,12 +58,19 @@ const (
 	// AnchorLiveOnCluster: the cluster's group has members of its own
 	// and no anchor; the group belongs to the cluster's coordinator.
 	AnchorLiveOnCluster
+	// AnchorHandedBack: a member reached the cluster's group directly,
+	// kproxy's members followed it there, and the anchor left
+	// (handback.go); the group belongs to the cluster's coordinator.
+	AnchorHandedBack
 )
 
 // String names the loss, for logs and metrics.
 func (l AnchorLoss) String() string {
-	if l == AnchorLiveOnCluster {
+	switch l {
+	case AnchorLiveOnCluster:
 		return "live_on_cluster"
+	case AnchorHandedBack:
+		return "handed_back"
 	}
 	return "fenced"
 }
@@ -98,6 +105,13 @@ type AnchorOptions struct {
 	// the cluster (groupstate.ErrGroupLiveOnCluster): the engine does not
 	// hold it. It must not block.
 	OnLive func(group string)
+	// OnHandBack, when set, is asked to hand group back to the cluster's
+	// coordinator (handback.go): a member reached the cluster's group
+	// directly. ok false means the engine cannot, and the anchor rejoins
+	// as leader holding kproxy's partitions instead; otherwise wait is
+	// how long the engine's members may take to follow. It runs on the
+	// anchor's worker and must return promptly.
+	OnHandBack func(group string) (wait time.Duration, ok bool)
 }
 
 // anchorSet is the anchors of a Store (nil without EnableAnchors).
@@ -167,6 +181,12 @@ type anchor struct {
 	// takeover, when set, is the takeover the first join completes
 	// (takeover.go); cleared by that join.
 	takeover *takeoverPlan
+	// handbackCheck is set when the cluster rebalances the group with
+	// OnHandBack set: the worker asks whether a member reached it
+	// directly before it rejoins. handback is the hand-back in progress
+	// (handback.go).
+	handbackCheck bool
+	handback      *handback
 	// commits counts commits in flight under memberID; a join waits for
 	// it to drop to zero and holds new ones off meanwhile.
 	commits int
@@ -400,6 +420,7 @@ const (
 	opJoin anchorOp = iota
 	opHeartbeat
 	opLeave
+	opHandback
 )
 
 // nextOpLocked says what a must do now, if anything.
@@ -407,6 +428,18 @@ func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
 	switch {
 	case a.forgotten || a.state == anchorFenced || !a.wanted:
 		return 0, false
+	case a.handback != nil:
+		// Handing the group back: no rejoin and no leave but the
+		// hand-back's, heartbeats to keep the session.
+		switch {
+		case !now.Before(a.handback.nextCheck) || a.state != anchorIn:
+			return opHandback, true
+		case !now.Before(a.nextHeartbeat):
+			return opHeartbeat, true
+		}
+		return 0, false
+	case a.handbackCheck && a.state == anchorIn && a.want.Members > 0:
+		return opHandback, true
 	case a.want.Members == 0:
 		return opLeave, a.state == anchorIn
 	case a.state != anchorIn || a.rejoin || !a.have.SameMembership(a.want):
@@ -448,6 +481,8 @@ func (as *anchorSet) work(a *anchor) {
 			err = as.join(a)
 		case opHeartbeat:
 			err = as.heartbeat(a)
+		case opHandback:
+			err = as.checkHandback(a)
 		case opLeave:
 			a.mu.Lock()
 			memberID := a.memberID
@@ -501,6 +536,9 @@ type ClusterGroup struct {
 	Members bool
 	// Anchored is whether one of those members is our anchor.
 	Anchored bool
+	// MemberIDs are the member ids of the classic group's members other
+	// than our anchor.
+	MemberIDs []string
 }
 
 // Live reports whether the cluster's coordinator serves the group: it
@@ -550,6 +588,8 @@ func (as *anchorSet) describeOnCluster(ctx context.Context, group string) (Clust
 			for _, m := range g.Members {
 				if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
 					c.Anchored = true
+				} else {
+					c.MemberIDs = append(c.MemberIDs, m.MemberID)
 				}
 			}
 			return c, nil
@@ -833,7 +873,15 @@ func (as *anchorSet) join(a *anchor) error {
 	a.state, a.memberID, a.gen, a.have = anchorIn, jr.MemberID, jr.Generation, want
 	a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
 	a.broadcastLocked()
+	handsBack := as.handsBack(a)
 	a.mu.Unlock()
+	if others := len(jr.Members) - 1; others > 0 && plan == nil && handsBack {
+		// A member reached the cluster's group directly and joined
+		// this generation (given nothing above): hand the group back.
+		// The engine's members joining the cluster's group start the
+		// rebalance the anchor then waits in (handback.go).
+		as.beginHandback(a, others)
+	}
 	as.s.log.Debug("kafkastore: group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
 	return nil
 }
@@ -865,6 +913,19 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 	case classic.OK:
 		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
 	case classic.Rejoin, classic.Stale:
+		if code == kerr.RebalanceInProgress.Code && (a.handback != nil || as.handsBack(a)) {
+			// The cluster waits for the anchor: a hand-back in
+			// progress keeps it waiting, or one may begin.
+			a.handbackCheck = a.handback == nil
+			a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+			a.broadcastLocked()
+			return nil
+		}
+		if a.handback != nil {
+			// The cluster dropped the anchor meanwhile (its rebalance
+			// timeout passed): the hand-back ends with it.
+			a.state = anchorOut
+		}
 		a.rejoin, a.rejoinKnown = true, code != kerr.UnknownMemberID.Code
 		a.broadcastLocked()
 	default:
@@ -932,7 +993,9 @@ func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID
 			// accepts such a commit only while its group is empty.
 			a.mu.Unlock()
 			return "", 0, false, nil, nil
-		case a.state == anchorIn && !a.rejoin:
+		case a.state == anchorIn && (!a.rejoin || a.handback != nil):
+			// A hand-back never rejoins: its commits go on under the
+			// membership it holds until the anchor leaves.
 			a.commits++
 			memberID, gen = a.memberID, a.gen
 			a.mu.Unlock()
@@ -1260,11 +1323,25 @@ func (as *anchorSet) pollRebalances() {
 				if a == nil || g.ErrorCode != 0 {
 					continue
 				}
-				if g.State != "PreparingRebalance" && g.State != "CompletingRebalance" {
+				others := 0
+				for _, m := range g.Members {
+					if m.InstanceID == nil || *m.InstanceID != as.opts.InstanceID {
+						others++
+					}
+				}
+				rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
+				if !rebalancing && others == 0 {
 					continue
 				}
 				a.mu.Lock()
-				if a.state == anchorIn {
+				switch {
+				case a.state != anchorIn || a.handback != nil:
+				case others > 0 && as.handsBack(a):
+					// A member of the cluster's own: rebalancing to take
+					// it in, or in a generation the anchor led (given
+					// nothing). Either way the group goes back.
+					a.handbackCheck = true
+				case rebalancing:
 					a.rejoin, a.rejoinKnown = true, true
 				}
 				a.mu.Unlock()

@@ -2,10 +2,13 @@ package kproxy
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/tap"
@@ -28,10 +31,15 @@ type forwardSet struct {
 	// groups holds what was last decided for each group looked up, and
 	// when; entries older than forwardRecheck are decided again.
 	groups map[string]forwardEntry
-	// forwarded counts the entries of groups that forward, so that
-	// Forwarded, asked for every group request of every connection,
-	// answers without a lock while no group is forwarded; written under
-	// mu.
+	// issued holds, per group being handed back, the member ids the
+	// cluster's coordinator handed out in JoinGroup answers forwarded
+	// here (a member that got MEMBER_ID_REQUIRED rejoins with one before
+	// any describe shows it); guarded by mu, dropped with the hand-back.
+	issued map[string]map[string]bool
+	// forwarded counts the entries of groups that forward or are being
+	// handed back, so that Forwarded and ForwardRequest, asked for every
+	// group request of every connection, answer without a lock while no
+	// group is; written under mu.
 	forwarded atomic.Int64
 }
 
@@ -60,6 +68,20 @@ type forwardEntry struct {
 	// group is not forwarded whatever the cluster shows (its members
 	// are still there until the anchor replaced them).
 	takenOver time.Time
+	// takenIDs are the member ids the anchor replaces in that takeover
+	// (nil if unknown); immutable. The hold ends early once the cluster's
+	// group lists none of them beside the anchor.
+	takenIDs []string
+	// handback is set while the group is being handed back to the
+	// cluster's coordinator (the anchor and members of the cluster's
+	// own in its group, docs/anchors.md): FindCoordinator names the
+	// cluster's coordinator, JoinGroups go there (with a member id the
+	// cluster does not know cleared), and the other requests go where
+	// their member id belongs (ForwardRequest).
+	handback bool
+	// clusterIDs are the member ids the cluster's group held when
+	// decided (handback only); immutable.
+	clusterIDs []string
 }
 
 // forwardRecheck is how long a decision stands before a lookup asks the
@@ -83,7 +105,7 @@ const takeoverHold = 30 * time.Second
 const maxForwardEntries = 100_000
 
 func newForwardSet(cluster clusterView) *forwardSet {
-	return &forwardSet{cluster: cluster, groups: make(map[string]forwardEntry)}
+	return &forwardSet{cluster: cluster, groups: make(map[string]forwardEntry), issued: make(map[string]map[string]bool)}
 }
 
 // Forwarded implements proxy.GroupForwarder.
@@ -108,7 +130,7 @@ func (f *forwardSet) Lookup(ctx context.Context, group string) (int32, bool, err
 			return -1, false, err
 		}
 	}
-	if !e.forward {
+	if !e.forward && !e.handback {
 		return -1, false, nil
 	}
 	node, err := f.cluster.GroupCoordinator(ctx, group)
@@ -158,13 +180,21 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 		return forwardEntry{}, err
 	}
 	now := time.Now()
-	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver}
+	e := forwardEntry{at: now, claimKind: prev.claimKind, claimed: prev.claimed, takenOver: prev.takenOver, takenIDs: prev.takenIDs}
 	switch {
-	case now.Sub(e.takenOver) < takeoverHold:
+	case now.Sub(e.takenOver) < takeoverHold && (e.takenIDs == nil || !c.Anchored || hasAny(c.MemberIDs, e.takenIDs)):
 		// Taken over: served here while the anchor replaces the
-		// members in the cluster's group.
+		// members in the cluster's group. Once the anchor stands there
+		// without them, what the cluster shows decides again (a member
+		// joining directly then starts a hand-back).
 	case c.Live():
 		e.forward, e.kind = true, c.Kind
+	case c.Anchored && len(c.MemberIDs) > 0:
+		// Members of the cluster's own beside the anchor: the group is
+		// being handed back (or the engine could not, and the anchor
+		// holds kproxy's partitions: the members here are the engine's
+		// then, and go on there).
+		e.handback, e.clusterIDs = true, c.MemberIDs
 	case c.Kind == "" && e.claimKind != "" && now.Sub(e.claimed) <= claimTTL:
 		// Nobody has the group yet and a client wants it as a share
 		// or streams group: the cluster's coordinator creates it.
@@ -176,7 +206,7 @@ func (f *forwardSet) decide(ctx context.Context, group string, prev forwardEntry
 	}
 	if cur, ok := f.groups[group]; ok && cur.takenOver.After(e.takenOver) {
 		// Taken over while the cluster was asked.
-		e.takenOver, e.forward, e.kind = cur.takenOver, false, ""
+		e.takenOver, e.takenIDs, e.forward, e.handback, e.kind = cur.takenOver, cur.takenIDs, false, false, ""
 	}
 	f.setLocked(group, e)
 	f.mu.Unlock()
@@ -193,21 +223,22 @@ func (f *forwardSet) recheck(ctx context.Context, group string) (bool, error) {
 	f.mu.RLock()
 	e, ok := f.groups[group]
 	f.mu.RUnlock()
-	if !ok || !e.forward || time.Since(e.at) <= forwardRecheck {
-		return ok && e.forward, nil
+	if !ok || !(e.forward || e.handback) || time.Since(e.at) <= forwardRecheck {
+		return ok && (e.forward || e.handback), nil
 	}
 	e, err := f.decide(ctx, group, e)
 	return e.forward, err
 }
 
 // takeOver records that group is served here from now on: it was taken
-// over from the cluster's coordinator (takeover.go).
-func (f *forwardSet) takeOver(group string) {
+// over from the cluster's coordinator (takeover.go), the anchor
+// replacing members (their ids; nil if unknown).
+func (f *forwardSet) takeOver(group string, members []string) {
 	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.groups[group]
-	e.forward, e.kind, e.at, e.takenOver = false, "", now, now
+	e.forward, e.handback, e.kind, e.at, e.takenOver, e.takenIDs = false, false, "", now, now, members
 	f.setLocked(group, e)
 }
 
@@ -232,20 +263,25 @@ func (f *forwardSet) setLocked(group string, e forwardEntry) {
 			if old.at.Before(cut) {
 				f.count(old, forwardEntry{})
 				delete(f.groups, g)
+				delete(f.issued, g)
 			}
 		}
 	}
 	f.count(f.groups[group], e)
 	f.groups[group] = e
+	if !e.handback {
+		delete(f.issued, group)
+	}
 }
 
-// count keeps the forwarded count as an entry goes from old to new;
-// f.mu is held.
+// count keeps the forwarded count as an entry goes from old to new,
+// and drops the issued ids of a hand-back that ended; f.mu is held.
 func (f *forwardSet) count(old, new forwardEntry) {
+	was, is := old.forward || old.handback, new.forward || new.handback
 	switch {
-	case old.forward && !new.forward:
+	case was && !is:
 		f.forwarded.Add(-1)
-	case !old.forward && new.forward:
+	case !was && is:
 		f.forwarded.Add(1)
 	}
 }
@@ -262,4 +298,107 @@ func (f *forwardSet) list() []tap.ForwardedGroup {
 	f.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
 	return out
+}
+
+// handBack records that group is being handed back to the cluster's
+// coordinator from now on (this kproxy's anchor began it): the other
+// kproxies learn it from the cluster's group (decide).
+func (f *forwardSet) handBack(group string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.groups[group]
+	e.forward, e.handback, e.kind, e.at, e.takenOver = false, true, "", time.Now(), time.Time{}
+	f.setLocked(group, e)
+}
+
+// handingBack reports whether group is being handed back.
+func (f *forwardSet) handingBack(group string) bool {
+	if f.forwarded.Load() == 0 {
+		return false
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.groups[group].handback
+}
+
+// issuedID records memberID, handed out by the cluster's coordinator for
+// group in a JoinGroup answer forwarded here.
+func (f *forwardSet) issuedID(group, memberID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.groups[group].handback {
+		return
+	}
+	ids := f.issued[group]
+	if ids == nil {
+		ids = make(map[string]bool)
+		f.issued[group] = ids
+	}
+	if len(ids) < maxIssuedIDs {
+		ids[memberID] = true
+	}
+}
+
+// maxIssuedIDs bounds the ids recorded for one group being handed back.
+const maxIssuedIDs = 10_000
+
+// ForwardRequest implements proxy.RequestForwarder. A group being
+// handed back has two kinds of members for a while: those of kproxy's
+// engine (until they rejoin) and those in the cluster's group. A
+// JoinGroup goes to the cluster's coordinator, its member id cleared if
+// the cluster did not hand it out (the engine's: the cluster would
+// answer UNKNOWN_MEMBER_ID, on which cooperative clients drop their
+// partitions uncommitted; cleared, it gets MEMBER_ID_REQUIRED and an id
+// of the cluster's, and its owned partitions travel in its metadata).
+// A request carrying a member id goes where that id belongs; the rest
+// (offset fetches, describes) stays with kproxy, which serves them as
+// the cluster does.
+func (f *forwardSet) ForwardRequest(group string, req kmsg.Request) (forward, rewrite bool) {
+	if f.forwarded.Load() == 0 {
+		return false, false
+	}
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	e := f.groups[group]
+	switch {
+	case e.forward:
+		return true, false
+	case !e.handback:
+		return false, false
+	}
+	known := func(id string) bool {
+		return id != "" && (f.issued[group][id] || slices.Contains(e.clusterIDs, id))
+	}
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		if r.MemberID != "" && !known(r.MemberID) {
+			r.MemberID = ""
+			return true, true
+		}
+		return true, false
+	case *kmsg.SyncGroupRequest:
+		return known(r.MemberID), false
+	case *kmsg.HeartbeatRequest:
+		return known(r.MemberID), false
+	case *kmsg.LeaveGroupRequest:
+		if len(r.Members) > 0 {
+			return known(r.Members[0].MemberID), false
+		}
+		return known(r.MemberID), false
+	case *kmsg.OffsetCommitRequest:
+		return known(r.MemberID), false
+	case *kmsg.TxnOffsetCommitRequest:
+		return known(r.MemberID), false
+	}
+	return false, false
+}
+
+// hasAny reports whether any of ids is in set.
+func hasAny(set, ids []string) bool {
+	for _, id := range ids {
+		if slices.Contains(set, id) {
+			return true
+		}
+	}
+	return false
 }

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
@@ -132,5 +134,78 @@ func TestForwardSetKinds(t *testing.T) {
 		if kinds[g] != k {
 			t.Errorf("forwarded %s as %q, want %q", g, kinds[g], k)
 		}
+	}
+}
+
+// TestForwardSetHandBack: a group whose cluster group holds the anchor
+// and a member of the cluster's own is being handed back. FindCoordinator
+// names the cluster's coordinator; a JoinGroup goes there, its member id
+// cleared unless the cluster handed it out (seen in the describe, or in a
+// JoinGroup answer forwarded here); every other request goes where its
+// member id belongs; requests without one stay with kproxy. Once the
+// anchor left, everything is forwarded.
+func TestForwardSetHandBack(t *testing.T) {
+	ctx := context.Background()
+	c := &fakeCluster{groups: map[string]kafkastore.ClusterGroup{
+		"g": {Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"direct-1"}},
+	}}
+	f := newForwardSet(c)
+	if _, forward, err := f.Lookup(ctx, "g"); err != nil || !forward {
+		t.Fatalf("lookup of a group being handed back: forward %v, %v", forward, err)
+	}
+	if f.Forwarded("g") || !f.handingBack("g") {
+		t.Fatalf("a group being handed back: forwarded %v, handing back %v", f.Forwarded("g"), f.handingBack("g"))
+	}
+	join := func(id string) *kmsg.JoinGroupRequest {
+		r := kmsg.NewPtrJoinGroupRequest()
+		r.Group, r.MemberID = "g", id
+		return r
+	}
+	for _, tc := range []struct {
+		id, want string
+		rewrite  bool
+	}{
+		{"engine-7", "", true},
+		{"", "", false},
+		{"direct-1", "direct-1", false},
+	} {
+		r := join(tc.id)
+		forward, rewrite := f.ForwardRequest("g", r)
+		if !forward || rewrite != tc.rewrite || r.MemberID != tc.want {
+			t.Fatalf("JoinGroup of %q: forward %v rewrite %v, member id %q; want forwarded, rewrite %v, %q",
+				tc.id, forward, rewrite, r.MemberID, tc.rewrite, tc.want)
+		}
+	}
+	hb := func(id string) *kmsg.HeartbeatRequest {
+		r := kmsg.NewPtrHeartbeatRequest()
+		r.Group, r.MemberID = "g", id
+		return r
+	}
+	if forward, _ := f.ForwardRequest("g", hb("engine-7")); forward {
+		t.Fatal("a heartbeat of the engine's member went to the cluster")
+	}
+	if forward, _ := f.ForwardRequest("g", hb("direct-1")); !forward {
+		t.Fatal("a heartbeat of a member of the cluster's stayed with kproxy")
+	}
+	// A member that got MEMBER_ID_REQUIRED rejoins with the id the
+	// cluster handed out: kept, and its heartbeats go there too.
+	f.issuedID("g", "issued-2")
+	if r := join("issued-2"); func() bool { fw, rw := f.ForwardRequest("g", r); return !fw || rw || r.MemberID != "issued-2" }() {
+		t.Fatal("the rejoin with the id the cluster handed out was rewritten")
+	}
+	if forward, _ := f.ForwardRequest("g", hb("issued-2")); !forward {
+		t.Fatal("a heartbeat with an id the cluster handed out stayed with kproxy")
+	}
+	fetch := kmsg.NewPtrOffsetFetchRequest()
+	fetch.Group = "g"
+	if forward, _ := f.ForwardRequest("g", fetch); forward {
+		t.Fatal("an offset fetch of a group being handed back left kproxy")
+	}
+	f.mark("g")
+	if forward, _ := f.ForwardRequest("g", hb("engine-7")); !forward || f.handingBack("g") || len(f.issued) != 0 {
+		t.Fatalf("after the hand-back: forwarded %v, handing back %v, issued ids kept %d", forward, f.handingBack("g"), len(f.issued))
+	}
+	if f.forwarded.Load() != 1 {
+		t.Fatalf("forwarded count %d, want 1", f.forwarded.Load())
 	}
 }

@@ -438,13 +438,29 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		SessionTimeout:    ac.SessionTimeout,
 		HeartbeatInterval: ac.HeartbeatInterval,
 		OnLost: func(group string, why kafkastore.AnchorLoss) {
-			if why == kafkastore.AnchorLiveOnCluster || cfg.Groups.Mode == GroupsLocal {
+			if why == kafkastore.AnchorLiveOnCluster || why == kafkastore.AnchorHandedBack || cfg.Groups.Mode == GroupsLocal {
 				fw.mark(group)
 			}
 			if eng := w.engine; eng != nil {
 				eng.Unload(func(g string) bool { return g == group })
 			}
 			log.Info("group handed to the cluster's coordinator", "group", group, "why", why.String())
+		},
+		OnHandBack: func(group string) (time.Duration, bool) {
+			eng := w.engine
+			if eng == nil {
+				return 0, false
+			}
+			// Forwarding first: the members' JoinGroups after the
+			// engine's REBALANCE_IN_PROGRESS go to the cluster.
+			fw.handBack(group)
+			wait, ok := eng.HandBack(group)
+			if !ok {
+				fw.set(group, forwardEntry{at: time.Now()})
+				return 0, false
+			}
+			log.Info("a member reached the cluster's group directly: handing the group back", "group", group)
+			return wait, true
 		},
 		OnLive: func(group string) {
 			if !fw.Forwarded(group) {

@@ -2,9 +2,11 @@ package kproxy
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -175,8 +177,31 @@ func (w *forwardWatcher) Claim(ctx context.Context, group, kind string) bool {
 	return w.fw.Claim(ctx, group, kind)
 }
 
-// Watch implements proxy.ForwardWatcher.
+// ForwardRequest implements proxy.RequestForwarder.
+func (w *forwardWatcher) ForwardRequest(group string, req kmsg.Request) (bool, bool) {
+	return w.fw.ForwardRequest(group, req)
+}
+
+// Watch implements proxy.ForwardWatcher. The JoinGroup answers of a
+// group being handed back also tell the forwardSet the member ids the
+// cluster handed out (forwardSet.issuedID).
 func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
+	inner := w.watch(c, group, req)
+	if _, ok := req.(*kmsg.JoinGroupRequest); !ok || !w.fw.handingBack(group) {
+		return inner
+	}
+	return func(resp kmsg.Response) {
+		if jr, ok := resp.(*kmsg.JoinGroupResponse); ok && jr.MemberID != "" {
+			w.fw.issuedID(group, jr.MemberID)
+		}
+		if inner != nil {
+			inner(resp)
+		}
+	}
+}
+
+// watch is Watch for the takeover: what it learns of the members.
+func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
 	var answered func(g *watchedGroup, resp kmsg.Response)
 	max := 30 * time.Second
 	membership := true
@@ -427,7 +452,9 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 		if _, busy := w.releasing[group]; busy || (w.owns != nil && !w.owns(group)) {
 			continue
 		}
-		if _, ok := w.mergedLocked(group, now); !ok {
+		if all, ok := w.mergedLocked(group, now); !ok {
+			w.log.Debug("takeover: the group's members are not ready (rebalancing, unsynced, silent, or a join on its way)",
+				"group", group, "members", describeMembers(all))
 			delete(w.readySince, group)
 			continue
 		}
@@ -498,6 +525,7 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 		return err
 	}
 	if d.ErrorCode != 0 || d.State != "Stable" || len(d.Members) == 0 {
+		w.log.Debug("takeover: the cluster's group is not Stable with members", "group", group, "state", d.State, "members", len(d.Members))
 		return nil
 	}
 	now := time.Now()
@@ -505,14 +533,21 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	all, ok := w.mergedLocked(group, now)
 	if !ok || len(all) != len(d.Members) {
 		w.mu.Unlock()
+		w.log.Debug("takeover: the cluster's members are not those known here", "group", group, "cluster", len(d.Members), "known", len(all))
 		return nil
 	}
 	rec, members, gen, ok := takeoverRecord(d, all)
 	if !ok {
 		w.mu.Unlock()
+		w.log.Debug("takeover: the cluster's members differ from those known here (ids, protocol or generation)", "group", group,
+			"members", describeMembers(all))
 		return nil
 	}
-	rel := w.newReleaseLocked(group, now)
+	ids := make([]string, 0, len(members))
+	for _, m := range members {
+		ids = append(ids, m.MemberID)
+	}
+	rel := w.newReleaseLocked(group, now, ids)
 	w.mu.Unlock()
 	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
 		return err
@@ -523,10 +558,10 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	return nil
 }
 
-// newReleaseLocked returns the release of group's takeover, waiting for
-// the kproxies that reported its members; w.mu is held.
-func (w *forwardWatcher) newReleaseLocked(group string, now time.Time) *release {
-	rel := &release{since: now, waiting: make(map[string]bool)}
+// newReleaseLocked returns the release of group's takeover of members,
+// waiting for the kproxies that reported them; w.mu is held.
+func (w *forwardWatcher) newReleaseLocked(group string, now time.Time, members []string) *release {
+	rel := &release{since: now, waiting: make(map[string]bool), members: members}
 	for from := range w.remote[group] {
 		rel.waiting[from] = true
 	}
@@ -540,7 +575,7 @@ func (w *forwardWatcher) startRelease(group string, rel *release) {
 	w.releasing[group] = rel
 	w.draining[group] = true
 	w.mu.Unlock()
-	w.fw.takeOver(group)
+	w.fw.takeOver(group, rel.members)
 }
 
 // release is a takeover waiting for the requests of its members still
@@ -550,6 +585,8 @@ func (w *forwardWatcher) startRelease(group string, rel *release) {
 type release struct {
 	since   time.Time
 	waiting map[string]bool
+	// members are the member ids the anchor replaces; immutable.
+	members []string
 }
 
 // finishReleases completes the takeovers whose members' requests all
@@ -599,7 +636,14 @@ func takeoverRecord(d kmsg.DescribeGroupsResponseGroup, watched map[string]*watc
 		if m == nil || m.protocolType != d.ProtocolType || m.protocol != d.Protocol || (gen >= 0 && m.generation != gen) {
 			return nil, nil, 0, false
 		}
-		gen, leader = m.generation, m.leader
+		gen = m.generation
+		if _, ok := watched[m.leader]; ok && leader == "" {
+			// The leader one of them heard of that is still a member:
+			// a static member replaced without a rebalance (KIP-345)
+			// heard of the leader of its time, which may have been
+			// replaced since, and whose new id another one heard of.
+			leader = m.leader
+		}
 		vm := kmsg.NewGroupMetadataValueMember()
 		vm.MemberID = dm.MemberID
 		vm.InstanceID = cloneString(m.instanceID)
@@ -621,9 +665,31 @@ func takeoverRecord(d kmsg.DescribeGroupsResponseGroup, watched map[string]*watc
 		v.Members = append(v.Members, vm)
 		members = append(members, kafkastore.TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(m.instanceID)})
 	}
-	if _, ok := watched[leader]; !ok {
+	if len(v.Members) == 0 {
 		return nil, nil, 0, false
+	}
+	if leader == "" {
+		// Every leader heard of was replaced since: any member leads
+		// kproxy's next rebalance (Kafka picks one the same way when its
+		// leader is gone).
+		leader = v.Members[0].MemberID
 	}
 	v.Generation, v.Leader = gen, &leader
 	return v.AppendTo(nil), members, gen, true
+}
+
+// describeMembers renders members for a log line: id, generation,
+// synced, and how long ago each was last answered without error.
+func describeMembers(all map[string]*watchedMember) string {
+	ids := make([]string, 0, len(all))
+	for id := range all {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var b strings.Builder
+	for _, id := range ids {
+		m := all[id]
+		fmt.Fprintf(&b, "%s gen=%d synced=%v ok_ago=%s; ", id, m.generation, m.synced, time.Since(m.lastOK).Round(time.Millisecond))
+	}
+	return b.String()
 }

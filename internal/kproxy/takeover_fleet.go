@@ -114,13 +114,14 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 	if w.send == nil {
 		return
 	}
-	if !w.sendReport(ctx, r) {
+	release, members := w.sendReport(ctx, r)
+	if !release {
 		return
 	}
 	w.mu.Lock()
 	w.draining[r.Group] = true
 	w.mu.Unlock()
-	w.fw.takeOver(r.Group)
+	w.fw.takeOver(r.Group, members)
 	w.log.Info("takeover: the group's owner takes it over; its requests go to the owner from now on", "group", r.Group)
 	go func() {
 		deadline := time.Now().Add(takeoverDrain)
@@ -133,7 +134,7 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 			w.mu.Unlock()
 			if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
 				final := memberReport{Group: r.Group, From: w.id, InFlight: n, Released: true}
-				w.sendReport(ctx, final)
+				_, _ = w.sendReport(ctx, final)
 				w.mu.Lock()
 				delete(w.groups, r.Group)
 				delete(w.draining, r.Group)
@@ -146,11 +147,12 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 }
 
 // sendReport relays r to its group's owner and reports whether the owner
-// answered that it takes the group over.
-func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (release bool) {
+// answered that it takes the group over, and the member ids the anchor
+// replaces then.
+func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (release bool, members []string) {
 	body, err := json.Marshal(r)
 	if err != nil {
-		return false
+		return false, nil
 	}
 	req := kmsg.NewPtrJoinGroupRequest()
 	req.Group = r.Group
@@ -160,22 +162,33 @@ func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (releas
 	p.Name, p.Metadata = "report", body
 	req.Protocols = append(req.Protocols, p)
 	req.SetVersion(5)
-	ch := make(chan bool, 1)
+	type answer struct {
+		release bool
+		members []string
+	}
+	ch := make(chan answer, 1)
 	w.send(proxy.Client{ID: reportClientID}, req, func(resp kmsg.Response) {
 		jr, ok := resp.(*kmsg.JoinGroupResponse)
-		ch <- ok && jr.ErrorCode == 0 && jr.Protocol != nil && *jr.Protocol == "release"
+		var a answer
+		if ok && jr.ErrorCode == 0 && jr.Protocol != nil && *jr.Protocol == "release" {
+			a.release = true
+			for _, m := range jr.Members {
+				a.members = append(a.members, m.MemberID)
+			}
+		}
+		ch <- a
 	})
 	select {
-	case release = <-ch:
-		return release
+	case a := <-ch:
+		return a.release, a.members
 	case <-ctx.Done():
-		return false
+		return false, nil
 	}
 }
 
 // onReport records a report from another kproxy and answers whether it
-// must stop forwarding the group.
-func (w *forwardWatcher) onReport(r memberReport) (release bool) {
+// must stop forwarding the group, with the member ids the anchor replaces.
+func (w *forwardWatcher) onReport(r memberReport) (release bool, members []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if rel := w.releasing[r.Group]; rel != nil {
@@ -190,21 +203,21 @@ func (w *forwardWatcher) onReport(r memberReport) (release bool) {
 		} else if !r.Released {
 			rel.waiting[r.From] = true
 		}
-		return true
+		return true, rel.members
 	}
 	if r.Released {
-		return false
+		return false, nil
 	}
 	byFrom := w.remote[r.Group]
 	if byFrom == nil {
 		if len(w.remote) >= maxWatchedGroups {
-			return false
+			return false, nil
 		}
 		byFrom = make(map[string]remoteReport)
 		w.remote[r.Group] = byFrom
 	}
 	byFrom[r.From] = remoteReport{memberReport: r, at: time.Now()}
-	return false
+	return false, nil
 }
 
 // takeoverCoordinator is the engine's Coordinator in a fleet, answering
@@ -229,8 +242,16 @@ func (c takeoverCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply fun
 		return
 	}
 	answer := "keep"
-	if c.w.onReport(r) {
+	if release, members := c.w.onReport(r); release {
+		// The answer names the members the anchor replaces: the
+		// reporter keeps serving the group here while the cluster's
+		// group still lists one of them (forwardSet.decide).
 		answer = "release"
+		for _, id := range members {
+			m := kmsg.NewJoinGroupResponseMember()
+			m.MemberID = id
+			resp.Members = append(resp.Members, m)
+		}
 	}
 	resp.Protocol = &answer
 	reply(resp)

@@ -232,7 +232,11 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 		w.log.Debug("takeover: the cluster's KIP-848 group is not the one watched", "group", group, "why", why)
 		return nil
 	}
-	rel := w.newReleaseLocked(group, now)
+	ids := make([]string, 0, len(members))
+	for _, m := range members {
+		ids = append(ids, m.MemberID)
+	}
+	rel := w.newReleaseLocked(group, now, ids)
 	w.mu.Unlock()
 	rec, err := w.consumerRecord(tk)
 	if err != nil {

@@ -224,3 +224,41 @@ func (c *countingCoordinator) Handle(_ proxy.Client, req kmsg.Request, reply fun
 	c.asked++
 	reply(req.ResponseKind())
 }
+
+// TestTakeoverRecordStaticLeaderReplaced: static members moved behind
+// kproxy one at a time replace their direct instances without a
+// rebalance (KIP-345), so each heard of the leader of its time. The
+// record names a leader that is still a member (the one the last
+// replaced leader's successor heard of), and any member when none is.
+func TestTakeoverRecordStaticLeaderReplaced(t *testing.T) {
+	d := describedGroup("m4", "m5", "m6")
+	watched := map[string]*watchedMember{
+		// m4 joined while the old leader (m3-old) led; m5 too; m6
+		// replaced m3-old and heard of itself.
+		"m4": {protocolType: "consumer", protocol: "range", generation: 5, leader: "m3-old"},
+		"m5": {protocolType: "consumer", protocol: "range", generation: 5, leader: "m3-old"},
+		"m6": {protocolType: "consumer", protocol: "range", generation: 5, leader: "m6"},
+	}
+	rec, _, gen, ok := takeoverRecord(d, watched)
+	if !ok || gen != 5 {
+		t.Fatalf("takeoverRecord: ok %v gen %d", ok, gen)
+	}
+	var v kmsg.GroupMetadataValue
+	if err := v.ReadFrom(rec); err != nil {
+		t.Fatal(err)
+	}
+	if v.Leader == nil || *v.Leader != "m6" {
+		t.Fatalf("leader %v, want m6", v.Leader)
+	}
+	watched["m6"].leader = "m2-old"
+	rec, _, _, ok = takeoverRecord(d, watched)
+	if !ok {
+		t.Fatal("no record when every leader heard of was replaced")
+	}
+	if err := v.ReadFrom(rec); err != nil {
+		t.Fatal(err)
+	}
+	if v.Leader == nil || *v.Leader != "m4" {
+		t.Fatalf("leader %v, want the first member, m4", v.Leader)
+	}
+}

@@ -37,6 +37,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -295,11 +296,61 @@ func authzOutcome(text string) string {
 	return ""
 }
 
-// securityWant is every principal's expected outcome.
+// securityWant is every principal's expected outcome. alice-fwd and
+// bob-fwd are alice and bob in a group live on the broker (forwarded by
+// kproxy, docs/anchors.md): the broker authorizes them, as themselves.
 var securityWant = map[string]string{
-	"alice": "ok",
-	"bob":   "GROUP_AUTHORIZATION_FAILED",
-	"carol": "TOPIC_AUTHORIZATION_FAILED",
+	"alice":     "ok",
+	"bob":       "GROUP_AUTHORIZATION_FAILED",
+	"carol":     "TOPIC_AUTHORIZATION_FAILED",
+	"alice-fwd": "ok",
+	"bob-fwd":   "GROUP_AUTHORIZATION_FAILED",
+}
+
+// securityRuns are the runs of a security row: a principal each, the
+// -fwd ones in a group a member of the broker's own holds.
+var securityRuns = []string{"alice", "bob", "carol", "alice-fwd", "bob-fwd"}
+
+// holdGroup makes group live on the broker: a member as the super user,
+// directly on the broker, subscribed to topic (not the row's, so the
+// range assignor gives it nothing of the row's topic and the principal's
+// member gets every partition). It returns once the broker lists it, and
+// a function that stops it.
+func (s *scenario) holdGroup(ctx context.Context, group, topic string) (func(), error) {
+	opts, err := s.h.sec.adminOpts(s.h.sec.CA)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(opts, kgo.SeedBrokers(s.h.broker), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.Balancers(kgo.RangeBalancer()), kgo.ClientID("holder"))...)
+	if err != nil {
+		return nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for pctx.Err() == nil {
+			cl.PollFetches(pctx)
+		}
+	}()
+	stop := func() {
+		cancel()
+		<-done
+		cl.Close()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		state, ids, err := s.h.clusterMembers(ctx, group)
+		if err == nil && state == "Stable" && len(ids) == 1 {
+			return stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("the holder of group %s never stood alone in the broker's group: %s %v %v", group, state, ids, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // runSecurity runs one security row on one path.
@@ -332,20 +383,56 @@ func (s *scenario) runSecurity(ctx context.Context) result {
 		return fail("producing as the super user: " + err.Error())
 	}
 	java := !isPython(s.r.client)
-	group := func(p string) string {
-		return fmt.Sprintf("%s%s-%s-%d", securityGroupPrefix(p), s.r.name, s.path, time.Now().Unix())
+	stamp := time.Now().Unix()
+	group := func(run string) string {
+		p, fwd := strings.CutSuffix(run, "-fwd")
+		g := fmt.Sprintf("%s%s-%s-%d", securityGroupPrefix(p), s.r.name, s.path, stamp)
+		if fwd {
+			g += "-fwd"
+		}
+		return g
 	}
+	// The -fwd runs' groups are live on the broker before they start:
+	// kproxy forwards them, on the client's own connection.
+	holderTopic := s.topic + "-holder"
+	if _, err := s.h.adm.CreateTopic(cctx, 1, 1, nil, holderTopic); err != nil {
+		return fail("creating the holders' topic as the super user: " + err.Error())
+	}
+	for _, run := range securityRuns {
+		if !strings.HasSuffix(run, "-fwd") {
+			continue
+		}
+		stop, err := s.holdGroup(ctx, group(run), holderTopic)
+		if err != nil {
+			return fail(err.Error())
+		}
+		defer stop()
+	}
+	// While they run, the broker's group of alice-fwd must list alice's
+	// member beside the holder: the proof that the broker served it.
+	var fwdSeen atomic.Int32
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	go func() {
+		for wctx.Err() == nil {
+			if _, ids, err := s.h.clusterMembers(wctx, group("alice-fwd")); err == nil && int32(len(ids)) > fwdSeen.Load() {
+				fwdSeen.Store(int32(len(ids)))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
 	var wg sync.WaitGroup
-	outs := make([]securityOutcome, 3)
-	for i, p := range []string{"alice", "bob", "carol"} {
+	outs := make([]securityOutcome, len(securityRuns))
+	for i, run := range securityRuns {
+		p, _ := strings.CutSuffix(run, "-fwd")
 		props, err := sc.clientProps(p, s.path, java)
 		if err != nil {
 			return fail(err.Error())
 		}
 		argv := append(append([]string(nil), s.r.client...), "--bootstrap", s.bootstrap, "--topic", s.topic,
-			"--group", group(p), "--member", p, "--client-props", props)
+			"--group", group(run), "--member", run, "--client-props", props)
 		var until func([]event) bool
-		switch p {
+		switch run {
 		case "carol": // one commit from outside the group, then exit
 			argv = append(argv, "--mode", "commit", "--start", "1")
 		default:
@@ -356,11 +443,12 @@ func (s *scenario) runSecurity(ctx context.Context) result {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			evs, exitErr := s.runSecClient(ctx, p, argv, 90*time.Second, until)
-			outs[i] = securityResult(p, evs, exitErr, n)
+			evs, exitErr := s.runSecClient(ctx, run, argv, 90*time.Second, until)
+			outs[i] = securityResult(run, evs, exitErr, n)
 		}()
 	}
 	wg.Wait()
+	wcancel()
 	res.pass = true
 	var got []string
 	for _, o := range outs {
@@ -371,6 +459,12 @@ func (s *scenario) runSecurity(ctx context.Context) result {
 		}
 	}
 	res.notes = append(res.notes, "outcomes: "+strings.Join(got, " "))
+	if seen := fwdSeen.Load(); seen < 2 {
+		res.pass = false
+		res.reason = joinReason(res.reason, fmt.Sprintf("the broker's group of alice-fwd listed at most %d member(s): alice's member never joined it (not forwarded)", seen))
+	} else {
+		res.notes = append(res.notes, fmt.Sprintf("alice-fwd and bob-fwd: their groups were live on the broker (a member of the super user's), so the broker authorized them; alice-fwd's member stood in the broker's group beside it (%d members seen)", seen))
+	}
 	for _, o := range outs {
 		if o.principal == "alice" && o.outcome == "ok" {
 			res.records = n

@@ -1,0 +1,169 @@
+package kafkastore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Handing a group back (docs/anchors.md, "Rolling kproxy out"). A member
+// that reaches the cluster directly while kproxy serves its group joins
+// the cluster's group beside the anchor, and the cluster starts a
+// rebalance that waits for every member it knows, the anchor included,
+// to rejoin (up to the anchor's rebalance timeout). With
+// AnchorOptions.OnHandBack the anchor does not rejoin: it asks the
+// engine to move its members over (groupstate.Engine.HandBack), goes on
+// heartbeating (REBALANCE_IN_PROGRESS keeps its session), and carries
+// their commits at its generation, which the cluster accepts while it
+// prepares the rebalance. Once the cluster's group holds as many other
+// members as it held when the hand-back began plus the engine's members
+// (each joined with an id of the cluster's, so each is a member of the
+// rebalance), or once the members' rebalance timeout passed, the anchor
+// leaves: the cluster completes the rebalance with every member at once,
+// each carrying what it owns, and OnLost reports AnchorHandedBack.
+
+// handback is an anchor's hand-back in progress.
+type handback struct {
+	since time.Time
+	// target is how many members other than the anchor the cluster's
+	// group must hold before the anchor leaves.
+	target int
+	// deadline is when the anchor leaves whatever the cluster holds.
+	deadline time.Time
+	// nextCheck is when the cluster's group is described next.
+	nextCheck time.Time
+}
+
+// handbackCheckEvery is how often the cluster's group is described while
+// a hand-back waits for the members.
+const handbackCheckEvery = 250 * time.Millisecond
+
+// clusterMembers describes group on the cluster: how many members other
+// than the anchor it holds; anchored says the anchor is one of them.
+func (as *anchorSet) clusterMembers(ctx context.Context, group string) (others int, anchored bool, err error) {
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{group}
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
+			return g[0].ErrorCode
+		}
+		return 0
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("describing group %q: %w", group, err)
+	}
+	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
+	if len(groups) == 0 {
+		return 0, false, fmt.Errorf("describing group %q: empty answer", group)
+	}
+	g := groups[0]
+	if g.ErrorCode != 0 {
+		return 0, false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
+	}
+	for _, m := range g.Members {
+		if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
+			anchored = true
+		} else {
+			others++
+		}
+	}
+	return others, anchored, nil
+}
+
+// checkHandback runs when the cluster rebalances a's group, or holds a
+// member besides the anchor: if a member other than the anchor is in the
+// cluster's group and the engine can hand the group back, the hand-back
+// begins; otherwise the anchor rejoins.
+// During a hand-back it decides whether the anchor leaves now.
+func (as *anchorSet) checkHandback(a *anchor) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	others, anchored, err := as.clusterMembers(ctx, a.group)
+	a.mu.Lock()
+	hb := a.handback
+	a.handbackCheck = false
+	if hb != nil {
+		hb.nextCheck = time.Now().Add(handbackCheckEvery)
+	}
+	a.mu.Unlock()
+	if hb == nil {
+		if err != nil || others == 0 {
+			a.mu.Lock()
+			a.rejoin, a.rejoinKnown = true, true
+			a.broadcastLocked()
+			a.mu.Unlock()
+			return err
+		}
+		if !as.beginHandback(a, others) {
+			a.mu.Lock()
+			a.rejoin, a.rejoinKnown = true, true
+			a.broadcastLocked()
+			a.mu.Unlock()
+		}
+		return nil
+	}
+	now := time.Now()
+	switch {
+	case err != nil && now.Before(hb.deadline):
+		return err
+	case err == nil && anchored && others < hb.target && now.Before(hb.deadline):
+		return nil // members still on their way
+	}
+	if err == nil && anchored && others < hb.target {
+		as.s.log.Warn("kafkastore: hand-back: not every member of kproxy's group reached the cluster's in time; the anchor leaves anyway",
+			"group", a.group, "members", others, "expected", hb.target, "waited", now.Sub(hb.since))
+	}
+	a.mu.Lock()
+	memberID := a.memberID
+	a.mu.Unlock()
+	if anchored {
+		lctx, lcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := as.leave(lctx, a.group, memberID)
+		lcancel()
+		if err != nil {
+			return err
+		}
+	}
+	a.mu.Lock()
+	a.state, a.memberID, a.gen, a.handback = anchorOut, "", 0, nil
+	a.broadcastLocked()
+	a.mu.Unlock()
+	as.s.log.Info("kafkastore: group handed back to the cluster's coordinator", "group", a.group,
+		"members", others, "took", now.Sub(hb.since))
+	as.lose(a, AnchorHandedBack)
+	return nil
+}
+
+// handsBack reports whether a member of the cluster's own in a's group
+// may make the anchor hand it back (a.mu held). The members a takeover
+// replaced are not: the anchor's join that completes a takeover answers
+// once they left (takeover.go), and is never one that begins a
+// hand-back.
+func (as *anchorSet) handsBack(a *anchor) bool {
+	return as.opts.OnHandBack != nil && a.want.Members > 0
+}
+
+// beginHandback asks the engine to hand a's group back, the cluster's
+// group holding others members besides the anchor, and reports whether
+// it does: the anchor then waits for the engine's members there.
+func (as *anchorSet) beginHandback(a *anchor, others int) bool {
+	a.mu.Lock()
+	members := a.want.Members
+	a.mu.Unlock()
+	wait, ok := as.opts.OnHandBack(a.group)
+	if !ok {
+		return false
+	}
+	now := time.Now()
+	wait = min(max(wait, 10*time.Second), as.opts.RebalanceTimeout-as.opts.HeartbeatInterval)
+	a.mu.Lock()
+	a.handback = &handback{since: now, target: others + members, deadline: now.Add(wait), nextCheck: now.Add(handbackCheckEvery)}
+	a.broadcastLocked()
+	a.mu.Unlock()
+	as.s.log.Info("kafkastore: a member reached the cluster's group directly: handing the group back to the cluster's coordinator",
+		"group", a.group, "direct_members", others, "kproxy_members", members, "wait_at_most", wait)
+	return true
+}
