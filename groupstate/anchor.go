@@ -38,6 +38,10 @@ type Anchor struct {
 	// Owned is the union of the partitions the members are assigned, by
 	// topic, partitions sorted.
 	Owned map[string][]int32
+	// MemberIDs are the members' ids, sorted (KIP-848 groups only: the
+	// store waits for them to reach the cluster when it hands the group
+	// back, kafkastore/takeover_kip848.go).
+	MemberIDs []string
 }
 
 // SameMembership reports whether a and b stand for the same membership
@@ -57,7 +61,9 @@ func (a Anchor) SameMembership(b Anchor) bool {
 }
 
 // equal reports whether a and b are the same.
-func (a Anchor) equal(b Anchor) bool { return a.Members == b.Members && a.SameMembership(b) }
+func (a Anchor) equal(b Anchor) bool {
+	return a.Members == b.Members && slices.Equal(a.MemberIDs, b.MemberIDs) && a.SameMembership(b)
+}
 
 // AnchorStore is implemented by an OffsetStore that anchors the engine's
 // groups in the cluster's coordinator.
@@ -171,6 +177,7 @@ func (g *consumerGroup) anchorChanged() {
 		}
 		a.Topics = sortedKeys(topics)
 		a.Owned = sortedOwned(owned)
+		a.MemberIDs = g.sortedIDs()
 	}
 	if g.anchorSent != nil && g.anchorSent.equal(a) {
 		return

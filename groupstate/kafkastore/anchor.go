@@ -814,6 +814,10 @@ func (as *anchorSet) join(a *anchor) error {
 	default:
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
 	}
+	if jr.LeaderID == "" && as.handBackConsumer(ctx, a, jr.MemberID) {
+		// The cluster's group is a KIP-848 group now (takeover_kip848.go).
+		return nil
+	}
 	if jr.LeaderID != jr.MemberID {
 		// Another member leads: the cluster's group was live with
 		// members of its own when the anchor joined. kproxy stops

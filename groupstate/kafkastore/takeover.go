@@ -40,6 +40,10 @@ type takeoverPlan struct {
 	// loaded is set once a load returned record: a later load (the
 	// group unloaded meanwhile) asks the cluster as usual.
 	loaded bool
+	// consumer marks a KIP-848 group's takeover (takeover_kip848.go):
+	// the members leave before the anchor joins. Set before the plan is
+	// published, immutable after.
+	consumer bool
 }
 
 // takeoverWait bounds how long an anchor's first join waits for the
@@ -63,6 +67,11 @@ const leaveDelay = 300 * time.Millisecond
 // first join, take members out of the cluster's group. It replaces a
 // pending takeover of the group.
 func (s *Store) PrepareTakeover(group string, record []byte, members []TakeoverMember) error {
+	return s.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{})})
+}
+
+// prepareTakeover publishes plan as group's pending takeover.
+func (s *Store) prepareTakeover(group string, plan *takeoverPlan) error {
 	as := s.anchors
 	if as == nil {
 		return fmt.Errorf("kafkastore: takeover of group %q without anchors", group)
@@ -78,7 +87,8 @@ func (s *Store) PrepareTakeover(group string, record []byte, members []TakeoverM
 			delete(as.takeovers, g)
 		}
 	}
-	as.takeovers[group] = &takeoverPlan{record: record, members: members, ready: make(chan struct{}), at: now}
+	plan.at = now
+	as.takeovers[group] = plan
 	return nil
 }
 
@@ -144,12 +154,11 @@ func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeov
 		return as.request(ctx, a.group, req, code)
 	}
 	defer as.takeoverDone(a.group, plan)
-	select {
-	case <-plan.ready:
-	case <-time.After(takeoverWait):
-		as.s.log.Warn("kafkastore: takeover: members' requests still on their way to the cluster; joining anyway", "group", a.group)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	if plan.consumer {
+		return as.joinAfterLeaving(ctx, a, plan, req)
+	}
+	if err := as.awaitTakeoverReady(ctx, a, plan); err != nil {
+		return nil, err
 	}
 	ch := make(chan joinResult, 1)
 	go func() {
@@ -186,6 +195,19 @@ func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeov
 	}
 	r := <-ch
 	return r.resp, r.err
+}
+
+// awaitTakeoverReady waits until plan is ready (TakeoverReady), at most
+// takeoverWait.
+func (as *anchorSet) awaitTakeoverReady(ctx context.Context, a *anchor, plan *takeoverPlan) error {
+	select {
+	case <-plan.ready:
+	case <-time.After(takeoverWait):
+		as.s.log.Warn("kafkastore: takeover: members' requests still on their way to the cluster; joining anyway", "group", a.group)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // DescribeClassicGroup returns what the cluster's coordinator answers

@@ -317,6 +317,9 @@ func (w *Server) startWatcher() {
 	if w.watcher == nil {
 		return
 	}
+	if w.engine != nil {
+		w.watcher.consumerRecord = w.engine.ConsumerTakeoverRecord
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	go w.watcher.run(ctx)
 	w.closers = append(w.closers, func(context.Context) error { stop(); return nil })

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
 	"github.com/kproxy/kproxy/proxy"
@@ -34,8 +35,9 @@ import (
 // group over once every member is accounted for, and tells the others to
 // stop forwarding it before the anchor replaces the members.
 //
-// KIP-848 groups are not taken over: their members are forwarded until
-// the group empties.
+// KIP-848 groups are taken over through the same watching, reports,
+// settle time and drain, with checks and an order of their own
+// (takeover_kip848.go).
 
 // watchedMember is what this kproxy saw of one member of a forwarded
 // classic group. Guarded by the watcher's mu.
@@ -55,6 +57,9 @@ type watchedMember struct {
 	synced bool
 	// lastOK is when an answer at generation last came without error.
 	lastOK time.Time
+	// kip848 is set for a KIP-848 member (takeover_kip848.go), whose
+	// epoch generation holds.
+	kip848 *kip848Member
 }
 
 // watchedGroup is one forwarded group's members behind this kproxy, and
@@ -125,6 +130,10 @@ type forwardWatcher struct {
 	// group being taken over, so the takeover completes without
 	// waiting for the next tick.
 	released chan struct{}
+	// consumerRecord builds a KIP-848 group's record for the engine
+	// (groupstate.Engine.ConsumerTakeoverRecord); nil without an
+	// engine. Set before run starts, immutable after.
+	consumerRecord func(groupstate.ConsumerTakeover) ([]byte, error)
 }
 
 // takeoverStore is what a takeover asks of the store;
@@ -279,6 +288,8 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 				delete(g.members, id)
 			}
 		}
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		answered, membership = watchConsumerHeartbeat(clientInfo{c.ID, c.Host}, r)
 	case *kmsg.OffsetCommitRequest, *kmsg.TxnOffsetCommitRequest:
 		membership = false
 		answered = func(*watchedGroup, kmsg.Response) {}
@@ -501,6 +512,12 @@ func (w *forwardWatcher) mergedLocked(group string, now time.Time) (map[string]*
 // (finishReleases) once the other kproxies that forward its members
 // stopped forwarding them.
 func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
+	w.mu.Lock()
+	consumer := w.isConsumerGroupLocked(group)
+	w.mu.Unlock()
+	if consumer {
+		return w.tryConsumerTakeover(ctx, group)
+	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	d, err := w.store.DescribeClassicGroup(dctx, group)
 	cancel()
@@ -526,25 +543,39 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 			"members", describeMembers(all))
 		return nil
 	}
-	rel := &release{since: now, waiting: make(map[string]bool)}
+	ids := make([]string, 0, len(members))
 	for _, m := range members {
-		rel.members = append(rel.members, m.MemberID)
+		ids = append(ids, m.MemberID)
 	}
-	for from := range w.remote[group] {
-		rel.waiting[from] = true
-	}
+	rel := w.newReleaseLocked(group, now, ids)
 	w.mu.Unlock()
 	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
 		return err
 	}
+	w.startRelease(group, rel)
+	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
+		"generation", gen, "other_kproxies", len(rel.waiting))
+	return nil
+}
+
+// newReleaseLocked returns the release of group's takeover of members,
+// waiting for the kproxies that reported them; w.mu is held.
+func (w *forwardWatcher) newReleaseLocked(group string, now time.Time, members []string) *release {
+	rel := &release{since: now, waiting: make(map[string]bool), members: members}
+	for from := range w.remote[group] {
+		rel.waiting[from] = true
+	}
+	return rel
+}
+
+// startRelease stops forwarding group, taken over, and waits for its
+// requests on their way (finishReleases).
+func (w *forwardWatcher) startRelease(group string, rel *release) {
 	w.mu.Lock()
 	w.releasing[group] = rel
 	w.draining[group] = true
 	w.mu.Unlock()
 	w.fw.takeOver(group, rel.members)
-	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
-		"generation", gen, "other_kproxies", len(rel.waiting))
-	return nil
 }
 
 // release is a takeover waiting for the requests of its members still

@@ -59,6 +59,8 @@ type reportedMember struct {
 	// SinceOK is how long ago an answer at its generation came without
 	// error, in milliseconds.
 	SinceOK int64 `json:"since_ok_ms"`
+	// KIP848 is set for a KIP-848 member (takeover_kip848.go).
+	KIP848 *kip848Member `json:"kip848,omitempty"`
 }
 
 type namedMetadata struct {
@@ -79,6 +81,7 @@ func (r reportedMember) member(at time.Time) *watchedMember {
 		protocolType: r.ProtocolType, protocol: r.Protocol, leader: r.Leader,
 		generation: r.Generation, sessionMS: r.SessionMS, rebalanceMS: r.RebalanceMS,
 		synced: r.Synced, lastOK: at.Add(-time.Duration(r.SinceOK) * time.Millisecond),
+		kip848: r.KIP848.clone(at),
 	}
 	for _, p := range r.Protocols {
 		m.protocols = append(m.protocols, kmsg.JoinGroupRequestProtocol{Name: p.Name, Metadata: p.Metadata})
@@ -94,6 +97,7 @@ func (w *forwardWatcher) reportLocked(group string, g *watchedGroup, now time.Ti
 			ID: id, InstanceID: cloneString(m.instanceID), ClientID: m.clientID, ClientHost: m.clientHost,
 			ProtocolType: m.protocolType, Protocol: m.protocol, Leader: m.leader, Generation: m.generation,
 			SessionMS: m.sessionMS, RebalanceMS: m.rebalanceMS, Synced: m.synced, SinceOK: now.Sub(m.lastOK).Milliseconds(),
+			KIP848: m.kip848.report(now),
 		}
 		for _, p := range m.protocols {
 			rm.Protocols = append(rm.Protocols, namedMetadata{Name: p.Name, Metadata: p.Metadata})

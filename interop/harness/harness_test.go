@@ -38,6 +38,7 @@ func TestCheckOwnership(t *testing.T) {
 		events     []event
 		wantErr    string
 		rebalances string
+		restart    int64 // scenario.epochsRestart
 	}{
 		{
 			name: "clean eager handover",
@@ -88,10 +89,30 @@ func TestCheckOwnership(t *testing.T) {
 			},
 			rebalances: "1",
 		},
+		{
+			name:    "a KIP-848 group's epochs restart after its takeover",
+			restart: 25,
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "m1", Generation: gen(3), Partitions: []int32{2}},
+				{TS: 20, Ev: "closed", Member: "m1"},
+				{TS: 30, Ev: "assigned", Member: "m7", Generation: gen(3), Partitions: []int32{2}},
+			},
+		},
+		{
+			name:    "two owners in one generation after the restart",
+			restart: 5,
+			events: []event{
+				{TS: 10, Ev: "assigned", Member: "m1", Generation: gen(3), Partitions: []int32{2}},
+				{TS: 20, Ev: "closed", Member: "m1"},
+				{TS: 30, Ev: "assigned", Member: "m7", Generation: gen(3), Partitions: []int32{2}},
+			},
+			wantErr: "partition 2 held by m1 and m7 in generation 3",
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newTestScenario(t, tc.identities, tc.events)
+			s.epochsRestart = tc.restart
 			reb, err := s.checkOwnership()
 			if tc.wantErr == "" && err != nil {
 				t.Fatalf("unexpected error: %v", err)

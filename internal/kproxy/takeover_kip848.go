@@ -1,0 +1,340 @@
+package kproxy
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+)
+
+// Takeover of a forwarded KIP-848 group (docs/anchors.md, "Rolling kproxy
+// in"), beside the classic one (takeover.go), through the same watching,
+// reports, settle time, recheck and drain. The watcher reads the
+// ConsumerGroupHeartbeats it forwards: each member's id, the epoch and
+// assignment the cluster told it, and its subscription, assignor and
+// rebalance timeout as its heartbeats carry them (a KIP-848 heartbeat
+// sends a field only when it changed, so the watcher keeps the last one
+// seen). A member counts as settled ("synced" at its epoch) once a
+// heartbeat at that epoch was answered without error.
+//
+// The group is taken over when the cluster's ConsumerGroupDescribe says
+// it is Stable at one epoch (group epoch = assignment epoch = every
+// member's epoch), every member reconciled (its assignment is its target)
+// and a KIP-848 member, and its members are exactly the members watched
+// here and reported by other kproxies, each told that epoch and that
+// assignment. The engine is then handed that group
+// (groupstate.Engine.ConsumerTakeoverRecord), forwarding stops, the
+// requests on their way drain, and the anchor's first join removes the
+// members from the cluster's group before it joins
+// (kafkastore/takeover_kip848.go). The members' next heartbeat is
+// answered by the engine at the same epoch with the same assignment.
+
+// kip848Member is what the watcher saw of a KIP-848 member beyond a
+// classic one's fields (watchedMember.generation holds its epoch).
+// Guarded by the watcher's mu; exported fields travel in reports.
+type kip848Member struct {
+	RackID         *string            `json:"rack_id,omitempty"`
+	Subscribed     []string           `json:"subscribed,omitempty"`
+	Regex          *string            `json:"regex,omitempty"`
+	ServerAssignor *string            `json:"server_assignor,omitempty"`
+	RebalanceMS    int32              `json:"rebalance_ms,omitempty"`
+	Assigned       map[string][]int32 `json:"assigned"` // by topic id in hex, sorted
+	// SinceChanged is how long before the report the member was told an
+	// assignment other than the one before (ms); changed is when, here.
+	SinceChanged int64 `json:"since_changed_ms"`
+	changed      time.Time
+	assigned     map[[16]byte][]int32 // Assigned decoded; nil until an answer carried one
+}
+
+// consumerTakeoverStore is what a KIP-848 takeover asks of the store
+// beyond takeoverStore; *kafkastore.Store implements it.
+type consumerTakeoverStore interface {
+	DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error)
+	PrepareConsumerTakeover(group string, record []byte, members []kafkastore.TakeoverMember) error
+}
+
+// kip848MinSession is the least a watched KIP-848 member's "session"
+// (how long it counts as alive since its last good answer) can be: the
+// cluster's session timeout is a broker setting the client never sees,
+// so the watcher counts three heartbeat intervals, at least this.
+const kip848MinSession = 6 * time.Second
+
+// watchConsumerHeartbeat returns what to do with the answer to r, a
+// forwarded ConsumerGroupHeartbeat from client c, and whether r changes
+// the group's membership (a join at epoch 0 or a leave).
+func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest) (answered func(*watchedGroup, kmsg.Response), membership bool) {
+	seen := kip848Member{RackID: cloneString(r.RackID), Regex: cloneString(r.SubscribedTopicRegex),
+		ServerAssignor: cloneString(r.ServerAssignor), RebalanceMS: r.RebalanceTimeoutMillis}
+	if r.SubscribedTopicNames != nil {
+		seen.Subscribed = slices.Clone(r.SubscribedTopicNames)
+	}
+	instance, reqID, epoch := cloneString(r.InstanceID), r.MemberID, r.MemberEpoch
+	leaving := epoch < 0
+	return func(g *watchedGroup, resp kmsg.Response) {
+		hr, ok := resp.(*kmsg.ConsumerGroupHeartbeatResponse)
+		if !ok {
+			return
+		}
+		id := reqID
+		if hr.MemberID != nil && *hr.MemberID != "" {
+			id = *hr.MemberID
+		}
+		if leaving || hr.ErrorCode == kerr.UnknownMemberID.Code || hr.ErrorCode == kerr.FencedMemberEpoch.Code {
+			delete(g.members, id)
+			return
+		}
+		m := g.members[id]
+		if epoch == 0 || m == nil || m.kip848 == nil {
+			m = &watchedMember{protocolType: "consumer", kip848: &kip848Member{}}
+			g.members[id] = m
+		}
+		m.clientID, m.clientHost = c.id, c.host
+		if instance != nil {
+			m.instanceID = instance
+		}
+		k := m.kip848
+		if seen.RackID != nil {
+			k.RackID = seen.RackID
+		}
+		if seen.Subscribed != nil {
+			k.Subscribed = seen.Subscribed
+		}
+		if seen.Regex != nil {
+			k.Regex = seen.Regex
+		}
+		if seen.ServerAssignor != nil {
+			k.ServerAssignor = seen.ServerAssignor
+		}
+		if seen.RebalanceMS > 0 {
+			k.RebalanceMS = seen.RebalanceMS
+		}
+		if hr.ErrorCode != 0 {
+			m.synced = false
+			return
+		}
+		if hr.Assignment != nil {
+			next := make(map[[16]byte][]int32)
+			for _, t := range hr.Assignment.Topics {
+				ps := slices.Clone(t.Partitions)
+				slices.Sort(ps)
+				next[t.TopicID] = ps
+			}
+			if k.assigned == nil || !samePartitions(next, k.assigned) {
+				k.changed = time.Now()
+			}
+			k.assigned, k.Assigned = next, encodeAssigned(next)
+		}
+		m.generation = hr.MemberEpoch
+		m.synced = k.assigned != nil
+		m.lastOK = time.Now()
+		m.sessionMS = max(3*hr.HeartbeatIntervalMillis, int32(kip848MinSession/time.Millisecond))
+	}, epoch <= 0
+}
+
+// clientInfo is the part of a proxy.Client a KIP-848 watch keeps.
+type clientInfo struct{ id, host string }
+
+func encodeAssigned(in map[[16]byte][]int32) map[string][]int32 {
+	out := make(map[string][]int32, len(in))
+	for id, ps := range in {
+		out[hex.EncodeToString(id[:])] = ps
+	}
+	return out
+}
+
+// report copies k for a report sent at now.
+func (k *kip848Member) report(now time.Time) *kip848Member {
+	if k == nil {
+		return nil
+	}
+	c := *k
+	c.Subscribed = slices.Clone(k.Subscribed)
+	c.Assigned = maps.Clone(k.Assigned)
+	c.SinceChanged = now.Sub(k.changed).Milliseconds()
+	return &c
+}
+
+// clone copies k, a report received at at (member), decoding Assigned.
+func (k *kip848Member) clone(at time.Time) *kip848Member {
+	if k == nil {
+		return nil
+	}
+	c := *k
+	c.changed = at.Add(-time.Duration(k.SinceChanged) * time.Millisecond)
+	c.Subscribed = slices.Clone(k.Subscribed)
+	c.Assigned = maps.Clone(k.Assigned)
+	if k.Assigned != nil {
+		c.assigned = make(map[[16]byte][]int32, len(k.Assigned))
+		for hexID, ps := range k.Assigned {
+			var id [16]byte
+			raw, err := hex.DecodeString(hexID)
+			if err != nil || len(raw) != len(id) {
+				// Bad report: this member never matches the cluster's.
+				c.assigned = nil
+				break
+			}
+			copy(id[:], raw)
+			c.assigned[id] = slices.Clone(ps)
+		}
+	}
+	return &c
+}
+
+// isConsumerGroupLocked reports whether group's members known here are
+// KIP-848 members; w.mu is held.
+func (w *forwardWatcher) isConsumerGroupLocked(group string) bool {
+	if g := w.groups[group]; g != nil {
+		for _, m := range g.members {
+			return m.kip848 != nil
+		}
+	}
+	for _, r := range w.remote[group] {
+		for _, rm := range r.Members {
+			return rm.KIP848 != nil
+		}
+	}
+	return false
+}
+
+// tryConsumerTakeover is tryTakeover for a KIP-848 group.
+func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) error {
+	cs, ok := w.store.(consumerTakeoverStore)
+	if !ok || w.consumerRecord == nil {
+		return fmt.Errorf("takeover of KIP-848 group %q: no store or engine for it", group)
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	d, err := cs.DescribeConsumerGroup(dctx, group)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if d.ErrorCode != 0 || d.State != "Stable" || len(d.Members) == 0 || d.Epoch != d.AssignmentEpoch {
+		return nil
+	}
+	now := time.Now()
+	w.mu.Lock()
+	all, ok := w.mergedLocked(group, now)
+	if !ok || len(all) != len(d.Members) {
+		w.mu.Unlock()
+		return nil
+	}
+	tk, members, why := consumerTakeoverOf(d, all, w.settle)
+	if why != "" {
+		w.mu.Unlock()
+		w.log.Debug("takeover: the cluster's KIP-848 group is not the one watched", "group", group, "why", why)
+		return nil
+	}
+	ids := make([]string, 0, len(members))
+	for _, m := range members {
+		ids = append(ids, m.MemberID)
+	}
+	rel := w.newReleaseLocked(group, now, ids)
+	w.mu.Unlock()
+	rec, err := w.consumerRecord(tk)
+	if err != nil {
+		return fmt.Errorf("takeover of KIP-848 group %q: %w", group, err)
+	}
+	if err := cs.PrepareConsumerTakeover(group, rec, members); err != nil {
+		return fmt.Errorf("takeover of KIP-848 group %q: %w", group, err)
+	}
+	w.startRelease(group, rel)
+	w.log.Info("taking the KIP-848 group over from the cluster's coordinator", "group", group, "members", len(members),
+		"epoch", d.Epoch, "other_kproxies", len(rel.waiting))
+	return nil
+}
+
+// consumerTakeoverOf builds the takeover of the cluster's KIP-848 group
+// d, whose members watched describes, each told its assignment at least
+// settle ago (a KIP-848 group reconciles within an epoch: the group is
+// taken over only once it was quiet for the settle time); why says what
+// does not match.
+func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[string]*watchedMember, settle time.Duration) (tk groupstate.ConsumerTakeover, members []kafkastore.TakeoverMember, why string) {
+	tk = groupstate.ConsumerTakeover{Epoch: d.Epoch, Assignor: d.AssignorName}
+	for _, dm := range d.Members {
+		m := watched[dm.MemberID]
+		switch {
+		case m == nil || m.kip848 == nil:
+			return tk, nil, "member " + dm.MemberID + " is not watched as a KIP-848 member"
+		case dm.MemberType == 0:
+			return tk, nil, "member " + dm.MemberID + " speaks the classic protocol"
+		case dm.MemberEpoch != d.Epoch || m.generation != d.Epoch:
+			return tk, nil, fmt.Sprintf("member %s at epoch %d (told %d), group at %d", dm.MemberID, dm.MemberEpoch, m.generation, d.Epoch)
+		}
+		assigned := assignmentOf(dm.Assignment)
+		if !samePartitions(assigned, assignmentOf(dm.TargetAssignment)) {
+			return tk, nil, "member " + dm.MemberID + " is not reconciled"
+		}
+		if !samePartitions(assigned, m.kip848.assigned) {
+			return tk, nil, "member " + dm.MemberID + " was not told its assignment"
+		}
+		if time.Since(m.kip848.changed) < settle {
+			return tk, nil, "member " + dm.MemberID + " was told a new assignment less than the settle time ago"
+		}
+		tm := groupstate.ConsumerTakeoverMember{
+			ID: dm.MemberID, ClientID: m.clientID, ClientHost: m.clientHost,
+			RebalanceTimeout: time.Duration(m.kip848.RebalanceMS) * time.Millisecond,
+			Subscribed:       slices.Clone(dm.SubscribedTopics), Assigned: assigned,
+		}
+		if dm.InstanceID != nil {
+			tm.InstanceID = *dm.InstanceID
+		}
+		if dm.RackID != nil {
+			tm.RackID = *dm.RackID
+		}
+		if dm.SubscribedTopicRegex != nil {
+			tm.Regex = *dm.SubscribedTopicRegex
+		}
+		if m.kip848.ServerAssignor != nil {
+			tm.ServerAssignor = *m.kip848.ServerAssignor
+		}
+		tk.Members = append(tk.Members, tm)
+		members = append(members, kafkastore.TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(dm.InstanceID)})
+	}
+	return tk, members, ""
+}
+
+// assignmentOf returns a described assignment's partitions by topic id,
+// sorted.
+func assignmentOf(a kmsg.Assignment) map[[16]byte][]int32 {
+	out := make(map[[16]byte][]int32)
+	for _, t := range a.TopicPartitions {
+		ps := append(out[t.TopicID], t.Partitions...)
+		slices.Sort(ps)
+		out[t.TopicID] = ps
+	}
+	return out
+}
+
+// samePartitions reports whether a and b hold the same partitions; a
+// topic with none counts as absent, and a nil b matches nothing.
+func samePartitions(a, b map[[16]byte][]int32) bool {
+	if b == nil {
+		return false
+	}
+	count := func(m map[[16]byte][]int32) int {
+		n := 0
+		for _, ps := range m {
+			if len(ps) > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	if count(a) != count(b) {
+		return false
+	}
+	for id, ps := range a {
+		if len(ps) > 0 && !slices.Equal(ps, b[id]) {
+			return false
+		}
+	}
+	return true
+}

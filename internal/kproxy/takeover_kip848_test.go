@@ -1,0 +1,164 @@
+package kproxy
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/proxy"
+)
+
+// fakeConsumerStore adds the KIP-848 half to fakeTakeoverStore.
+type fakeConsumerStore struct {
+	*fakeTakeoverStore
+	consumer kmsg.ConsumerGroupDescribeResponseGroup
+	kip848   map[string][]kafkastore.TakeoverMember
+}
+
+func (s *fakeConsumerStore) DescribeConsumerGroup(context.Context, string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.consumer, nil
+}
+
+func (s *fakeConsumerStore) PrepareConsumerTakeover(group string, rec []byte, members []kafkastore.TakeoverMember) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kip848[group], s.records[group] = members, rec
+	return nil
+}
+
+var topicT = [16]byte{1}
+
+// beat848 runs a watched ConsumerGroupHeartbeat of member id at epoch
+// (0 joins) answered at answerEpoch with assigned (nil: no assignment in
+// the answer).
+func beat848(w *forwardWatcher, id string, epoch, answerEpoch int32, assigned []int32) {
+	q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	q.Group, q.MemberID, q.MemberEpoch, q.RebalanceTimeoutMillis = "g", id, epoch, -1
+	if epoch == 0 {
+		q.SubscribedTopicNames, q.RebalanceTimeoutMillis = []string{"t"}, 45000
+		a := "uniform"
+		q.ServerAssignor = &a
+	}
+	done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.2"}, "g", q)
+	r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+	r.MemberID, r.MemberEpoch, r.HeartbeatIntervalMillis = &id, answerEpoch, 1000
+	if assigned != nil {
+		r.Assignment = &kmsg.ConsumerGroupHeartbeatResponseAssignment{Topics: []kmsg.ConsumerGroupHeartbeatResponseAssignmentTopic{{TopicID: topicT, Partitions: assigned}}}
+	}
+	done(r)
+}
+
+func described848(epoch int32, members map[string][]int32, target map[string][]int32) kmsg.ConsumerGroupDescribeResponseGroup {
+	d := kmsg.NewConsumerGroupDescribeResponseGroup()
+	d.Group, d.State, d.Epoch, d.AssignmentEpoch, d.AssignorName = "g", "Stable", epoch, epoch, "uniform"
+	for id, ps := range members {
+		m := kmsg.NewConsumerGroupDescribeResponseGroupMember()
+		m.MemberID, m.MemberEpoch, m.MemberType, m.SubscribedTopics = id, epoch, 1, []string{"t"}
+		m.ClientHost = "/10.0.0.2"
+		m.Assignment.TopicPartitions = []kmsg.AssignmentTopicPartition{{TopicID: topicT, Topic: "t", Partitions: ps}}
+		tps := ps
+		if target != nil {
+			tps = target[id]
+		}
+		m.TargetAssignment.TopicPartitions = []kmsg.AssignmentTopicPartition{{TopicID: topicT, Topic: "t", Partitions: tps}}
+		d.Members = append(d.Members, m)
+	}
+	return d
+}
+
+// TestTakeoverKIP848Local: a KIP-848 group whose members the kproxy
+// forwards is taken over at the cluster's epoch with the assignments the
+// members were told; not while one is unreconciled, was told another
+// epoch or assignment, or the cluster lists a member not watched.
+func TestTakeoverKIP848Local(t *testing.T) {
+	ctx := context.Background()
+	w, base := newTestWatcher(t, nil)
+	st := &fakeConsumerStore{fakeTakeoverStore: base, kip848: map[string][]kafkastore.TakeoverMember{}}
+	w.store = st
+	var got groupstate.ConsumerTakeover
+	w.consumerRecord = func(tk groupstate.ConsumerTakeover) ([]byte, error) { got = tk; return []byte("rec"), nil }
+
+	beat848(w, "m1", 0, 5, []int32{0, 1, 2})
+	beat848(w, "m2", 0, 6, []int32{})
+	beat848(w, "m2", 6, 6, nil) // the epoch's answer without a new assignment
+	steps := []struct {
+		name string
+		d    kmsg.ConsumerGroupDescribeResponseGroup
+		prep func()
+		want bool
+	}{
+		{"direct member", described848(6, map[string][]int32{"m1": {0, 1, 2}, "m2": {}, "d": {3}}, nil), nil, false},
+		{"m1 told epoch 5", described848(6, map[string][]int32{"m1": {0, 1, 2}, "m2": {}}, nil), nil, false},
+		{"m1 revoking", described848(6, map[string][]int32{"m1": {0, 1}, "m2": {2}}, map[string][]int32{"m1": {0, 1}, "m2": {2}}),
+			func() { beat848(w, "m1", 5, 6, []int32{0, 1}) }, false},
+		{"m2 not reconciled", described848(6, map[string][]int32{"m1": {0, 1}, "m2": {}}, map[string][]int32{"m1": {0, 1}, "m2": {2}}), nil, false},
+		{"told just now", described848(7, map[string][]int32{"m1": {0, 1}, "m2": {2}}, nil),
+			func() { beat848(w, "m2", 6, 7, []int32{2}); beat848(w, "m1", 6, 7, nil); w.settle = time.Hour }, false},
+		{"stable", described848(7, map[string][]int32{"m1": {0, 1}, "m2": {2}}, nil),
+			func() { w.settle = 0 }, true},
+	}
+	for _, s := range steps {
+		if s.prep != nil {
+			s.prep()
+		}
+		st.mu.Lock()
+		st.consumer = s.d
+		st.mu.Unlock()
+		if err := w.tryTakeover(ctx, "g"); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if took := len(st.kip848) > 0; took != s.want {
+			t.Fatalf("%s: taken over %v, want %v", s.name, took, s.want)
+		}
+	}
+	if got.Epoch != 7 || got.Assignor != "uniform" || len(got.Members) != 2 {
+		t.Fatalf("takeover %+v", got)
+	}
+	for _, m := range got.Members {
+		if want := map[string][]int32{"m1": {0, 1}, "m2": {2}}[m.ID]; !slices.Equal(m.Assigned[topicT], want) {
+			t.Fatalf("%s assigned %v, want %v", m.ID, m.Assigned[topicT], want)
+		}
+		if m.ServerAssignor != "uniform" || m.RebalanceTimeout != 45*time.Second || m.ClientID != "client-"+m.ID {
+			t.Fatalf("member %+v", m)
+		}
+	}
+	if w.fw.Forwarded("g") {
+		t.Fatal("still forwarded after the takeover")
+	}
+	w.finishReleases()
+	if !st.ready["g"] {
+		t.Fatal("takeover never ready with nothing in flight")
+	}
+}
+
+// TestTakeoverKIP848Report: a KIP-848 member travels in a fleet report
+// with its epoch, assignment and subscription.
+func TestTakeoverKIP848Report(t *testing.T) {
+	w, _ := newTestWatcher(t, func(string) bool { return false })
+	beat848(w, "m1", 0, 3, []int32{4, 1})
+	_, reports := w.candidates()
+	if len(reports) != 1 {
+		t.Fatalf("reports %v", reports)
+	}
+	b, err := json.Marshal(reports[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back memberReport
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	m := back.Members[0].member(time.Now())
+	if m.kip848 == nil || m.generation != 3 || !m.synced || !samePartitions(map[[16]byte][]int32{topicT: {1, 4}}, m.kip848.assigned) ||
+		len(m.kip848.Subscribed) != 1 || m.kip848.RebalanceMS != 45000 {
+		t.Fatalf("reported member %+v (kip848 %+v) from %s", m, m.kip848, b)
+	}
+}
