@@ -26,7 +26,8 @@ import (
 // STALE_MEMBER_EPOCH, an older one is checked per partition (KIP-1251).
 //
 // The commit is validated on the loop (member, generation, state) and
-// stored off the loop; the client is answered only after the store
+// stored off the loop, beside the group's other commits of other
+// partitions (storeops.go); the client is answered only after the store
 // returned.
 
 // maxOffsetMetadata is offset.metadata.max.bytes.
@@ -77,8 +78,9 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 	groupID := r.Group
 	e := s.e
 	s.enqueue(groupID, storeOp{
-		abort: func(cause error) any { return commitError(r, storeErrorCode(cause)) },
-		done:  func(res any) { reply(res.(kmsg.Response)) },
+		commitKeys: commitKeysOf(topics),
+		abort:      func(cause error) any { return commitError(r, storeErrorCode(cause)) },
+		done:       func(res any) { reply(res.(kmsg.Response)) },
 		run: func(ctx context.Context) (any, func()) {
 			resp, stored := e.commit(ctx, groupID, topics, owned, notOwned)
 			return resp, func() { s.emitCommitted(groupID, stored) }

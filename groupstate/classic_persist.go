@@ -214,15 +214,7 @@ func (s *shard) enqueueMeta(group string, op storeOp) {
 			closed(res)
 		}
 	}
-	q := s.metaOps[group]
-	if q == nil {
-		q = &opQueue{}
-		s.metaOps[group] = q
-	}
-	q.q = append(q.q, op)
-	if !q.busy {
-		s.startNext(s.metaOps, group, q)
-	}
+	s.push(s.metaOps, group, op)
 }
 
 // saveMeta queues a write of group's record. onLoop receives the result

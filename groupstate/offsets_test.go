@@ -334,3 +334,107 @@ func TestOffsetFetchVersions(t *testing.T) {
 		t.Fatalf("v9 member checks: %s %s %s", errName(r.Groups[0].ErrorCode), errName(r.Groups[1].ErrorCode), errName(r.Groups[2].ErrorCode))
 	}
 }
+
+// partGateStore is a MemoryStore whose commits each wait for the gate of
+// their first partition, and whose fetches are recorded as they start.
+type partGateStore struct {
+	*MemoryStore
+	gates   [3]chan struct{}
+	started chan int32 // partition of each commit reaching the store
+	fetched chan struct{}
+}
+
+func (s *partGateStore) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
+	p := topics[0].Partitions[0].Partition
+	s.started <- p
+	select {
+	case <-s.gates[p]:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.MemoryStore.CommitOffsets(ctx, group, topics)
+}
+
+func (s *partGateStore) FetchOffsets(ctx context.Context, group string, topics []kmsg.OffsetFetchRequestTopic, requireStable bool) ([]kmsg.OffsetFetchResponseTopic, error) {
+	s.fetched <- struct{}{}
+	return s.MemoryStore.FetchOffsets(ctx, group, topics, requireStable)
+}
+
+// TestCommitsOfDistinctPartitionsRunSideBySide: the commits of a group's
+// members, each of its own partitions, reach the store together (one
+// round trip each on a slow link, not one queued behind the other),
+// while a commit of a partition being written waits for that write and a
+// fetch waits for every commit before it.
+func TestCommitsOfDistinctPartitionsRunSideBySide(t *testing.T) {
+	gs := &partGateStore{MemoryStore: NewMemoryStore(), started: make(chan int32, 10), fetched: make(chan struct{}, 10)}
+	for i := range gs.gates {
+		gs.gates[i] = make(chan struct{})
+	}
+	h := newHarness(t, func(c *Config) { c.Store = gs })
+	h.store = gs.MemoryStore
+	ids, gen := h.stableGroup("g", 2)
+
+	c0 := h.send(commitReq(8, "g", ids[0], gen, 0, 10))
+	c1 := h.send(commitReq(8, "g", ids[1], gen, 1, 20))
+	next := func() int32 {
+		t.Helper()
+		select {
+		case p := <-gs.started:
+			return p
+		case <-time.After(5 * time.Second):
+			t.Fatal("a commit expected at the store did not reach it")
+			return -1
+		}
+	}
+	got := map[int32]bool{next(): true, next(): true}
+	if !got[0] || !got[1] {
+		t.Fatalf("commits of partitions 0 and 1 reached the store as %v, want both", got)
+	}
+	again := h.send(commitReq(8, "g", ids[0], gen, 0, 11)) // partition 0 again: waits for c0
+	other := h.send(commitReq(8, "g", ids[1], gen, 2, 30)) // behind it in the FIFO: waits too
+	fetch := kmsg.NewPtrOffsetFetchRequest()
+	fetch.Version = 7
+	fetch.Group = "g"
+	fetch.Topics = []kmsg.OffsetFetchRequestTopic{{Topic: "t", Partitions: []int32{0, 1, 2}}}
+	fc := h.send(fetch)
+	select {
+	case p := <-gs.started:
+		t.Fatalf("a commit of partition %d started while partition 0 was being written ahead of it", p)
+	case <-gs.fetched:
+		t.Fatal("a fetch started while commits before it were running")
+	case <-time.After(30 * time.Millisecond):
+	}
+
+	gs.gates[1] <- struct{}{}
+	if code := commitCode(t, c1.wait()); code != 0 {
+		t.Fatalf("commit of partition 1: %s", errName(code))
+	}
+	select {
+	case p := <-gs.started:
+		t.Fatalf("a commit of partition %d started while partition 0's first commit was running", p)
+	case <-time.After(30 * time.Millisecond):
+	}
+	gs.gates[0] <- struct{}{}
+	if code := commitCode(t, c0.wait()); code != 0 {
+		t.Fatalf("first commit of partition 0: %s", errName(code))
+	}
+	got = map[int32]bool{next(): true, next(): true}
+	if !got[0] || !got[2] {
+		t.Fatalf("after partition 0's first commit, started %v, want partitions 0 and 2", got)
+	}
+	gs.gates[0] <- struct{}{}
+	gs.gates[2] <- struct{}{}
+	for _, c := range []*call{again, other} {
+		if code := commitCode(t, c.wait()); code != 0 {
+			t.Fatalf("commit: %s", errName(code))
+		}
+	}
+	<-gs.fetched
+	resp := fc.wait().(*kmsg.OffsetFetchResponse)
+	want := map[int32]int64{0: 11, 1: 20, 2: 30}
+	for _, p := range resp.Topics[0].Partitions {
+		if p.Offset != want[p.Partition] {
+			t.Fatalf("fetch after the commits: partition %d at %d, want %d", p.Partition, p.Offset, want[p.Partition])
+		}
+	}
+}

@@ -3,24 +3,35 @@ package groupstate
 import (
 	"context"
 	"sync"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Store calls never run on a loop. Each group id has a FIFO of store
-// operations, owned by the loop of the group's shard: one operation per
-// group is in flight at a time, so commits and fetches of one group are
-// applied in the order they arrived. The operation runs on its own
+// operations, owned by the loop of the group's shard, started in the
+// order they arrived: an operation starts once every operation before it
+// has completed, so commits, fetches and deletes of one group are applied
+// in that order. Offset commits are the one exception: a commit starts
+// while earlier commits of its group still run when none of them writes
+// any of its partitions (storeOp.commitKeys). The members of a group each
+// commit the partitions they own, so their commits travel to the cluster
+// side by side, each costing one round trip, instead of queueing behind
+// each other (with two members committing on a slow link every commit
+// took two round trips); the cluster's coordinator applies them as they
+// come, as it does directly. Commits of the same partition, and every
+// other operation, keep the strict order. The operation runs on its own
 // goroutine and posts its completion back to the loop; if the engine has
 // closed meanwhile, the completion answers the client directly.
 //
 // Engine.Unload answers the unstarted operations of an unloaded group
-// (abort with errUnloaded) and waits for the one in flight: a store call
+// (abort with errUnloaded) and waits for the ones in flight: a store call
 // the engine issued before the unload must not reach the store after the
 // partition was claimed again (it would write under the new claim, after
 // the new owner's writes). Its FIFO stays in place, marked by a new
 // unload count, so that operations queued after the group is claimed
-// again still run after it. Its completion still answers the client with
-// the store's result (done) but skips the follow-up, and an operation
-// that installs state (a load) is given stale instead of done.
+// again still run after them. Their completions still answer the client
+// with the store's result (done) but skip the follow-up, and an
+// operation that installs state (a load) is given stale instead of done.
 
 // storeOp is one queued store operation.
 type storeOp struct {
@@ -41,54 +52,141 @@ type storeOp struct {
 	// engine closed while the operation ran: it is then called off the
 	// loop and must not touch loop-owned state.
 	closed func(result any)
+	// commitKeys, set only for an offset commit, names the partitions it
+	// writes: it may run beside other commits that write none of them.
+	// An operation without commitKeys runs alone.
+	commitKeys []partKey
 }
+
+// partKey names one partition of a commit: by topic name, or by topic ID
+// for a request that carries only IDs (OffsetCommit v10).
+type partKey struct {
+	topic     string
+	id        [16]byte
+	partition int32
+}
+
+// commitKeysOf returns the partitions topics name.
+func commitKeysOf(topics []kmsg.OffsetCommitRequestTopic) []partKey {
+	var keys []partKey
+	for _, t := range topics {
+		for _, p := range t.Partitions {
+			k := partKey{topic: t.Topic, partition: p.Partition}
+			if t.Topic == "" {
+				k.id = t.TopicID
+			}
+			keys = append(keys, k)
+		}
+	}
+	if keys == nil {
+		keys = []partKey{} // a commit of nothing still runs beside others
+	}
+	return keys
+}
+
+// maxCommitsInFlight bounds the commits of one group running at once.
+const maxCommitsInFlight = 64
 
 // opQueue is the FIFO of one group id (owned by the loop).
 type opQueue struct {
-	busy bool
-	q    []storeOp
+	q []storeOp
+	// inflight counts the operations started and not yet completed;
+	// alone is set while the one in flight must run alone (no
+	// commitKeys), and writing counts the partitions of the commits in
+	// flight.
+	inflight int
+	alone    bool
+	writing  map[partKey]int
 	// unloads counts the Unloads of the group since the queue was
 	// created: an operation that started at another count is stale.
 	unloads uint64
-	// running is closed once the operation in flight returned from the
-	// store and its completion was posted (Unload waits for it).
-	running chan struct{}
+	// running holds, per operation in flight, what is closed once it
+	// returned from the store and its completion was posted (Unload
+	// waits for them).
+	running map[chan struct{}]struct{}
 }
 
-// enqueue adds op to group's FIFO and starts it if the FIFO was idle.
+// enqueue adds op to group's FIFO and starts it if nothing holds it back.
 func (s *shard) enqueue(group string, op storeOp) {
-	q := s.ops[group]
+	s.push(s.ops, group, op)
+}
+
+// push adds op to group's FIFO in ops and starts what may start.
+func (s *shard) push(ops map[string]*opQueue, group string, op storeOp) {
+	q := ops[group]
 	if q == nil {
 		q = &opQueue{}
-		s.ops[group] = q
+		ops[group] = q
 	}
 	q.q = append(q.q, op)
-	if !q.busy {
-		s.startNext(s.ops, group, q)
+	s.startNext(ops, group, q)
+}
+
+// mayStart reports whether op, the head of q, may start now.
+func (q *opQueue) mayStart(op *storeOp) bool {
+	if q.inflight == 0 {
+		return true
+	}
+	if q.alone || op.commitKeys == nil || q.inflight >= maxCommitsInFlight {
+		return false
+	}
+	for _, k := range op.commitKeys {
+		if q.writing[k] > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// startNext starts the operations at the head of q that may start, or
+// forgets q (held in ops) when it is empty and idle.
+func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
+	for len(q.q) > 0 && q.mayStart(&q.q[0]) {
+		op := q.q[0]
+		q.q[0] = storeOp{}
+		q.q = q.q[1:]
+		s.start(ops, group, q, op)
+	}
+	if len(q.q) == 0 && q.inflight == 0 && ops[group] == q {
+		delete(ops, group)
 	}
 }
 
-// startNext starts the next operation of q, or forgets q (held in ops)
-// when empty.
-func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
-	if len(q.q) == 0 {
-		q.busy = false
-		if ops[group] == q {
-			delete(ops, group)
+// start runs op of q off the loop.
+func (s *shard) start(ops map[string]*opQueue, group string, q *opQueue, op storeOp) {
+	q.inflight++
+	if op.commitKeys == nil {
+		q.alone = true
+	} else {
+		if q.writing == nil {
+			q.writing = make(map[partKey]int)
 		}
-		return
+		for _, k := range op.commitKeys {
+			q.writing[k]++
+		}
 	}
-	op := q.q[0]
-	q.q[0] = storeOp{}
-	q.q = q.q[1:]
-	q.busy = true
 	gen := q.unloads
 	running := make(chan struct{})
-	q.running = running
+	if q.running == nil {
+		q.running = make(map[chan struct{}]struct{})
+	}
+	q.running[running] = struct{}{}
+	// finished, on the loop, takes op out of the operations in flight.
+	finished := func() {
+		q.inflight--
+		q.alone = false
+		for _, k := range op.commitKeys {
+			if q.writing[k]--; q.writing[k] == 0 {
+				delete(q.writing, k)
+			}
+		}
+		delete(q.running, running)
+	}
 	started := s.e.goStore(func(ctx context.Context) {
 		defer close(running)
 		result, after := op.run(ctx)
 		if !s.post(func() {
+			finished()
 			switch {
 			case q.unloads != gen && op.stale != nil:
 				op.stale(result)
@@ -112,9 +210,9 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 		}
 	})
 	if !started {
+		finished()
 		close(running)
 		op.done(op.abort(errEngineClosed))
-		s.startNext(ops, group, q)
 	}
 }
 
@@ -134,7 +232,7 @@ func (s *shard) abortOps() {
 // unloadOps answers the unstarted operations of every group id match
 // accepts with errUnloaded and marks their FIFOs, so that the completion
 // of the operation in flight touches no state; it returns what signals
-// the end of each operation in flight. A busy FIFO stays in place to keep
+// the end of each operation in flight. A FIFO with operations in flight stays in place to keep
 // later operations of the id behind the one in flight.
 func (s *shard) unloadOps(match func(string) bool) []chan struct{} {
 	var running []chan struct{}
@@ -149,8 +247,10 @@ func (s *shard) unloadOps(match func(string) bool) []chan struct{} {
 			for _, op := range pending {
 				op.done(op.abort(errUnloaded))
 			}
-			if q.busy {
-				running = append(running, q.running)
+			if q.inflight > 0 {
+				for ch := range q.running {
+					running = append(running, ch)
+				}
 			} else {
 				delete(ops, group)
 			}

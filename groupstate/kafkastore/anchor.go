@@ -1191,7 +1191,9 @@ func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommit
 // from the answer: FENCED_INSTANCE_ID loses the anchor (an error
 // wrapping NOT_COORDINATOR); ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID and
 // REBALANCE_IN_PROGRESS rejoin the anchor and send again (the engine
-// sends one commit of a group at a time, so none newer went out). A nil
+// sends the commits of one partition one at a time, so no newer commit
+// of these partitions went out; commits of other partitions may be in
+// flight beside this one, each retried on its own). A nil
 // response with anchored false means the group has no anchor.
 func (s *Store) anchoredSend(ctx context.Context, group, what string, build func(memberID string, gen int32) kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, bool, error) {
 	as := s.anchors
