@@ -677,7 +677,10 @@ func (s *scenario) startFleetOf(ctx context.Context, bin string, basePort, n int
 		args := append(append([]string(nil), s.h.kproxyArgs...),
 			"--fleet-name", fleetName, "--fleet-session-timeout", fleetSession,
 			"--fleet-heartbeat-interval", fleetHeartbeat, "--group-initial-rebalance-delay", "0s",
-			"--admin-listen", n.admin)
+			"--admin-listen", n.admin,
+			// The takeover's and hand-back's reasons are logged at
+			// debug: a row that fails shows why in the node's log.
+			"--log-level", "debug")
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
