@@ -126,6 +126,9 @@ type forwardWatcher struct {
 	// still on their way are waited for (a takeover here, or another
 	// kproxy's): kept in groups meanwhile; guarded by mu.
 	draining map[string]bool
+	// reporting holds the groups whose report to their owner is on its
+	// way (reportAsync): one at a time per group; guarded by mu.
+	reporting map[string]bool
 	// released is poked when a kproxy said it stopped forwarding a
 	// group being taken over, so the takeover completes without
 	// waiting for the next tick.
@@ -164,7 +167,7 @@ const maxWatchedGroups = 10_000
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
 	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
 		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1),
-		draining: make(map[string]bool), readySince: make(map[string]time.Time), settle: takeoverSettle}
+		draining: make(map[string]bool), readySince: make(map[string]time.Time), reporting: make(map[string]bool), settle: takeoverSettle}
 }
 
 // Forwarded, Lookup and Claim are the forwardSet's: the watcher is the
@@ -203,6 +206,9 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 // watch is Watch for the takeover: what it learns of the members.
 func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) func(kmsg.Response) {
 	var answered func(g *watchedGroup, resp kmsg.Response)
+	// priorGen is, for a JoinGroup, the generation the member's entry
+	// had when it was sent (-2 if none); set under w.mu below.
+	priorGen := int32(-2)
 	max := 30 * time.Second
 	membership := true
 	switch r := req.(type) {
@@ -230,7 +236,11 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 			switch {
 			case jr.ErrorCode == 0:
 				m := seen
-				m.generation, m.leader = jr.Generation, jr.LeaderID
+				// The join's answer is the first of the generation:
+				// lastOK from now, or the next tick, before the
+				// member's SyncGroup is answered, would take it for
+				// one silent past its session.
+				m.generation, m.leader, m.lastOK = jr.Generation, jr.LeaderID, time.Now()
 				if jr.Protocol != nil {
 					m.protocol = *jr.Protocol
 				}
@@ -239,7 +249,11 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 				}
 				g.members[jr.MemberID] = &m
 			case gone(jr.ErrorCode):
-				delete(g.members, prior)
+				// Unless a later join of the member was answered
+				// first (its entry is not the one this join left).
+				if m := g.members[prior]; m != nil && m.generation == priorGen {
+					w.forget(g, group, prior, "JoinGroup", jr.ErrorCode)
+				}
 			}
 		}
 	case *kmsg.SyncGroupRequest:
@@ -251,11 +265,15 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 			if !ok || m == nil {
 				return
 			}
+			if gen != m.generation {
+				w.ignored(group, member, "SyncGroup", gen, m.generation, sr.ErrorCode)
+				return // of a generation the member left already
+			}
 			switch {
-			case sr.ErrorCode == 0 && gen == m.generation:
+			case sr.ErrorCode == 0:
 				m.synced, m.lastOK = true, time.Now()
 			case gone(sr.ErrorCode):
-				delete(g.members, member)
+				w.forget(g, group, member, "SyncGroup", sr.ErrorCode)
 			default:
 				m.synced = false
 			}
@@ -269,11 +287,19 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 			if !ok || m == nil {
 				return
 			}
+			if gen != m.generation {
+				// A heartbeat of a generation the member left already:
+				// sent before its rejoin was answered, it comes back
+				// ILLEGAL_GENERATION or REBALANCE_IN_PROGRESS about a
+				// rebalance that is over.
+				w.ignored(group, member, "Heartbeat", gen, m.generation, hr.ErrorCode)
+				return
+			}
 			switch {
-			case hr.ErrorCode == 0 && gen == m.generation:
+			case hr.ErrorCode == 0:
 				m.lastOK = time.Now()
 			case gone(hr.ErrorCode):
-				delete(g.members, member)
+				w.forget(g, group, member, "Heartbeat", hr.ErrorCode)
 			default:
 				m.synced = false // REBALANCE_IN_PROGRESS: it rejoins
 			}
@@ -307,6 +333,11 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 		g = &watchedGroup{members: make(map[string]*watchedMember), inFlight: make(map[uint64]flight)}
 		w.groups[group] = g
 	}
+	if jq, ok := req.(*kmsg.JoinGroupRequest); ok {
+		if m := g.members[jq.MemberID]; m != nil {
+			priorGen = m.generation
+		}
+	}
 	w.seq++
 	id := w.seq
 	g.inFlight[id] = flight{sent: time.Now(), max: max, membership: membership}
@@ -322,6 +353,22 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 		if resp != nil {
 			answered(g, resp)
 		}
+	}
+}
+
+// forget drops member from g, the watched group, on an answer of kind
+// with code that ended its membership; w.mu is held.
+func (w *forwardWatcher) forget(g *watchedGroup, group, member, kind string, code int16) {
+	delete(g.members, member)
+	w.log.Debug("takeover: a member's membership ended", "group", group, "member", member, "answer", kind, "error_code", code)
+}
+
+// ignored logs an answer of kind about generation gen ignored, the
+// member being at generation now.
+func (w *forwardWatcher) ignored(group, member, kind string, gen, now int32, code int16) {
+	if code != 0 {
+		w.log.Debug("takeover: an error about an earlier generation ignored", "group", group, "member", member,
+			"answer", kind, "generation", gen, "member_generation", now, "error_code", code)
 	}
 }
 
@@ -356,7 +403,11 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
+		began := time.Now()
 		w.recheck(ctx)
+		if took := time.Since(began); took > takeoverInterval {
+			w.log.Debug("takeover: asking the cluster about the forwarded groups took long", "took", took)
+		}
 		owned, others := w.candidates()
 		for _, group := range owned {
 			if err := w.tryTakeover(ctx, group); err != nil && ctx.Err() == nil {
@@ -364,7 +415,7 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			}
 		}
 		for _, rep := range others {
-			w.report(ctx, rep)
+			w.reportAsync(ctx, rep)
 		}
 		w.finishReleases()
 	}
@@ -415,12 +466,17 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 		for id, m := range g.members {
 			if now.Sub(m.lastOK) > time.Duration(m.sessionMS)*time.Millisecond+10*time.Second {
 				delete(g.members, id) // the cluster expired it
+				w.log.Debug("takeover: a member silent past its session is forgotten", "group", group, "member", id)
 			}
 		}
 		if w.draining[group] {
 			continue
 		}
 		if len(g.members) == 0 && len(g.inFlight) == 0 || !w.fw.Forwarded(group) {
+			if len(g.members) > 0 {
+				w.log.Debug("takeover: the group is not forwarded here any more; forgetting its members", "group", group,
+					"members", describeMembers(g.members))
+			}
 			delete(w.groups, group)
 			continue
 		}

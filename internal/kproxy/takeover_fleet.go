@@ -107,6 +107,30 @@ func (w *forwardWatcher) reportLocked(group string, g *watchedGroup, now time.Ti
 	return r
 }
 
+// reportTimeout bounds a report's round trip to the group's owner.
+const reportTimeout = 5 * time.Second
+
+// reportAsync sends r (report) off the takeover loop, one report per
+// group at a time: a report held up on its way to the owner must not
+// delay the checks and reports of the next ticks.
+func (w *forwardWatcher) reportAsync(ctx context.Context, r memberReport) {
+	w.mu.Lock()
+	if w.reporting[r.Group] {
+		w.mu.Unlock()
+		return
+	}
+	w.reporting[r.Group] = true
+	w.mu.Unlock()
+	go func() {
+		defer func() {
+			w.mu.Lock()
+			delete(w.reporting, r.Group)
+			w.mu.Unlock()
+		}()
+		w.report(ctx, r)
+	}()
+}
+
 // report sends r to its group's owner; if the owner takes the group over,
 // this kproxy stops forwarding it, waits for its requests on their way to
 // the cluster and says so.
@@ -115,6 +139,8 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 		return
 	}
 	release, members := w.sendReport(ctx, r)
+	w.log.Debug("takeover: reported the group's members to its owner", "group", r.Group, "members", len(r.Members),
+		"in_flight", r.InFlight, "joining", r.Joining, "release", release)
 	if !release {
 		return
 	}
@@ -170,6 +196,13 @@ func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (releas
 	w.send(proxy.Client{ID: reportClientID}, req, func(resp kmsg.Response) {
 		jr, ok := resp.(*kmsg.JoinGroupResponse)
 		var a answer
+		if !ok || jr.ErrorCode != 0 {
+			code := int16(-1)
+			if ok {
+				code = jr.ErrorCode
+			}
+			w.log.Debug("takeover: the group's owner did not take the report", "group", r.Group, "error_code", code)
+		}
 		if ok && jr.ErrorCode == 0 && jr.Protocol != nil && *jr.Protocol == "release" {
 			a.release = true
 			for _, m := range jr.Members {
@@ -178,9 +211,14 @@ func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (releas
 		}
 		ch <- a
 	})
+	t := time.NewTimer(reportTimeout)
+	defer t.Stop()
 	select {
 	case a := <-ch:
 		return a.release, a.members
+	case <-t.C:
+		w.log.Debug("takeover: the group's owner did not answer the report in time", "group", r.Group, "timeout", reportTimeout)
+		return false, nil
 	case <-ctx.Done():
 		return false, nil
 	}
@@ -217,6 +255,7 @@ func (w *forwardWatcher) onReport(r memberReport) (release bool, members []strin
 		w.remote[r.Group] = byFrom
 	}
 	byFrom[r.From] = remoteReport{memberReport: r, at: time.Now()}
+	w.log.Debug("takeover: report received", "group", r.Group, "from", r.From, "members", len(r.Members), "joining", r.Joining)
 	return false, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -260,5 +261,100 @@ func TestTakeoverRecordStaticLeaderReplaced(t *testing.T) {
 	}
 	if v.Leader == nil || *v.Leader != "m4" {
 		t.Fatalf("leader %v, want the first member, m4", v.Leader)
+	}
+}
+
+// TestTakeoverLateAnswersOfAnOlderGeneration: a heartbeat or SyncGroup
+// sent at one generation and answered after the member's rejoin into the
+// next (ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS about a rebalance that
+// is over) changes nothing: the member stays known, synced at its new
+// generation, and the group is taken over. Forgetting it would hold the
+// takeover off for as long as the group stays stable (nothing makes a
+// stable member join again).
+func TestTakeoverLateAnswersOfAnOlderGeneration(t *testing.T) {
+	ctx := context.Background()
+	w, st := newTestWatcher(t, nil)
+	c := proxy.Client{ID: "client-m1", Host: "10.0.0.1"}
+	joinSync(w, "m1", 4, "m1")
+	joinSync(w, "m2", 4, "m1")
+
+	late := func(id string, gen int32) (hb func(kmsg.Response), sync func(kmsg.Response)) {
+		h := kmsg.NewPtrHeartbeatRequest()
+		h.Group, h.MemberID, h.Generation = "g", id, gen
+		s := kmsg.NewPtrSyncGroupRequest()
+		s.Group, s.MemberID, s.Generation = "g", id, gen
+		return w.Watch(c, "g", h), w.Watch(c, "g", s)
+	}
+	hb1, sync1 := late("m1", 4)
+	hb2, sync2 := late("m2", 4)
+	joinSync(w, "m1", 5, "m1")
+	joinSync(w, "m2", 5, "m1")
+
+	illegal := kmsg.NewPtrHeartbeatResponse()
+	illegal.ErrorCode = kerr.IllegalGeneration.Code
+	hb1(illegal)
+	rebalancing := kmsg.NewPtrHeartbeatResponse()
+	rebalancing.ErrorCode = kerr.RebalanceInProgress.Code
+	hb2(rebalancing)
+	unknown := kmsg.NewPtrSyncGroupResponse()
+	unknown.ErrorCode = kerr.IllegalGeneration.Code
+	sync2(unknown)
+	sync1(kmsg.NewPtrSyncGroupResponse()) // of generation 4: not a sync of 5
+
+	st.group = describedGroup("m1", "m2")
+	if owned, _ := w.candidates(); len(owned) != 1 {
+		w.mu.Lock()
+		all, _ := w.mergedLocked("g", time.Now())
+		w.mu.Unlock()
+		t.Fatalf("not a candidate after late answers of generation 4: %s", describeMembers(all))
+	}
+	if err := w.tryTakeover(ctx, "g"); err != nil || len(st.prepared["g"]) != 2 {
+		t.Fatalf("takeover: err %v, prepared %v", err, st.prepared)
+	}
+
+	// The same errors about the member's current generation still count.
+	w2, _ := newTestWatcher(t, nil)
+	joinSync(w2, "m1", 5, "m1")
+	h := kmsg.NewPtrHeartbeatRequest()
+	h.Group, h.MemberID, h.Generation = "g", "m1", 5
+	w2.Watch(c, "g", h)(illegal)
+	w2.mu.Lock()
+	_, kept := w2.groups["g"].members["m1"]
+	w2.mu.Unlock()
+	if kept {
+		t.Fatal("ILLEGAL_GENERATION at the member's own generation did not end its membership")
+	}
+}
+
+// TestTakeoverTickBetweenJoinAndSync: the loop's tick between a member's
+// JoinGroup answer and its SyncGroup answer keeps the member (it was
+// just answered), so its sync counts and the group is taken over.
+func TestTakeoverTickBetweenJoinAndSync(t *testing.T) {
+	ctx := context.Background()
+	w, st := newTestWatcher(t, nil)
+	c := proxy.Client{ID: "client-m1", Host: "10.0.0.1"}
+	jq := kmsg.NewPtrJoinGroupRequest()
+	jq.Group, jq.ProtocolType, jq.SessionTimeoutMillis, jq.RebalanceTimeoutMillis = "g", "consumer", 10000, 30000
+	jq.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: []byte("sub-m1")}}
+	jr := kmsg.NewPtrJoinGroupResponse()
+	jr.MemberID, jr.Generation, jr.LeaderID = "m1", 3, "m1"
+	p := "range"
+	jr.Protocol = &p
+	w.Watch(c, "g", jq)(jr)
+	sq := kmsg.NewPtrSyncGroupRequest()
+	sq.Group, sq.MemberID, sq.Generation = "g", "m1", 3
+	syncDone := w.Watch(c, "g", sq)
+	w.candidates() // the tick
+	syncDone(kmsg.NewPtrSyncGroupResponse())
+
+	st.group = describedGroup("m1")
+	if owned, _ := w.candidates(); len(owned) != 1 {
+		w.mu.Lock()
+		all, _ := w.mergedLocked("g", time.Now())
+		w.mu.Unlock()
+		t.Fatalf("not a candidate after a tick between join and sync: %q", describeMembers(all))
+	}
+	if err := w.tryTakeover(ctx, "g"); err != nil || len(st.prepared["g"]) != 1 {
+		t.Fatalf("takeover: err %v, prepared %v", err, st.prepared)
 	}
 }
