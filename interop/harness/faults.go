@@ -623,6 +623,7 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	}
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("kproxy", cut, other))
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("direct", dCut, dHealthy))
+	s.note("after heal (member: callbacks and first commit, seconds after heal): %s", afterHeal(healAt, cut, other, dCut, dHealthy))
 	if kind != faultUpstreamSlow {
 		// The cut-off member behind kproxy is told to give its
 		// partitions up before the owner gives them away
@@ -645,6 +646,29 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	}
 	res.pass = true
 	return res
+}
+
+// afterHeal renders, for each member, its callbacks after heal and its
+// first commit, in seconds after heal: where a slow recovery spent its
+// time (the rejoin, the healthy member's heartbeat, the fetch).
+func afterHeal(heal time.Time, ms ...*fmember) string {
+	var parts []string
+	for _, m := range ms {
+		var b strings.Builder
+		b.WriteString(m.name + ":")
+		m.mu.Lock()
+		for _, e := range m.events {
+			if !e.at.Before(heal) {
+				fmt.Fprintf(&b, " %s%v@%.2f", e.kind, e.parts, e.at.Sub(heal).Seconds())
+			}
+		}
+		m.mu.Unlock()
+		if t, ok := m.firstCommitAfter(heal); ok {
+			fmt.Fprintf(&b, " commit@%.2f", t.Sub(heal).Seconds())
+		}
+		parts = append(parts, b.String())
+	}
+	return strings.Join(parts, "; ")
 }
 
 // firstCommitAfterDur is how long after at the member first committed.
