@@ -170,8 +170,23 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		advertise = peer.Addr()
 	}
 
+	// The fleet member joins with a client of its own. A kgo client
+	// sends every JoinGroup and SyncGroup to a broker on one connection,
+	// and a broker handles one request of a connection at a time: on
+	// upstream's, the fleet's JoinGroup, held by the broker until every
+	// kproxy rejoined (up to a fleet heartbeat), held up every anchor's
+	// join and sync to that broker, and with them the rebalances of the
+	// groups served here (a cooperative rebalance's second round waited
+	// 0.45 s for a fleet rejoin after a heal); the other way round,
+	// anchors' joins held in a cluster rebalance would delay the
+	// fleet's own join and so its lease.
+	fcl, err := kgo.NewClient(w.upstreamOpts...)
+	if err != nil {
+		return fmt.Errorf("fleet client: %w", err)
+	}
+	w.closers = append(w.closers, func(context.Context) error { fcl.Close(); return nil })
 	m, err := fleet.New(fleet.Config{
-		Client:            w.upstream,
+		Client:            fcl,
 		Group:             group,
 		ID:                f.id,
 		PeerAddr:          advertise,

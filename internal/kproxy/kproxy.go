@@ -176,6 +176,10 @@ type Server struct {
 	log         *slog.Logger
 	id          string             // this process's id: fleet member, traces
 	upstream    *kgo.Client        // kproxy's own client of the cluster
+	// upstreamOpts built upstream; a client of its own is built from
+	// them where sharing upstream's connections would hold requests up
+	// (the fleet member's). Immutable after wire.
+	upstreamOpts []kgo.Opt
 	engine      *groupstate.Engine // nil with groups forwarded
 	fleet       *fleetRuntime      // nil unless groups are distributed
 	tap         *tap.Tap
@@ -266,7 +270,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream client: %w", err)
 	}
-	w.upstream = cl
+	w.upstream, w.upstreamOpts = cl, opts
 	w.closers = append(w.closers, func(context.Context) error { cl.Close(); return nil })
 	if err := wireTelemetry(ctx, w, cfg.Telemetry, log); err != nil {
 		w.close(context.Background())
