@@ -172,18 +172,18 @@ type FleetConfig struct {
 // caller; every field is written during Start only, except that
 // Shutdown runs the closers once.
 type Server struct {
-	cfg         Config
-	log         *slog.Logger
-	id          string             // this process's id: fleet member, traces
-	upstream    *kgo.Client        // kproxy's own client of the cluster
+	cfg      Config
+	log      *slog.Logger
+	id       string      // this process's id: fleet member, traces
+	upstream *kgo.Client // kproxy's own client of the cluster
 	// upstreamOpts built upstream; a client of its own is built from
 	// them where sharing upstream's connections would hold requests up
 	// (the fleet member's). Immutable after wire.
 	upstreamOpts []kgo.Opt
-	engine      *groupstate.Engine // nil with groups forwarded
-	fleet       *fleetRuntime      // nil unless groups are distributed
-	tap         *tap.Tap
-	coordinator proxy.Coordinator
+	engine       *groupstate.Engine // nil with groups forwarded
+	fleet        *fleetRuntime      // nil unless groups are distributed
+	tap          *tap.Tap
+	coordinator  proxy.Coordinator
 	// forwarder names the groups the cluster's coordinator serves (nil
 	// with anchors off or groups forwarded); immutable after wiring.
 	forwarder *forwardSet
