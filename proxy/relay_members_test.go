@@ -415,3 +415,38 @@ func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
 		t.Errorf("%d answers, want 1 (the engine's late answer dropped)", n)
 	}
 }
+
+// TestRouterNoVerdictOnceTheGroupMoved: a request that found no owner
+// waits, shortly before the member's give-up moment, to be answered at
+// that moment; if the group is served here by then (its partition was
+// claimed meanwhile), the answer is COORDINATOR_NOT_AVAILABLE, not
+// UNKNOWN_MEMBER_ID: the new owner answers for the member itself, and
+// the member's next request reaches it.
+func TestRouterNoVerdictOnceTheGroupMoved(t *testing.T) {
+	const session = 1500 * time.Millisecond
+	loc := &leaseLocator{}
+	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond})
+	defer r.Close()
+	c := Client{ID: "test"}
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.SessionTimeoutMillis, join.ProtocolType = "g", int32(session/time.Millisecond), "consumer"
+	if got := handle(t, r, c, join).(*kmsg.JoinGroupResponse); got.ErrorCode != 0 || got.MemberID != "m1" {
+		t.Fatalf("join: %+v", got)
+	}
+	lastOK := time.Now()
+	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
+	loc.lost.Store(true)
+	giveUp := lastOK.Add(session - giveUpMargin(session))
+	time.Sleep(time.Until(giveUp.Add(-400 * time.Millisecond)))
+	got := make(chan kmsg.Response, 1)
+	r.Handle(c, heartbeatFor("g", "m1"), func(resp kmsg.Response) { got <- resp })
+	time.Sleep(200 * time.Millisecond)
+	loc.lost.Store(false) // claimed here before the give-up moment
+	select {
+	case resp := <-got:
+		checkCodes(t, "heartbeat waiting for the give-up moment", resp, errCoordinatorNotAvailable)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting heartbeat was never answered")
+	}
+	checkCodes(t, "heartbeat to the group's new owner", handle(t, r, c, heartbeatFor("g", "m1")), 0)
+}

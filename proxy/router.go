@@ -577,7 +577,22 @@ func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Respo
 	unavailable := codec.GroupErrorResponse(req, errCoordinatorNotAvailable)
 	expired := codec.GroupErrorResponse(req, errUnknownMemberID)
 	answer := func() {
-		if r.members.check(mr, time.Now()) {
+		// Where the group is now: a request that failed where the
+		// group was may be answered up to a relay timeout later, when
+		// the group has moved (its new owner, local or a peer, loaded it
+		// with fresh session timers and answers for its member itself).
+		// Told UNKNOWN_MEMBER_ID then, the member dropped an id its new
+		// owner still held, and that owner's next rebalance waited a
+		// session for it (seen on Kafka 4.1.1: the member on the healthy
+		// kproxy told 12 ms before its group loaded there).
+		now := mr
+		if d, ok := r.locate(mr.key.group); ok {
+			now.dest = d.addr
+			if d.local {
+				now.dest = destLocal
+			}
+		}
+		if r.members.check(now, time.Now()) {
 			r.metrics.record(key, outcomeMemberExpired, 0)
 			done(expired)
 			return
