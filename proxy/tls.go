@@ -27,6 +27,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -265,9 +266,12 @@ func serverHandshake(ctx context.Context, c net.Conn, cfg *tls.Config, timeout t
 	case hctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded):
 		log.Warn("closing "+kind+" connection", "remote", remote,
 			"reason", fmt.Sprintf("TLS handshake not complete within %v", timeout))
-	case errors.Is(err, io.EOF):
-		// A port check (TCP connect, close): nothing to report.
-		log.Debug(kind+" closed before its TLS handshake", "remote", remote)
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		// A port check (TCP connect, close), or a client that went
+		// away mid-handshake (a kgo client closing while it still
+		// dials another broker resets that connection): nothing to
+		// report.
+		log.Debug(kind+" closed before its TLS handshake", "remote", remote, "err", err)
 	default:
 		log.Warn("closing "+kind+" connection", "remote", remote, "reason", "TLS handshake failed: "+err.Error())
 	}
