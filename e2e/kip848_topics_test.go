@@ -116,7 +116,7 @@ type watchedMember struct {
 }
 
 // startWatched starts a KIP-848 consumer of topic in group behind seeds.
-func startWatched(t *testing.T, seeds []string, group, topic string) *watchedMember {
+func startWatched(t testing.TB, seeds []string, group, topic string) *watchedMember {
 	t.Helper()
 	w := &watchedMember{owned: map[int32]bool{}, grown: make(chan struct{}, 64)}
 	cl, err := kgo.NewClient(
@@ -166,7 +166,7 @@ func startWatched(t *testing.T, seeds []string, group, topic string) *watchedMem
 
 // waitOwns waits until w owns n partitions and returns when it did and
 // at which member epoch.
-func (w *watchedMember) waitOwns(t *testing.T, n int, within time.Duration) (time.Time, int32) {
+func (w *watchedMember) waitOwns(t testing.TB, n int, within time.Duration) (time.Time, int32) {
 	t.Helper()
 	deadline := time.After(within)
 	for {
