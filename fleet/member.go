@@ -594,6 +594,57 @@ func (m *Member) loop(ctx context.Context) {
 	}
 }
 
+// learnTableTimeout bounds learnTable's DescribeGroups, which a fresh
+// join waits for.
+const learnTableTimeout = 2 * time.Second
+
+// learnTable reads the fleet group's current table from the cluster
+// (DescribeGroups of a Stable group: each member's assignment carries
+// the whole table; Kafka describes a rebalancing group's members without
+// their assignments, so it is read before the join) and, if it is of a later generation than gen (this member's last) and
+// no generation was applied since, takes it for routing. A member joining
+// afresh knows no owner for the partitions it held before (its own
+// entries were cleared) and nothing of moves since its lease ran out,
+// while its JoinGroup waits at the broker until every other member
+// rejoined, up to a heartbeat interval and more: meanwhile the relays
+// would hold every request of those groups. Routing by the cluster's
+// current table is safe whatever it says: an owner answers only for the
+// groups it owns (NOT_COORDINATOR otherwise), and this member's own
+// entries are left out, so it serves nothing until its join completes.
+func (m *Member) learnTable(ctx context.Context, gen int32) {
+	ctx, cancel := context.WithTimeout(ctx, learnTableTimeout)
+	defer cancel()
+	req := kmsg.NewPtrDescribeGroupsRequest()
+	req.Groups = []string{m.cfg.Group}
+	resp, err := req.RequestWith(ctx, m.cfg.Client)
+	if err != nil || len(resp.Groups) != 1 || resp.Groups[0].ErrorCode != 0 || resp.Groups[0].State != "Stable" {
+		return
+	}
+	var doc assignmentDoc
+	for _, gm := range resp.Groups[0].Members {
+		d, err := decodeAssignment(gm.MemberAssignment)
+		if err == nil && d.Partitions == m.cfg.Partitions && d.Gen > doc.Gen {
+			doc = d
+		}
+	}
+	if doc.Gen <= gen {
+		return
+	}
+	table := make([]Owner, m.cfg.Partitions)
+	for _, e := range doc.Table {
+		if e.ID != m.cfg.ID {
+			table[e.P] = Owner{ID: e.ID, MemberID: e.MemberID, Peer: e.Peer, Generation: e.Gen}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.generation != gen || len(m.owned) > 0 {
+		return // a generation was applied meanwhile
+	}
+	m.setTableLocked(table)
+	m.log.Debug("fleet: table read from the cluster while joining", "generation", doc.Gen, "partitions", len(doc.Table))
+}
+
 // errRejoin says a new JoinGroup is needed now (not an error to back off
 // from).
 var errRejoin = errors.New("rejoin")
@@ -682,6 +733,7 @@ type joinResult struct {
 // join sends JoinGroup until it succeeds (following MEMBER_ID_REQUIRED
 // and fresh rejoins), or returns the error to back off from.
 func (m *Member) join(ctx context.Context) (joinResult, error) {
+	learned := false
 	for attempt := 0; ; attempt++ {
 		m.awaitDeliverLost()
 		m.mu.Lock()
@@ -689,6 +741,7 @@ func (m *Member) join(ctx context.Context) (joinResult, error) {
 			m.pend.fresh = false
 			m.memberID = ""
 		}
+
 		m.pend.rejoin = false
 		m.joining = true
 		memberID := m.memberID
@@ -699,7 +752,15 @@ func (m *Member) join(ctx context.Context) (joinResult, error) {
 			m.claimed[p] = true
 		}
 		epoch := m.fenceEpoch
+		gen := m.generation
 		m.mu.Unlock()
+		if memberID == "" && !learned {
+			// Joining afresh (a first start, a lost lease): the join may
+			// wait at the broker for the others to rejoin; the table is
+			// read first (learnTable), while the group is still Stable.
+			learned = true
+			m.learnTable(ctx, gen)
+		}
 
 		proto := kmsg.NewJoinGroupRequestProtocol()
 		proto.Name = ProtocolName

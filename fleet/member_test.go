@@ -758,3 +758,34 @@ func TestNewValidates(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetFreshJoinReadsTheTable: a member joining afresh routes by the
+// cluster's table while its JoinGroup waits for the others to rejoin,
+// without waiting for the join: here the only other member is cut off, so
+// the join waits for its session to end, and meanwhile the newcomer's
+// table names it as the owner of every partition (its own entries stay
+// empty: it serves nothing until its join completes).
+func TestFleetFreshJoinReadsTheTable(t *testing.T) {
+	c := newCluster(t)
+	log := &eventLog{}
+	b := startMember(t, c, log, "b", true)
+	waitConverged(t, 10*time.Second, b)
+	b.net.setCut(true)
+	a := startMember(t, c, log, "a", true)
+	start := time.Now()
+	waitFor(t, testSession, func() error {
+		for p, o := range a.m.Table() {
+			if o.ID != "b" || o.Peer != "b:9093" {
+				return fmt.Errorf("partition %d: %+v", p, o)
+			}
+		}
+		return nil
+	})
+	if took := time.Since(start); took > testSession/2 {
+		t.Fatalf("the table came %v after the start, past half of b's session: read by the join, not before it", took)
+	}
+	if got := ownedBy(a); len(got) != 0 {
+		t.Fatalf("a owns %v before its join completed", got)
+	}
+	b.net.setCut(false)
+}
