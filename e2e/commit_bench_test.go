@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -211,11 +212,19 @@ func measureCommits(b *testing.B, brokers []string, prefix string, paths []*comm
 // delay and the default fleet timers; it shuts down when b ends.
 func startCommitBenchKproxy(b *testing.B, brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig) *kproxy.Server {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return startBenchKproxyVia(b, brokers, mode, fc, nil)
+}
+
+// startBenchKproxyVia is startCommitBenchKproxy with every connection of
+// kproxy to the brokers (its sessions' and its own clients') dialed by
+// dial; nil dials directly.
+func startBenchKproxyVia(b *testing.B, brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *kproxy.Server {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	k, err := kproxy.Start(ctx, kproxy.Config{
+	cfg := kproxy.Config{
 		Upstream: brokers,
-		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0", Dial: dial},
 		Groups: kproxy.GroupsConfig{
 			Mode:   mode,
 			Engine: groupstate.Config{InitialRebalanceDelay: -1, MinSessionTimeout: time.Second},
@@ -224,7 +233,11 @@ func startCommitBenchKproxy(b *testing.B, brokers []string, mode kproxy.GroupsMo
 		AdminListen: "127.0.0.1:0",
 		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
 		Logger:      testLogger(),
-	})
+	}
+	if dial != nil {
+		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(dial)}
+	}
+	k, err := kproxy.Start(ctx, cfg)
 	if err != nil {
 		b.Fatalf("starting a %s kproxy (fleet %q, relay %v): %v", mode, fc.Name, fc.Relay, err)
 	}

@@ -15,11 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/faultnet"
 	"github.com/kproxy/kproxy/internal/kproxy"
-	"github.com/kproxy/kproxy/proxy"
-	"github.com/kproxy/kproxy/tap"
 )
 
 // BenchmarkCommitSlowUpstream measures synchronous OffsetCommit latency
@@ -42,11 +39,7 @@ func BenchmarkCommitSlowUpstream(b *testing.B) {
 	brokers := commitBenchBrokers(b)
 	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
 
-	local := startSlowKproxy(b, brokers, delay, kproxy.GroupsLocal, kproxy.FleetConfig{})
-	owner := startSlowKproxy(b, brokers, delay, kproxy.GroupsDistributed, kproxy.FleetConfig{Name: "slow-" + run})
-	waitCommitBenchFleet(b, owner, nil)
-	directPath := newFaultPath(b)
-	directPath.apply(func(r *faultnet.Relay) { r.Delay(faultnet.Both, delay) })
+	local, owner, directPath := slowBenchPaths(b, brokers, delay, "slow-"+run)
 
 	paths := []*commitPath{
 		{name: "direct", seeds: brokers, opts: []kgo.Opt{kgo.Dialer(directPath.dial)}},
@@ -96,36 +89,27 @@ func benchEnvInt(b *testing.B, name string, def int) int {
 }
 
 // startSlowKproxy starts an in-process kproxy whose every connection to
-// brokers (its sessions' and its own client's) goes through a fault relay
+// brokers (its sessions' and its own clients') goes through a fault relay
 // adding delay each way; it shuts down when b ends.
 func startSlowKproxy(b *testing.B, brokers []string, delay time.Duration, mode kproxy.GroupsMode, fc kproxy.FleetConfig) *kproxy.Server {
 	b.Helper()
 	path := newFaultPath(b)
 	path.apply(func(r *faultnet.Relay) { r.Delay(faultnet.Both, delay) })
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	k, err := kproxy.Start(ctx, kproxy.Config{
-		Upstream:     brokers,
-		UpstreamOpts: []kgo.Opt{kgo.Dialer(path.dial)},
-		Proxy:        proxy.Config{Listen: "127.0.0.1:0", Dial: path.dial},
-		Groups: kproxy.GroupsConfig{
-			Mode:   mode,
-			Engine: groupstate.Config{InitialRebalanceDelay: -1, MinSessionTimeout: time.Second},
-			Fleet:  fc,
-		},
-		AdminListen: "127.0.0.1:0",
-		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
-		Logger:      testLogger(),
-	})
-	if err != nil {
-		b.Fatalf("starting a %s kproxy behind a slow link: %v", mode, err)
-	}
-	b.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		k.Shutdown(ctx)
-	})
-	return k
+	return startBenchKproxyVia(b, brokers, mode, fc, path.dial)
+}
+
+// slowBenchPaths starts what both slow-upstream benchmarks compare: a
+// local kproxy and the owner of a fleet of one named fleet, each behind
+// a link slowed by delay each way, and the direct member's own path
+// slowed the same way.
+func slowBenchPaths(b *testing.B, brokers []string, delay time.Duration, fleet string) (local, owner *kproxy.Server, direct *faultPath) {
+	b.Helper()
+	local = startSlowKproxy(b, brokers, delay, kproxy.GroupsLocal, kproxy.FleetConfig{})
+	owner = startSlowKproxy(b, brokers, delay, kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet})
+	waitCommitBenchFleet(b, owner, nil)
+	direct = newFaultPath(b)
+	direct.apply(func(r *faultnet.Relay) { r.Delay(faultnet.Both, delay) })
+	return local, owner, direct
 }
 
 // BenchmarkGroupCommitsSlowUpstream is BenchmarkCommitSlowUpstream with
@@ -144,11 +128,7 @@ func BenchmarkGroupCommitsSlowUpstream(b *testing.B) {
 	members := benchEnvInt(b, "KPROXY_BENCH_MEMBERS", 4)
 	brokers := commitBenchBrokers(b)
 	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
-	local := startSlowKproxy(b, brokers, delay, kproxy.GroupsLocal, kproxy.FleetConfig{})
-	owner := startSlowKproxy(b, brokers, delay, kproxy.GroupsDistributed, kproxy.FleetConfig{Name: "gslow-" + run})
-	waitCommitBenchFleet(b, owner, nil)
-	directPath := newFaultPath(b)
-	directPath.apply(func(r *faultnet.Relay) { r.Delay(faultnet.Both, delay) })
+	local, owner, directPath := slowBenchPaths(b, brokers, delay, "gslow-"+run)
 
 	admCl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

@@ -90,19 +90,18 @@ const maxCommitsInFlight = 64
 // opQueue is the FIFO of one group id (owned by the loop).
 type opQueue struct {
 	q []storeOp
-	// inflight counts the operations started and not yet completed;
 	// alone is set while the one in flight must run alone (no
 	// commitKeys), and writing counts the partitions of the commits in
 	// flight.
-	inflight int
-	alone    bool
-	writing  map[partKey]int
+	alone   bool
+	writing map[partKey]int
 	// unloads counts the Unloads of the group since the queue was
 	// created: an operation that started at another count is stale.
 	unloads uint64
-	// running holds, per operation in flight, what is closed once it
-	// returned from the store and its completion was posted (Unload
-	// waits for them).
+	// running holds, per operation started and not yet completed, what
+	// is closed once it returned from the store and its completion was
+	// posted (Unload waits for them); its size is the operations in
+	// flight.
 	running map[chan struct{}]struct{}
 }
 
@@ -124,10 +123,10 @@ func (s *shard) push(ops map[string]*opQueue, group string, op storeOp) {
 
 // mayStart reports whether op, the head of q, may start now.
 func (q *opQueue) mayStart(op *storeOp) bool {
-	if q.inflight == 0 {
+	if len(q.running) == 0 {
 		return true
 	}
-	if q.alone || op.commitKeys == nil || q.inflight >= maxCommitsInFlight {
+	if q.alone || op.commitKeys == nil || len(q.running) >= maxCommitsInFlight {
 		return false
 	}
 	for _, k := range op.commitKeys {
@@ -147,14 +146,13 @@ func (s *shard) startNext(ops map[string]*opQueue, group string, q *opQueue) {
 		q.q = q.q[1:]
 		s.start(ops, group, q, op)
 	}
-	if len(q.q) == 0 && q.inflight == 0 && ops[group] == q {
+	if len(q.q) == 0 && len(q.running) == 0 && ops[group] == q {
 		delete(ops, group)
 	}
 }
 
 // start runs op of q off the loop.
 func (s *shard) start(ops map[string]*opQueue, group string, q *opQueue, op storeOp) {
-	q.inflight++
 	if op.commitKeys == nil {
 		q.alone = true
 	} else {
@@ -173,7 +171,6 @@ func (s *shard) start(ops map[string]*opQueue, group string, q *opQueue, op stor
 	q.running[running] = struct{}{}
 	// finished, on the loop, takes op out of the operations in flight.
 	finished := func() {
-		q.inflight--
 		q.alone = false
 		for _, k := range op.commitKeys {
 			if q.writing[k]--; q.writing[k] == 0 {
@@ -232,8 +229,8 @@ func (s *shard) abortOps() {
 // unloadOps answers the unstarted operations of every group id match
 // accepts with errUnloaded and marks their FIFOs, so that the completion
 // of the operation in flight touches no state; it returns what signals
-// the end of each operation in flight. A FIFO with operations in flight stays in place to keep
-// later operations of the id behind the one in flight.
+// the end of each operation in flight. A FIFO with operations in flight
+// stays in place to keep later operations of the id behind them.
 func (s *shard) unloadOps(match func(string) bool) []chan struct{} {
 	var running []chan struct{}
 	for _, ops := range []map[string]*opQueue{s.ops, s.metaOps} {
@@ -247,7 +244,7 @@ func (s *shard) unloadOps(match func(string) bool) []chan struct{} {
 			for _, op := range pending {
 				op.done(op.abort(errUnloaded))
 			}
-			if q.inflight > 0 {
+			if len(q.running) > 0 {
 				for ch := range q.running {
 					running = append(running, ch)
 				}

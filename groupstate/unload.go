@@ -38,8 +38,8 @@ var errUnloaded = errors.New("groupstate: group unloaded")
 // timers are stopped; its members are forgotten; nothing more is written
 // (no record, no tombstone, no expiry, no rebalance). A store call
 // already running (for offsets one per group id, or several commits of
-// distinct partitions; one for group metadata) still answers its client with the store's result, but
-// touches no state; Unload waits for it, bounded by Config.StoreTimeout,
+// distinct partitions; one for group metadata) still answers its client
+// with the store's result, but touches no state; Unload waits for it, bounded by Config.StoreTimeout,
 // so that no call issued before the unload reaches the store after a
 // later claim of the partition. An EventGroupUnloaded (Cause
 // CauseUnloaded) is emitted for every group that had state.

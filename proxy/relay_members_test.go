@@ -323,6 +323,17 @@ func (answerAll) Handle(_ Client, req kmsg.Request, reply func(kmsg.Response)) {
 	}
 }
 
+// joinM1 joins member m1 (answerAll's id) to group g through r with
+// session.
+func joinM1(t *testing.T, r *Router, c Client, session time.Duration) {
+	t.Helper()
+	join := kmsg.NewPtrJoinGroupRequest()
+	join.Group, join.SessionTimeoutMillis, join.ProtocolType = "g", int32(session/time.Millisecond), "consumer"
+	if got := handle(t, r, c, join).(*kmsg.JoinGroupResponse); got.ErrorCode != 0 || got.MemberID != "m1" {
+		t.Fatalf("join: %+v", got)
+	}
+}
+
 // TestRouterTellsLocalMembersAfterLeaseLoss: the members a kproxy serves
 // itself are told UNKNOWN_MEMBER_ID once its groups have had no owner
 // for their session minus the margin since their last heartbeat it
@@ -334,11 +345,7 @@ func TestRouterTellsLocalMembersAfterLeaseLoss(t *testing.T) {
 	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond, ConsumerSessionTimeout: session})
 	defer r.Close()
 	c := Client{ID: "test"}
-	join := kmsg.NewPtrJoinGroupRequest()
-	join.Group, join.SessionTimeoutMillis, join.ProtocolType = "g", int32(session/time.Millisecond), "consumer"
-	if got := handle(t, r, c, join).(*kmsg.JoinGroupResponse); got.ErrorCode != 0 || got.MemberID != "m1" {
-		t.Fatalf("join: %+v", got)
-	}
+	joinM1(t, r, c, session)
 	hb848 := kmsg.NewPtrConsumerGroupHeartbeatRequest()
 	hb848.Group, hb848.MemberID, hb848.MemberEpoch = "g848", "k1", 0
 	checkCodes(t, "KIP-848 join", handle(t, r, c, hb848), 0)
@@ -428,11 +435,7 @@ func TestRouterNoVerdictOnceTheGroupMoved(t *testing.T) {
 	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond})
 	defer r.Close()
 	c := Client{ID: "test"}
-	join := kmsg.NewPtrJoinGroupRequest()
-	join.Group, join.SessionTimeoutMillis, join.ProtocolType = "g", int32(session/time.Millisecond), "consumer"
-	if got := handle(t, r, c, join).(*kmsg.JoinGroupResponse); got.ErrorCode != 0 || got.MemberID != "m1" {
-		t.Fatalf("join: %+v", got)
-	}
+	joinM1(t, r, c, session)
 	lastOK := time.Now()
 	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
 	loc.lost.Store(true)

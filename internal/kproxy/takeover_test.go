@@ -58,19 +58,30 @@ func newTestWatcher(t *testing.T, owns func(string) bool) (*forwardWatcher, *fak
 // joinSync runs member id through a watched JoinGroup and SyncGroup of
 // group g at generation gen.
 func joinSync(w *forwardWatcher, id string, gen int32, leader string) {
-	c := proxy.Client{ID: "client-" + id, Host: "10.0.0.1"}
+	watchJoin(w, id, gen, leader)
+	watchSync(w, id, gen)(kmsg.NewPtrSyncGroupResponse())
+}
+
+// watchJoin runs member id through a watched JoinGroup of group g
+// answered at generation gen with leader.
+func watchJoin(w *forwardWatcher, id string, gen int32, leader string) {
 	jq := kmsg.NewPtrJoinGroupRequest()
 	jq.Group, jq.ProtocolType, jq.SessionTimeoutMillis, jq.RebalanceTimeoutMillis = "g", "consumer", 10000, 30000
 	jq.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: []byte("sub-" + id)}}
-	done := w.Watch(c, "g", jq)
+	done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.1"}, "g", jq)
 	jr := kmsg.NewPtrJoinGroupResponse()
 	jr.MemberID, jr.Generation, jr.LeaderID = id, gen, leader
 	p := "range"
 	jr.Protocol = &p
 	done(jr)
+}
+
+// watchSync sends member id's SyncGroup of generation gen through the
+// watcher and returns what answers it.
+func watchSync(w *forwardWatcher, id string, gen int32) func(kmsg.Response) {
 	sq := kmsg.NewPtrSyncGroupRequest()
 	sq.Group, sq.MemberID, sq.Generation = "g", id, gen
-	w.Watch(c, "g", sq)(kmsg.NewPtrSyncGroupResponse())
+	return w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.1"}, "g", sq)
 }
 
 func describedGroup(ids ...string) kmsg.DescribeGroupsResponseGroup {
@@ -332,18 +343,8 @@ func TestTakeoverLateAnswersOfAnOlderGeneration(t *testing.T) {
 func TestTakeoverTickBetweenJoinAndSync(t *testing.T) {
 	ctx := context.Background()
 	w, st := newTestWatcher(t, nil)
-	c := proxy.Client{ID: "client-m1", Host: "10.0.0.1"}
-	jq := kmsg.NewPtrJoinGroupRequest()
-	jq.Group, jq.ProtocolType, jq.SessionTimeoutMillis, jq.RebalanceTimeoutMillis = "g", "consumer", 10000, 30000
-	jq.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "range", Metadata: []byte("sub-m1")}}
-	jr := kmsg.NewPtrJoinGroupResponse()
-	jr.MemberID, jr.Generation, jr.LeaderID = "m1", 3, "m1"
-	p := "range"
-	jr.Protocol = &p
-	w.Watch(c, "g", jq)(jr)
-	sq := kmsg.NewPtrSyncGroupRequest()
-	sq.Group, sq.MemberID, sq.Generation = "g", "m1", 3
-	syncDone := w.Watch(c, "g", sq)
+	watchJoin(w, "m1", 3, "m1")
+	syncDone := watchSync(w, "m1", 3)
 	w.candidates() // the tick
 	syncDone(kmsg.NewPtrSyncGroupResponse())
 
