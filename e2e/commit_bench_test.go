@@ -220,11 +220,21 @@ func startCommitBenchKproxy(b *testing.B, brokers []string, mode kproxy.GroupsMo
 // dial; nil dials directly.
 func startBenchKproxyVia(b *testing.B, brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *kproxy.Server {
 	b.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	cfg := kproxy.Config{
+	cfg := benchKproxyConfig(brokers, mode, fc)
+	cfg.Proxy.Dial = dial
+	if dial != nil {
+		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(dial)}
+	}
+	return startBenchKproxyConfig(b, cfg)
+}
+
+// benchKproxyConfig is the configuration of the benchmarks' in-process
+// kproxies: in front of brokers, an admin server (the fleet's view), no
+// initial rebalance delay, the default fleet timers.
+func benchKproxyConfig(brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig) kproxy.Config {
+	return kproxy.Config{
 		Upstream: brokers,
-		Proxy:    proxy.Config{Listen: "127.0.0.1:0", Dial: dial},
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
 		Groups: kproxy.GroupsConfig{
 			Mode:   mode,
 			Engine: groupstate.Config{InitialRebalanceDelay: -1, MinSessionTimeout: time.Second},
@@ -234,12 +244,17 @@ func startBenchKproxyVia(b *testing.B, brokers []string, mode kproxy.GroupsMode,
 		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
 		Logger:      testLogger(),
 	}
-	if dial != nil {
-		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(dial)}
-	}
+}
+
+// startBenchKproxyConfig starts an in-process kproxy of cfg; it shuts
+// down when b ends.
+func startBenchKproxyConfig(b *testing.B, cfg kproxy.Config) *kproxy.Server {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
 	k, err := kproxy.Start(ctx, cfg)
 	if err != nil {
-		b.Fatalf("starting a %s kproxy (fleet %q, relay %v): %v", mode, fc.Name, fc.Relay, err)
+		b.Fatalf("starting a %s kproxy (fleet %q, relay %v): %v", cfg.Groups.Mode, cfg.Groups.Fleet.Name, cfg.Groups.Fleet.Relay, err)
 	}
 	b.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)

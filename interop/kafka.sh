@@ -22,6 +22,9 @@
 # can count the API keys the broker saw.
 # --partitions N sets num.partitions, the partition count of auto-created
 # topics (default 1; librdkafka's tests expect 4, interop/librdkafka.sh).
+# group.initial.rebalance.delay.ms is 0 unless
+# KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS says otherwise (Kafka's own default
+# is 3000; e2e's BenchmarkAnchorFirstCommit runs against that).
 #
 # --security sasl_ssl (one node only): the client port is a SASL_SSL
 # listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
@@ -202,7 +205,7 @@ default.replication.factor=$rf
 auto.create.topics.enable=true
 broker.session.timeout.ms=$session
 broker.heartbeat.interval.ms=1000
-group.initial.rebalance.delay.ms=0
+group.initial.rebalance.delay.ms=${KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS:-0}
 group.min.session.timeout.ms=3000
 offsets.topic.replication.factor=$rf
 offsets.topic.num.partitions=10

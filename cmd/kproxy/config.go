@@ -137,6 +137,9 @@ type anchorsConfig struct {
 	Enabled           bool          `yaml:"enabled"`
 	SessionTimeout    time.Duration `yaml:"session_timeout"`
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// JoinClients bounds the anchors' JoinGroup and SyncGroup in flight
+	// at once, each on a client of its own (0: 256).
+	JoinClients int `yaml:"join_clients"`
 }
 
 // fleetConfig configures distributed groups (docs/fleet.md): the kproxies
@@ -218,7 +221,7 @@ func defaultConfig() fileConfig {
 				SessionTimeout:    10 * time.Second,
 				HeartbeatInterval: time.Second,
 			},
-			Anchors: anchorsConfig{Enabled: true, SessionTimeout: 2 * time.Minute, HeartbeatInterval: 30 * time.Second},
+			Anchors: anchorsConfig{Enabled: true, SessionTimeout: 2 * time.Minute, HeartbeatInterval: 30 * time.Second, JoinClients: 256},
 		},
 		Telemetry:     telemetryConfig{ServiceName: "kproxy"},
 		Authorization: defaultAuthorization(),
@@ -401,6 +404,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.BoolVar(&f.checkOwner, "group-check-commit-ownership", false, "reject commits for partitions the member was not assigned in this generation")
 	fs.BoolVar(&f.anchors.Enabled, "group-anchors", true, "anchor every served group in the cluster's own coordinator with one static member, so direct tools see it live and commits are fenced by the cluster; groups live on the cluster are forwarded to it (docs/anchors.md)")
 	fs.DurationVar(&f.anchors.SessionTimeout, "group-anchor-session-timeout", 2*time.Minute, "session timeout of the anchors in the cluster (how long the cluster keeps the anchor of a kproxy that is gone)")
+	fs.IntVar(&f.anchors.JoinClients, "group-anchor-join-clients", 256, "most anchor joins in flight at once, each on an upstream connection of its own (a join the cluster holds, as an empty group's first for group.initial.rebalance.delay.ms, holds up no other)")
 	fs.DurationVar(&f.topicEvery, "group-consumer-topic-refresh-interval", 2*time.Second, "how often the topics of KIP-848 groups are reloaded from the cluster: partition increases, deleted topics and new regex matches reach a group within it")
 	fs.StringVar(&f.migration, "group-consumer-migration-policy", "bidirectional", "online conversion between classic and consumer (KIP-848) groups: bidirectional, upgrade, downgrade or disabled; unset: the cluster's group.consumer.migration.policy, this default if it cannot be read")
 	fs.Int32Var(&f.maxFrame, "max-frame-bytes", 100<<20, "largest request or response frame")
@@ -458,6 +462,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 		c.Groups.Anchors.SessionTimeout = f.anchors.SessionTimeout
 		c.Groups.Anchors.HeartbeatInterval = f.anchors.SessionTimeout / 4
 	})
+	set("group-anchor-join-clients", func() { c.Groups.Anchors.JoinClients = f.anchors.JoinClients })
 	set("max-frame-bytes", func() { c.MaxFrameBytes = f.maxFrame })
 	set("peer-listen", func() { c.Groups.Fleet.PeerListen = f.fleet.PeerListen })
 	set("peer-advertise", func() { c.Groups.Fleet.PeerAdvertise = f.fleet.PeerAdvertise })

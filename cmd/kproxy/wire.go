@@ -61,6 +61,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 				Disabled:          !cfg.Groups.Anchors.Enabled,
 				SessionTimeout:    cfg.Groups.Anchors.SessionTimeout,
 				HeartbeatInterval: cfg.Groups.Anchors.HeartbeatInterval,
+				JoinClients:       cfg.Groups.Anchors.JoinClients,
 			},
 			Fleet: kproxy.FleetConfig{
 				Name:              fc.Name,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
@@ -105,6 +106,15 @@ type AnchorOptions struct {
 	// the cluster (groupstate.ErrGroupLiveOnCluster): the engine does not
 	// hold it. It must not block.
 	OnLive func(group string)
+	// NewClient, when set, makes a client of the cluster like the
+	// store's own: the anchors' JoinGroup and SyncGroup go each on a
+	// client lent to it alone, from a pool of at most JoinClients made
+	// with it (joinpool.go), so that a join the cluster holds holds up
+	// no other. Unset, they go on the store's client.
+	NewClient func() (*kgo.Client, error)
+	// JoinClients bounds the pool of NewClient's clients: how many
+	// anchor joins and syncs may be in flight at once. 0 means 256.
+	JoinClients int
 	// OnHandBack, when set, is asked to hand group back to the cluster's
 	// coordinator (handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins
@@ -132,8 +142,11 @@ type anchorSet struct {
 	takeovers map[string]*takeoverPlan
 
 	// sem bounds the anchor requests in flight at once (heartbeats of
-	// thousands of groups come due together after a failover).
-	sem chan struct{}
+	// thousands of groups come due together after a failover), but for
+	// the joins and syncs lent a client of joins (nil without
+	// AnchorOptions.NewClient), which bounds them.
+	sem   chan struct{}
+	joins *joinPool
 	// stop ends the heartbeat scheduler; closed by Store.CloseAnchors.
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -224,12 +237,18 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 3 * time.Second
 	}
+	if o.JoinClients <= 0 {
+		o.JoinClients = 256
+	}
 	as := &anchorSet{
 		s: s, opts: o,
 		groups:   make(map[string]*anchor),
 		released: make(map[string]string),
 		sem:      make(chan struct{}, 64),
 		stop:     make(chan struct{}),
+	}
+	if o.NewClient != nil {
+		as.joins = newJoinPool(o.JoinClients, o.NewClient)
 	}
 	s.anchors = as
 	go as.scheduler()
@@ -247,6 +266,9 @@ func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 		return
 	}
 	as.stopOnce.Do(func() { close(as.stop) })
+	if as.joins != nil {
+		defer as.joins.close() // after the leaves, which go on the store's client
+	}
 	as.mu.Lock()
 	all := make([]*anchor, 0, len(as.groups))
 	for _, a := range as.groups {
@@ -514,9 +536,17 @@ func (as *anchorSet) work(a *anchor) {
 	}
 }
 
-// request sends req to the coordinator of group, one at a time under
-// the set's bound.
+// request sends req to the coordinator of group, under the set's bound;
+// a JoinGroup or SyncGroup on a client of its own (joinpool.go).
 func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, error) {
+	if k := req.Key(); as.joins != nil && (k == kmsg.JoinGroup.Int16() || k == kmsg.SyncGroup.Int16()) {
+		cl, err := as.joins.get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer as.joins.put(cl)
+		return as.s.coordRequestOn(ctx, cl, coordinatorGroup, group, req, req.MaxVersion(), code)
+	}
 	select {
 	case as.sem <- struct{}{}:
 	case <-ctx.Done():

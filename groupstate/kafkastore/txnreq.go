@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -132,6 +133,12 @@ func (s *Store) forgetCoordinator(typ int8, key string) {
 // maxCoordinatorAttempts. Every request sent this way must be safe to
 // repeat (all the transaction requests are, for one producer epoch).
 func (s *Store) coordRequest(ctx context.Context, typ int8, key string, req kmsg.Request, maxVersion int16, code func(kmsg.Response) int16) (kmsg.Response, error) {
+	return s.coordRequestOn(ctx, s.cl, typ, key, req, maxVersion, code)
+}
+
+// coordRequestOn is coordRequest sending on cl (the coordinator is still
+// looked up through the store's client).
+func (s *Store) coordRequestOn(ctx context.Context, cl *kgo.Client, typ int8, key string, req kmsg.Request, maxVersion int16, code func(kmsg.Response) int16) (kmsg.Response, error) {
 	var last error
 	for attempt := 0; attempt < maxCoordinatorAttempts; attempt++ {
 		if attempt > 0 {
@@ -147,7 +154,7 @@ func (s *Store) coordRequest(ctx context.Context, typ int8, key string, req kmsg
 			last = err
 			continue
 		}
-		resp, err := s.cl.Broker(int(node)).Request(ctx, capVersion{req, maxVersion})
+		resp, err := cl.Broker(int(node)).Request(ctx, capVersion{req, maxVersion})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, err

@@ -131,6 +131,9 @@ type AnchorsConfig struct {
 	// of it).
 	SessionTimeout    time.Duration
 	HeartbeatInterval time.Duration
+	// JoinClients bounds the anchors' joins and syncs in flight at once,
+	// each on an upstream client of its own (0: 256).
+	JoinClients int
 }
 
 // FleetConfig configures distributed groups (docs/fleet.md).
@@ -441,6 +444,11 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		InstanceID:        instance,
 		SessionTimeout:    ac.SessionTimeout,
 		HeartbeatInterval: ac.HeartbeatInterval,
+		// Each join and sync on a client of its own: one the cluster
+		// holds (an empty group's initial rebalance delay, a hand-back
+		// waiting for the cluster's members) holds up no other.
+		NewClient:   func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
+		JoinClients: ac.JoinClients,
 		OnLost: func(group string, why kafkastore.AnchorLoss) {
 			if why == kafkastore.AnchorLiveOnCluster || why == kafkastore.AnchorHandedBack || cfg.Groups.Mode == GroupsLocal {
 				fw.mark(group)
