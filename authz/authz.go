@@ -297,8 +297,8 @@ func Fetch(ctx context.Context, cl *kgo.Client) ([]ACL, error) {
 	return out, nil
 }
 
-// Cache serves decisions from the cluster's ACLs, read at most once per
-// TTL. Safe for concurrent use.
+// Cache serves decisions from the cluster's ACLs, read again once per
+// TTL by Set, or every half TTL by RefreshAhead. Safe for concurrent use.
 type Cache struct {
 	fetch func(context.Context) ([]ACL, error) // immutable
 	ttl   time.Duration                        // immutable
@@ -369,22 +369,10 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 		usable := c.set != nil && now.Sub(c.fetched) < 3*c.ttl
 		noAuthorizer := c.set != nil && c.set.NoAuthorizer
 		if c.inflight == nil && (c.set == nil || now.Sub(c.tried) >= c.ttl/4) {
-			done := make(chan struct{})
-			c.inflight, c.tried = done, now
-			c.mu.Unlock()
-			acls, err := c.fetch(ctx)
-			c.mu.Lock()
-			c.inflight = nil
-			close(done)
-			if err == nil || errors.Is(err, kerr.SecurityDisabled) {
-				s := c.base
-				s.ACLs, s.NoAuthorizer = acls, err != nil
-				s = s.indexed()
-				c.set, c.fetched, c.lastErr = &s, time.Now(), nil
+			if s := c.readLocked(ctx); s != nil {
 				c.mu.Unlock()
-				return &s, nil
+				return s, nil
 			}
-			c.lastErr = err
 		} else if c.inflight != nil && !usable && !noAuthorizer {
 			wait := c.inflight
 			c.mu.Unlock()
@@ -411,6 +399,61 @@ func (c *Cache) Set(ctx context.Context) (*Set, error) {
 		}
 		c.mu.Unlock()
 		return s, fmt.Errorf("%w: %w", ErrStale, err)
+	}
+}
+
+// readLocked reads the ACLs once, c.mu held on entry and on return and
+// released during the read (no read may be running). It returns the set
+// read, or nil after a failed read (c.lastErr).
+func (c *Cache) readLocked(ctx context.Context) *Set {
+	done := make(chan struct{})
+	c.inflight, c.tried = done, time.Now()
+	c.mu.Unlock()
+	acls, err := c.fetch(ctx)
+	c.mu.Lock()
+	c.inflight = nil
+	close(done)
+	if err == nil || errors.Is(err, kerr.SecurityDisabled) {
+		s := c.base
+		s.ACLs, s.NoAuthorizer = acls, err != nil
+		s = s.indexed()
+		c.set, c.fetched, c.lastErr = &s, time.Now(), nil
+		return &s
+	}
+	c.lastErr = err
+	return nil
+}
+
+// Refresh reads the ACLs now, however young the set is, unless a read is
+// running already; it returns once its read ended.
+func (c *Cache) Refresh(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight == nil {
+		c.readLocked(ctx)
+	}
+}
+
+// RefreshAhead reads the ACLs every half TTL until ctx ends, so that the
+// set is renewed before it expires and no request waits for DescribeAcls
+// on its own goroutine (Set reads only once the set is past its TTL). A
+// request still waits when a read took longer than half the TTL, or
+// failed. Calling Set from the ticker instead does not refresh ahead:
+// the set is timed from the end of its read, so the tick one TTL after a
+// read comes a round trip too early, finds the set fresh, and the next
+// group request after the expiry pays the read.
+func (c *Cache) RefreshAhead(ctx context.Context) {
+	t := time.NewTicker(c.ttl / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, c.ttl)
+		c.Refresh(rctx)
+		cancel()
 	}
 }
 

@@ -184,3 +184,45 @@ func TestCacheStaleNoAuthorizer(t *testing.T) {
 		close(release)
 	}
 }
+
+// TestCacheRefreshAhead: with RefreshAhead running, a steady stream of
+// callers, asking as proxy.Authorizer does (Fresh, then Set), never
+// waits for a read of the ACLs. Refreshing by calling Set every half TTL
+// did not: the set is timed from the end of its read, so the tick one
+// TTL later came a round trip early, found it fresh, and the first
+// group request after the expiry read the ACLs itself (interop row
+// fault-owner-upstream-slow: with 200ms per round trip, one commit per
+// TTL took two).
+func TestCacheRefreshAhead(t *testing.T) {
+	const ttl, rtt = 200 * time.Millisecond, 40 * time.Millisecond
+	var reads atomic.Int32
+	c := newCache(func(ctx context.Context) ([]ACL, error) {
+		reads.Add(1)
+		select {
+		case <-time.After(rtt):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return nil, nil
+	}, Set{}, ttl)
+	if _, err := c.Set(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.RefreshAhead(ctx)
+	for end := time.Now().Add(6 * ttl); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		start := time.Now()
+		if c.Fresh() == nil {
+			if _, err := c.Set(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if took := time.Since(start); took >= rtt/2 {
+			t.Fatalf("a caller waited %v for a read of the ACLs (%d reads)", took, reads.Load())
+		}
+	}
+	if n := reads.Load(); n < 6 {
+		t.Fatalf("%d reads in 6 TTLs, want one every half TTL", n)
+	}
+}

@@ -58,8 +58,10 @@ type AuthorizerConfig struct {
 // Handle decides on the caller's goroutine (the session's reader), so
 // the requests of one connection reach the inner coordinator in the
 // order they were sent, as on a broker. The decision reads the ACL
-// cache; a refresh, at most once per TTL, may make one request wait for
-// DescribeAcls.
+// cache, which kproxy refreshes every half TTL (authz.Cache.RefreshAhead);
+// only when such a read is slower than half the TTL, or fails, does a
+// request wait for DescribeAcls, and with it the requests behind it on
+// its connection.
 //
 // ACLs that cannot be read (authz.ErrStale: no read succeeded for three
 // TTLs) are unavailability, not a verdict. Every group request and

@@ -138,23 +138,13 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		Logger:            log,
 	})
 	// Refresh ahead of expiry so that requests rarely wait for
-	// DescribeAcls.
+	// DescribeAcls: one that does holds up the requests behind it on its
+	// connection (the session's reader decides).
 	rctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(ttl / 2)
-		defer t.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-t.C:
-				sctx, cancel := context.WithTimeout(rctx, ttl)
-				_, _ = cache.Set(sctx)
-				cancel()
-			}
-		}
+		cache.RefreshAhead(rctx)
 	}()
 	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
 	return nil

@@ -105,6 +105,10 @@ func (r *faultRelay) accept() {
 	}
 }
 
+// relayQueue is how many chunks of one direction may wait out the delay
+// at once.
+const relayQueue = 64
+
 // chunk is bytes read at a moment.
 type chunk struct {
 	b  []byte
@@ -112,15 +116,28 @@ type chunk struct {
 }
 
 // pump copies src to dst chunk by chunk, each held while the relay is a
-// blackhole and sent no earlier than its arrival plus the delay. One
-// chunk in flight at most, so a held direction stops reading and its
-// sender feels TCP backpressure.
+// blackhole and sent no earlier than its arrival plus the delay. Chunks
+// are read as they arrive, up to relayQueue waiting out their delay, so
+// that requests pipelined on one connection each get the delay once (a
+// reader that waited for the pump stamped a third chunk with the time
+// the first left, up to one more delay late); while the relay is a
+// blackhole the reader stops, so a held direction's sender feels TCP
+// backpressure.
 func (r *faultRelay) pump(src, dst net.Conn) {
 	defer r.wg.Done()
-	chunks := make(chan chunk)
+	chunks := make(chan chunk, relayQueue)
 	go func() {
 		defer close(chunks)
 		for {
+			// A held direction stops reading, so that its sender
+			// feels TCP backpressure.
+			for {
+				hole, _, changed := r.state()
+				if !hole {
+					break
+				}
+				<-changed
+			}
 			b := make([]byte, 32<<10)
 			n, err := src.Read(b)
 			if n > 0 {

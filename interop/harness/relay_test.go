@@ -73,3 +73,44 @@ func TestFaultRelay(t *testing.T) {
 		t.Fatalf("with 100ms each way: round trip %v, %v; want about 200ms", took, err)
 	}
 }
+
+// TestFaultRelayPipelined: requests written back to back on one
+// connection each get the row's delay once. A relay that held one chunk
+// per direction besides the one waiting out its delay read a third chunk
+// only when the first left, and so delayed it by up to another delay:
+// in fault-owner-upstream-slow, kproxy's connection to the broker
+// carries both members' commits plus its polls, and its commits' p99
+// read up to 285ms where the direct member's, alone on its connection,
+// read 210ms.
+func TestFaultRelayPipelined(t *testing.T) {
+	r, err := listenRelay(echoServer(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	conn, err := net.Dial("tcp", r.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const delay, n = 100 * time.Millisecond, 5
+	r.set(false, delay)
+	sent := make(chan time.Time, n)
+	go func() {
+		for i := range n {
+			sent <- time.Now()
+			conn.Write([]byte{byte(i)})
+			time.Sleep(15 * time.Millisecond) // separate chunks, all within one delay
+		}
+	}()
+	conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	for i := range n {
+		var b [1]byte
+		if _, err := io.ReadFull(conn, b[:]); err != nil {
+			t.Fatalf("echo %d: %v", i, err)
+		}
+		if took := time.Since(<-sent); took > 2*delay+40*time.Millisecond {
+			t.Fatalf("echo %d came back after %v; want about %v", i, took, 2*delay)
+		}
+	}
+}
