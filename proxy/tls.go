@@ -4,9 +4,10 @@ package proxy
 //
 // Client side: every listener (bootstrap and per broker) serves TLS when
 // Config.TLS is set. The certificate, key and client CA are read from
-// files and re-read when a file changes on disk (its modification time or
-// size), checked with a stat at most once per TLSConfig.ReloadInterval on
-// the handshake path, so a rotated certificate reaches every new
+// files and re-read when a file's content changes on disk (a digest of
+// each, read at most once per TLSConfig.ReloadInterval on the handshake
+// path: a key replaced by one of the same size within the file system's
+// timestamp granularity has the same modification time and size), so a rotated certificate reaches every new
 // connection without a restart while connected clients keep the session
 // they negotiated. A reload that fails (a half-written pair, a key that
 // does not match) keeps the previous material and logs once per change.
@@ -18,6 +19,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -66,21 +68,19 @@ func (c *TLSConfig) setDefaults() {
 	}
 }
 
-// fileStamp identifies one version of a file on disk.
-type fileStamp struct {
-	mod  time.Time
-	size int64
-}
+// fileStamp identifies one version of a file on disk: the digest of its
+// content (certificates and keys are a few KB).
+type fileStamp [sha256.Size]byte
 
 func stampOf(path string) (fileStamp, error) {
 	if path == "" {
 		return fileStamp{}, nil
 	}
-	fi, err := os.Stat(path)
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return fileStamp{}, err
 	}
-	return fileStamp{fi.ModTime(), fi.Size()}, nil
+	return sha256.Sum256(b), nil
 }
 
 // TLSSource serves a listener's TLS configuration from files, reloading
