@@ -251,6 +251,11 @@ func New(cfg Config) (*Engine, error) {
 // members (Config.ConsumerSessionTimeout, its default applied).
 func (e *Engine) ConsumerSessionTimeout() time.Duration { return e.cfg.ConsumerSessionTimeout }
 
+// ConsumerHeartbeatInterval is the heartbeat interval the engine gives
+// KIP-848 members (Config.ConsumerHeartbeatInterval, its default
+// applied).
+func (e *Engine) ConsumerHeartbeatInterval() time.Duration { return e.cfg.ConsumerHeartbeatInterval }
+
 // owns applies Config.Owns.
 func (e *Engine) owns(group string) bool {
 	return e.cfg.Owns == nil || e.cfg.Owns(group)

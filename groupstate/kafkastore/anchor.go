@@ -115,6 +115,12 @@ type AnchorOptions struct {
 	// JoinClients bounds the pool of NewClient's clients: how many
 	// anchor joins and syncs may be in flight at once. 0 means 256.
 	JoinClients int
+	// MemberHeartbeatInterval, when set, says how often the engine's
+	// KIP-848 members heartbeat (the interval it gives them); unset
+	// means 5s, Kafka's group.consumer.heartbeat.interval.ms. A KIP-848
+	// hand-back (takeover_kip848.go) counts on every member having
+	// heartbeated within it.
+	MemberHeartbeatInterval func() time.Duration
 	// OnHandBack, when set, is asked to hand group back to the cluster's
 	// coordinator (handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins

@@ -122,6 +122,22 @@ func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, me
 // members to reach that group before it leaves.
 const handBackWait = 30 * time.Second
 
+// handBackSlack is what a member told to rejoin needs beyond its
+// heartbeat interval to be back in the cluster's group: the answer, its
+// rejoin, the next describe.
+const handBackSlack = time.Second
+
+// memberHeartbeatInterval is AnchorOptions.MemberHeartbeatInterval, 5s
+// when unset.
+func (as *anchorSet) memberHeartbeatInterval() time.Duration {
+	if f := as.opts.MemberHeartbeatInterval; f != nil {
+		if d := f(); d > 0 {
+			return d
+		}
+	}
+	return 5 * time.Second
+}
+
 // handBackConsumer hands group back to the cluster when the anchor's
 // JoinGroup (member id memberID) found the cluster's group a KIP-848
 // group with members of its own (a member moved back to the brokers:
@@ -135,11 +151,16 @@ const handBackWait = 30 * time.Second
 // kproxy's members are sent to the cluster, which does not know them:
 // they drop their partitions and rejoin there. Until the anchor leaves,
 // the cluster holds the partitions it joined with for it, so the
-// newcomers get none of them. Once every one of kproxy's members is
-// back in the cluster's group under its id (a client that keeps its id
-// when fenced), or after handBackWait (franz-go takes a new id after
-// UNKNOWN_MEMBER_ID, and a newcomer cannot be told from a member that
-// came back), the anchor leaves and the cluster assigns them.
+// newcomers get none of them. The anchor leaves, and the cluster
+// assigns them, once every one of kproxy's members is back in the
+// cluster's group under its id (a client that keeps its id when
+// fenced, as Java's); or once the cluster's group holds as many members
+// beyond the direct ones it had as kproxy had, a heartbeat interval
+// after the unload (franz-go takes a new id after UNKNOWN_MEMBER_ID, so
+// a member back cannot be told from a newcomer by its id; but a
+// heartbeat interval after the unload every one of kproxy's members
+// that can reach the cluster was told, and dropped its partitions,
+// whoever the members counted are); or after handBackWait.
 func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID string) bool {
 	d, err := as.s.DescribeConsumerGroup(ctx, a.group)
 	if err != nil || d.ErrorCode != 0 {
@@ -161,17 +182,23 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 		"group", a.group, "direct_members", len(direct), "kproxy_members", len(ids))
 	as.lose(a, AnchorLiveOnCluster)
 	began := time.Now()
-	back := 0
-	for time.Since(began) < handBackWait && ctx.Err() == nil && back < len(ids) {
+	told := as.memberHeartbeatInterval() + handBackSlack
+	back, joined := 0, 0
+	for time.Since(began) < handBackWait && ctx.Err() == nil && back < len(ids) &&
+		(joined < len(ids) || time.Since(began) < told) {
 		time.Sleep(200 * time.Millisecond)
 		d, err := as.s.DescribeConsumerGroup(ctx, a.group)
 		if err != nil || d.ErrorCode != 0 {
 			continue
 		}
-		back = 0
+		back, joined = 0, 0
 		for _, m := range d.Members {
-			if slices.Contains(ids, m.MemberID) {
+			switch {
+			case slices.Contains(ids, m.MemberID):
 				back++
+				joined++
+			case !isAnchor(m) && !direct[m.MemberID]:
+				joined++
 			}
 		}
 	}
@@ -179,6 +206,6 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 		as.s.log.Warn("kafkastore: the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
 	}
 	as.s.log.Info("kafkastore: KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
-		"of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
+		"members_joined", joined, "of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
 	return true
 }

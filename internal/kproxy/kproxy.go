@@ -449,6 +449,12 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		// waiting for the cluster's members) holds up no other.
 		NewClient:   func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
 		JoinClients: ac.JoinClients,
+		MemberHeartbeatInterval: func() time.Duration {
+			if eng := w.engine; eng != nil {
+				return eng.ConsumerHeartbeatInterval()
+			}
+			return 0
+		},
 		OnLost: func(group string, why kafkastore.AnchorLoss) {
 			if why == kafkastore.AnchorLiveOnCluster || why == kafkastore.AnchorHandedBack || cfg.Groups.Mode == GroupsLocal {
 				fw.mark(group)

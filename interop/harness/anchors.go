@@ -45,16 +45,22 @@ import (
 // paths are compared.
 
 const (
-	anchorRecords     = 300                    // anchor-admin: records consumed before the tool runs
-	adoptionFirst     = 300                    // franz-adoption: records before the moves
-	adoptionStream    = 900                    // franz-adoption: records streamed during the moves
-	adoptionEvery     = 30                     // ms between streamed records
-	adoptionFleet     = 3                      // kproxies of the adoption fleet, one per member
-	adoptionIdleGrace = 10 * time.Second       // a moved-back member may idle (docs/anchors.md) once this passed
-	adoptionProgress  = 15 * time.Second       // every moved-in member commits within this
-	anchorSampleEvery = 300 * time.Millisecond // committed offsets sampling period
-	anchorToolTimeout = 60 * time.Second       // one kafka-consumer-groups run
-	anchorClientID    = "kproxy"               // the anchor's client id
+	anchorRecords     = 300              // anchor-admin: records consumed before the tool runs
+	adoptionFirst     = 300              // franz-adoption: records before the moves
+	adoptionStream    = 900              // franz-adoption: records streamed during the moves
+	adoptionEvery     = 30               // ms between streamed records
+	adoptionFleet     = 3                // kproxies of the adoption fleet, one per member
+	adoptionIdleGrace = 10 * time.Second // a moved-back member may idle (docs/anchors.md) once this passed
+	// kip848HandBackBound bounds a move back of a KIP-848 member through
+	// kproxy: the hand-back waits a heartbeat interval (5 s) and a second
+	// for kproxy's members to be told, then the broker reassigns at the
+	// members' next heartbeats (10.1 s measured; 32 s when the hand-back
+	// waited a fixed 30 s).
+	kip848HandBackBound = 20 * time.Second
+	adoptionProgress    = 15 * time.Second       // every moved-in member commits within this
+	anchorSampleEvery   = 300 * time.Millisecond // committed offsets sampling period
+	anchorToolTimeout   = 60 * time.Second       // one kafka-consumer-groups run
+	anchorClientID      = "kproxy"               // the anchor's client id
 	// adoptionTraffic is why the adoption rows' groups reach the broker
 	// on the kproxy path (row.brokerGroupTraffic).
 	adoptionTraffic = "the group is live on the cluster while its members move, so kproxy forwards their group requests to the cluster's coordinator (docs/anchors.md, per-group forwarding)"
@@ -939,6 +945,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 	// left kproxy, the members behind kproxy holding every partition.
 	rolled = time.Now()
 	idle := 0
+	var slowest time.Duration // the longest move back
 	if s.r.rollbackAll {
 		// Out all at once: the application stops, its sidecars stop,
 		// and it starts again against the brokers (directly: a plain
@@ -1001,7 +1008,9 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		if idles {
 			idle++
 		}
-		moves = append(moves, fmt.Sprintf("%s@%s %s%s", m.name, s.h.broker, fmtDur(time.Since(at)), map[bool]string{true: " (idle)"}[idles]))
+		took := time.Since(at)
+		slowest = max(slowest, took)
+		moves = append(moves, fmt.Sprintf("%s@%s %s%s", m.name, s.h.broker, fmtDur(took), map[bool]string{true: " (idle)"}[idles]))
 	}
 	settles = append(settles, fmtDur(time.Since(rolled)))
 	res.settle = strings.Join(settles, "/")
@@ -1013,7 +1022,11 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 			return fail("%d moved-back member(s) idled: the classic group was not handed back to the broker's coordinator; moves %s",
 				idle, strings.Join(moves, ", "))
 		}
-		s.note("%d moved-back member(s) idled while kproxy handed the KIP-848 group back (documented: the anchor holds kproxy's partitions until kproxy's members rejoined the broker's group, up to 30 s)", idle)
+		s.note("%d moved-back member(s) idled while kproxy handed the KIP-848 group back (documented: the anchor holds kproxy's partitions until kproxy's members were told to rejoin the broker's group, a heartbeat interval)", idle)
+	}
+	if s.path == "kproxy" && s.r.needs == kip848 && slowest > kip848HandBackBound {
+		return fail("a move back took %s, more than %s: the KIP-848 hand-back waited too long; moves %s",
+			fmtDur(slowest), kip848HandBackBound, strings.Join(moves, ", "))
 	}
 
 	select {
