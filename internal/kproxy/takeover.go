@@ -519,7 +519,13 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 			since = now
 			w.readySince[group] = now
 		}
-		if now.Sub(since) >= w.settle {
+		// Readiness is sampled at the ticks: a group ready at the
+		// ticks that span the settle time is taken over. Compared
+		// exactly, the tick one settle time after the first ready
+		// one fell short by the ticker's jitter and the takeover
+		// waited one more interval (6.0 s after the last move settled
+		// on three brokers, 1 s of it this).
+		if now.Sub(since) >= w.settle-takeoverInterval/2 {
 			owned = append(owned, group)
 		}
 	}

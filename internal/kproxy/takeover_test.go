@@ -359,3 +359,28 @@ func TestTakeoverTickBetweenJoinAndSync(t *testing.T) {
 		t.Fatalf("takeover: err %v, prepared %v", err, st.prepared)
 	}
 }
+
+// TestTakeoverSettleSampledAtTicks: a group first found ready at one
+// check is a candidate at the check one settle time later even if that
+// check comes a little early (the ticker's jitter), not only at the one
+// after; and not before.
+func TestTakeoverSettleSampledAtTicks(t *testing.T) {
+	w, _ := newTestWatcher(t, nil)
+	w.settle = 3 * takeoverInterval
+	joinSync(w, "m1", 7, "m1")
+	if owned, _ := w.candidates(); len(owned) != 0 {
+		t.Fatalf("candidates %v at the first ready check", owned)
+	}
+	w.mu.Lock()
+	w.readySince["g"] = time.Now().Add(-(2*takeoverInterval + takeoverInterval/4))
+	w.mu.Unlock()
+	if owned, _ := w.candidates(); len(owned) != 0 {
+		t.Fatalf("candidates %v two checks after the group was ready", owned)
+	}
+	w.mu.Lock()
+	w.readySince["g"] = time.Now().Add(-(w.settle - time.Millisecond))
+	w.mu.Unlock()
+	if owned, _ := w.candidates(); len(owned) != 1 {
+		t.Fatalf("candidates %v at the check a settle time (less a millisecond) after the group was ready, want g", owned)
+	}
+}
