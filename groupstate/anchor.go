@@ -42,6 +42,11 @@ type Anchor struct {
 	// store waits for them to reach the cluster when it hands the group
 	// back, kafkastore/takeover_kip848.go).
 	MemberIDs []string
+	// InstanceIDs are the static members' group.instance.ids, sorted
+	// (classic groups): when it hands the group back the store knows a
+	// static member there by its instance id, whichever process holds
+	// it (kafkastore/handback.go).
+	InstanceIDs []string
 }
 
 // SameMembership reports whether a and b stand for the same membership
@@ -62,7 +67,8 @@ func (a Anchor) SameMembership(b Anchor) bool {
 
 // equal reports whether a and b are the same.
 func (a Anchor) equal(b Anchor) bool {
-	return a.Members == b.Members && slices.Equal(a.MemberIDs, b.MemberIDs) && a.SameMembership(b)
+	return a.Members == b.Members && slices.Equal(a.MemberIDs, b.MemberIDs) && slices.Equal(a.InstanceIDs, b.InstanceIDs) &&
+		a.SameMembership(b)
 }
 
 // AnchorStore is implemented by an OffsetStore that anchors the engine's
@@ -112,6 +118,10 @@ func (g *classicGroup) anchor() Anchor {
 	if len(g.members) == 0 {
 		return a
 	}
+	for id := range g.static {
+		a.InstanceIDs = append(a.InstanceIDs, id)
+	}
+	slices.Sort(a.InstanceIDs)
 	first := g.members[g.order[0]]
 	if g.protocol != "" {
 		a.Protocols = append(a.Protocols, g.protocol)

@@ -916,7 +916,7 @@ func (as *anchorSet) join(a *anchor) error {
 		// this generation (given nothing above): hand the group back.
 		// The engine's members joining the cluster's group start the
 		// rebalance the anchor then waits in (handback.go).
-		as.beginHandback(a, others)
+		as.beginHandback(a, as.joinView(jr))
 	}
 	as.s.log.Debug("kafkastore: group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
 	return nil

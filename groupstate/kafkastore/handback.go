@@ -3,6 +3,7 @@ package kafkastore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -28,9 +29,11 @@ import (
 // handback is an anchor's hand-back in progress.
 type handback struct {
 	since time.Time
-	// target is how many members other than the anchor the cluster's
-	// group must hold before the anchor leaves.
-	target int
+	// static are kproxy's static members' instance ids and dynamic the
+	// members without one the cluster's group must hold (those it held
+	// plus kproxy's) before the anchor leaves (arrived).
+	static  []string
+	dynamic int
 	// deadline is when the anchor leaves whatever the cluster holds.
 	deadline time.Time
 	// nextCheck is when the cluster's group is described next.
@@ -41,9 +44,18 @@ type handback struct {
 // a hand-back waits for the members.
 const handbackCheckEvery = 250 * time.Millisecond
 
-// clusterMembers describes group on the cluster: how many members other
-// than the anchor it holds; anchored says the anchor is one of them.
-func (as *anchorSet) clusterMembers(ctx context.Context, group string) (others int, anchored bool, err error) {
+// clusterView is who the cluster's group holds besides the anchor.
+type clusterView struct {
+	others   int             // members other than the anchor
+	dynamic  int             // of those, members without an instance id
+	static   map[string]bool // the others' instance ids
+	anchored bool            // the anchor is a member
+}
+
+// clusterMembers describes group on the cluster: who it holds besides
+// the anchor.
+func (as *anchorSet) clusterMembers(ctx context.Context, group string) (clusterView, error) {
+	var v clusterView
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{group}
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
@@ -53,24 +65,64 @@ func (as *anchorSet) clusterMembers(ctx context.Context, group string) (others i
 		return 0
 	})
 	if err != nil {
-		return 0, false, fmt.Errorf("describing group %q: %w", group, err)
+		return v, fmt.Errorf("describing group %q: %w", group, err)
 	}
 	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
 	if len(groups) == 0 {
-		return 0, false, fmt.Errorf("describing group %q: empty answer", group)
+		return v, fmt.Errorf("describing group %q: empty answer", group)
 	}
 	g := groups[0]
 	if g.ErrorCode != 0 {
-		return 0, false, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
+		return v, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
 	}
+	v.static = make(map[string]bool)
 	for _, m := range g.Members {
-		if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
-			anchored = true
-		} else {
-			others++
+		switch {
+		case m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID:
+			v.anchored = true
+		case m.InstanceID != nil:
+			v.others++
+			v.static[*m.InstanceID] = true
+		default:
+			v.others++
+			v.dynamic++
 		}
 	}
-	return others, anchored, nil
+	return v, nil
+}
+
+// joinView is the clusterView of a JoinGroup answer to the anchor as
+// the group's leader (its member list).
+func (as *anchorSet) joinView(jr *kmsg.JoinGroupResponse) clusterView {
+	v := clusterView{static: make(map[string]bool)}
+	for _, m := range jr.Members {
+		switch {
+		case m.MemberID == jr.MemberID || m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID:
+			v.anchored = true
+		case m.InstanceID != nil:
+			v.others++
+			v.static[*m.InstanceID] = true
+		default:
+			v.others++
+			v.dynamic++
+		}
+	}
+	return v
+}
+
+// arrived reports whether the cluster's group, as v, holds every member
+// the hand-back waits for: each of kproxy's static members by its
+// instance id (a static member moved back directly holds its instance
+// id there while kproxy still lists it, until its session ends: franz-go
+// and Java static members do not leave when they stop), and as many
+// members without one as the cluster had plus kproxy's dynamic members.
+func (hb *handback) arrived(v clusterView) bool {
+	for _, id := range hb.static {
+		if !v.static[id] {
+			return false
+		}
+	}
+	return v.dynamic >= hb.dynamic
 }
 
 // checkHandback runs when the cluster rebalances a's group, or holds a
@@ -81,7 +133,8 @@ func (as *anchorSet) clusterMembers(ctx context.Context, group string) (others i
 func (as *anchorSet) checkHandback(a *anchor) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	others, anchored, err := as.clusterMembers(ctx, a.group)
+	v, err := as.clusterMembers(ctx, a.group)
+	others, anchored := v.others, v.anchored
 	a.mu.Lock()
 	hb := a.handback
 	a.handbackCheck = false
@@ -97,7 +150,7 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 			a.mu.Unlock()
 			return err
 		}
-		if !as.beginHandback(a, others) {
+		if !as.beginHandback(a, v) {
 			a.mu.Lock()
 			a.rejoin, a.rejoinKnown = true, true
 			a.broadcastLocked()
@@ -109,12 +162,12 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 	switch {
 	case err != nil && now.Before(hb.deadline):
 		return err
-	case err == nil && anchored && others < hb.target && now.Before(hb.deadline):
+	case err == nil && anchored && !hb.arrived(v) && now.Before(hb.deadline):
 		return nil // members still on their way
 	}
-	if err == nil && anchored && others < hb.target {
+	if err == nil && anchored && !hb.arrived(v) {
 		as.s.log.Warn("kafkastore: hand-back: not every member of kproxy's group reached the cluster's in time; the anchor leaves anyway",
-			"group", a.group, "members", others, "expected", hb.target, "waited", now.Sub(hb.since))
+			"group", a.group, "members", others, "static_expected", hb.static, "dynamic_expected", hb.dynamic, "waited", now.Sub(hb.since))
 	}
 	a.mu.Lock()
 	memberID := a.memberID
@@ -147,11 +200,11 @@ func (as *anchorSet) handsBack(a *anchor) bool {
 }
 
 // beginHandback asks the engine to hand a's group back, the cluster's
-// group holding others members besides the anchor, and reports whether
-// it does: the anchor then waits for the engine's members there.
-func (as *anchorSet) beginHandback(a *anchor, others int) bool {
+// group holding v besides the anchor, and reports whether it does: the
+// anchor then waits for the engine's members there.
+func (as *anchorSet) beginHandback(a *anchor, v clusterView) bool {
 	a.mu.Lock()
-	members := a.want.Members
+	members, static := a.want.Members, slices.Clone(a.want.InstanceIDs)
 	a.mu.Unlock()
 	wait, ok := as.opts.OnHandBack(a.group)
 	if !ok {
@@ -160,10 +213,11 @@ func (as *anchorSet) beginHandback(a *anchor, others int) bool {
 	now := time.Now()
 	wait = min(max(wait, 10*time.Second), as.opts.RebalanceTimeout-as.opts.HeartbeatInterval)
 	a.mu.Lock()
-	a.handback = &handback{since: now, target: others + members, deadline: now.Add(wait), nextCheck: now.Add(handbackCheckEvery)}
+	a.handback = &handback{since: now, static: static, dynamic: v.dynamic + members - len(static),
+		deadline: now.Add(wait), nextCheck: now.Add(handbackCheckEvery)}
 	a.broadcastLocked()
 	a.mu.Unlock()
 	as.s.log.Info("kafkastore: a member reached the cluster's group directly: handing the group back to the cluster's coordinator",
-		"group", a.group, "direct_members", others, "kproxy_members", members, "wait_at_most", wait)
+		"group", a.group, "direct_members", v.others, "kproxy_members", members, "kproxy_static", len(static), "wait_at_most", wait)
 	return true
 }
