@@ -430,64 +430,86 @@ func (m *Member) startHeartbeatLocked(memberID string, gen int32) {
 // replaced. It keeps going while the loop rejoins and while callbacks
 // run: answers REBALANCE_IN_PROGRESS keep the session (and the lease)
 // alive during a rebalance.
+//
+// A heartbeat goes out every HeartbeatInterval whether or not the ones
+// before were answered, each waiting up to SessionTimeout-LeaseMargin
+// (past that its proof is worth nothing). Waiting for each answer before
+// sending the next, on a link with 2 s round trips and a 6 s session, a
+// heartbeat went out every 2 s, timed out at session/3 = 2 s, and the
+// newest proof was always a round trip old: the lease (send time +
+// session - margin) ran out at the very moment the next answer came, and
+// kproxy dropped every partition it owned over and over while a direct
+// client on the same link kept its session (fault-owner-upstream-slow-2s).
 func (m *Member) heartbeatLoop(ctx context.Context, h *heartbeater) {
 	defer m.wg.Done()
 	defer h.cancel()
-	timeout := max(m.cfg.HeartbeatInterval, m.cfg.SessionTimeout/3)
-	t := time.NewTimer(m.cfg.HeartbeatInterval)
+	timeout := max(m.cfg.HeartbeatInterval, m.cfg.SessionTimeout-m.cfg.LeaseMargin)
+	// At most one heartbeat per interval is in flight per timeout.
+	slots := make(chan struct{}, max(1, int(timeout/m.cfg.HeartbeatInterval)+1))
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	t := time.NewTicker(m.cfg.HeartbeatInterval)
 	defer t.Stop()
-	var lastErr string
+	var lastErr string // guarded by m.mu
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		sent := m.now()
-		req := classic.Member{Group: m.cfg.Group, MemberID: h.memberID, Generation: h.gen}.Heartbeat()
-		rctx, cancel := context.WithTimeout(ctx, timeout)
-		resp, err := req.RequestWith(rctx, m.cfg.Client)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		t.Reset(max(0, m.cfg.HeartbeatInterval-(m.now()-sent)))
-
-		var code error
-		if err == nil {
-			code = kerr.ErrorForCode(resp.ErrorCode)
-		}
-		m.mu.Lock()
-		if m.hb != h {
-			m.mu.Unlock()
-			return
-		}
-		switch {
-		case err != nil:
-			if s := err.Error(); s != lastErr {
-				m.log.Info("fleet heartbeat failed", "err", err)
-				lastErr = s
-			}
-			m.checkExpiryLocked(m.now())
-		case code == nil:
-			lastErr = ""
-			m.proveLocked(sent, true)
-		case errors.Is(code, kerr.RebalanceInProgress):
-			m.proveLocked(sent, false)
-			if !m.joining {
-				m.pend.rejoin = true
-				m.kickLocked()
-			}
-		case errors.Is(code, kerr.UnknownMemberID), errors.Is(code, kerr.FencedInstanceID):
-			m.fenceLocked("heartbeat: " + code.Error())
-		case errors.Is(code, kerr.IllegalGeneration) && !m.joining:
-			m.fenceLocked("heartbeat: " + code.Error())
+		select {
+		case slots <- struct{}{}:
 		default:
-			// While joining, ILLEGAL_GENERATION only says the group
-			// moved on; the join tells whether with this member.
-			m.checkExpiryLocked(m.now())
+			continue // every slot waits on a slow answer; the next tick tries again
 		}
-		m.mu.Unlock()
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			defer func() { <-slots }()
+			sent := m.now()
+			req := classic.Member{Group: m.cfg.Group, MemberID: h.memberID, Generation: h.gen}.Heartbeat()
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			resp, err := req.RequestWith(rctx, m.cfg.Client)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			var code error
+			if err == nil {
+				code = kerr.ErrorForCode(resp.ErrorCode)
+			}
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			if m.hb != h {
+				h.cancel()
+				return
+			}
+			switch {
+			case err != nil:
+				if s := err.Error(); s != lastErr {
+					m.log.Info("fleet heartbeat failed", "err", err)
+					lastErr = s
+				}
+				m.checkExpiryLocked(m.now())
+			case code == nil:
+				lastErr = ""
+				m.proveLocked(sent, true)
+			case errors.Is(code, kerr.RebalanceInProgress):
+				m.proveLocked(sent, false)
+				if !m.joining {
+					m.pend.rejoin = true
+					m.kickLocked()
+				}
+			case errors.Is(code, kerr.UnknownMemberID), errors.Is(code, kerr.FencedInstanceID):
+				m.fenceLocked("heartbeat: " + code.Error())
+			case errors.Is(code, kerr.IllegalGeneration) && !m.joining:
+				m.fenceLocked("heartbeat: " + code.Error())
+			default:
+				// While joining, ILLEGAL_GENERATION only says the group
+				// moved on; the join tells whether with this member.
+				m.checkExpiryLocked(m.now())
+			}
+		}()
 	}
 }
 

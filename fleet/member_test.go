@@ -17,6 +17,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kproxy/kproxy/internal/faultnet"
 )
 
 const (
@@ -39,10 +41,25 @@ func newCluster(t *testing.T) *kfake.Cluster {
 
 // netCut is a dialer whose connections the test can cut, like a network
 // partition between one kproxy and the brokers.
+// With relays set (slowNet), every connection goes through a fault
+// relay per broker, so the test can slow the link too.
 type netCut struct {
-	mu    sync.Mutex
-	cut   bool
-	conns []net.Conn
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+	relays map[string]*faultnet.Relay // nil: dial directly
+}
+
+// slowNet is a netCut whose links setDelay can slow.
+func slowNet() *netCut { return &netCut{relays: make(map[string]*faultnet.Relay)} }
+
+// setDelay adds d each way on every link of n (slowNet).
+func (n *netCut) setDelay(d time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, r := range n.relays {
+		r.Delay(faultnet.Both, d)
+	}
 }
 
 func (n *netCut) dial(ctx context.Context, network, host string) (net.Conn, error) {
@@ -50,6 +67,17 @@ func (n *netCut) dial(ctx context.Context, network, host string) (net.Conn, erro
 	defer n.mu.Unlock()
 	if n.cut {
 		return nil, errors.New("test: network cut")
+	}
+	if n.relays != nil {
+		r := n.relays[host]
+		if r == nil {
+			var err error
+			if r, err = faultnet.Listen(host); err != nil {
+				return nil, err
+			}
+			n.relays[host] = r
+		}
+		host = r.Addr()
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, network, host)
@@ -163,7 +191,13 @@ func testLogger(t *testing.T, id string) *slog.Logger {
 
 func startMember(t *testing.T, c *kfake.Cluster, log *eventLog, id string, owner bool) *testMember {
 	t.Helper()
-	tm := &testMember{id: id, net: &netCut{}, done: make(chan struct{})}
+	return startMemberOn(t, c, log, id, owner, &netCut{})
+}
+
+// startMemberOn is startMember with its connections dialed by nc.
+func startMemberOn(t *testing.T, c *kfake.Cluster, log *eventLog, id string, owner bool, nc *netCut) *testMember {
+	t.Helper()
+	tm := &testMember{id: id, net: nc, done: make(chan struct{})}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.Dialer(tm.net.dial),
 		kgo.RetryBackoffFn(func(int) time.Duration { return 50 * time.Millisecond }))
 	if err != nil {
@@ -207,6 +241,11 @@ func startMember(t *testing.T, c *kfake.Cluster, log *eventLog, id string, owner
 		cancel()
 		<-tm.done
 		cl.Close()
+		nc.mu.Lock()
+		for _, r := range nc.relays {
+			r.Close()
+		}
+		nc.mu.Unlock()
 	})
 	return tm
 }
@@ -788,4 +827,30 @@ func TestFleetFreshJoinReadsTheTable(t *testing.T) {
 		t.Fatalf("a owns %v before its join completed", got)
 	}
 	b.net.setCut(false)
+}
+
+// TestFleetSlowLinkKeepsTheLease: a member whose link to the brokers
+// takes 600 ms per round trip (0.4 of the session, as 2 s round trips
+// are of a 6 s session) keeps its lease and what it owns, as a direct
+// client keeps its session on such a link. Heartbeats waiting for each
+// other timed out at a third of the session and ran the lease out.
+func TestFleetSlowLinkKeepsTheLease(t *testing.T) {
+	c := newCluster(t)
+	log := &eventLog{}
+	ms := startFleet(t, c, log, 2)
+	x := startMemberOn(t, c, log, "x", true, slowNet())
+	ms = append(ms, x)
+	waitConverged(t, 10*time.Second, ms...)
+	s := startSampler(t, ms...)
+	had := ownedBy(x)
+	x.net.setDelay(300 * time.Millisecond)
+	time.Sleep(4 * testSession)
+	x.net.setDelay(0)
+	s.finish(t)
+	if st := x.m.Snapshot(); st.Fenced != 0 || st.LeaseExpired != 0 || st.Lost != 0 {
+		t.Fatalf("x on a slow link: fenced %d, lease expired %d, lost %d", st.Fenced, st.LeaseExpired, st.Lost)
+	}
+	if got := ownedBy(x); !slices.Equal(got, had) {
+		t.Fatalf("x owns %v after the slow link, had %v", got, had)
+	}
 }
