@@ -53,7 +53,36 @@ const (
 	// faultUpstreamSlow adds faultLatency each way on A's every
 	// connection to the broker and on the direct member's own path.
 	faultUpstreamSlow faultKind = "upstream-slow"
+	// faultUpstreamVerySlow is faultUpstreamSlow with a second each way
+	// (2 s per round trip).
+	faultUpstreamVerySlow faultKind = "upstream-slow-2s"
+	// faultUpstreamStalls stalls the same paths faultStall out of every
+	// faultStallEvery (a blackhole without closing, as a lossy link's
+	// retransmissions stall a TCP stream).
+	faultUpstreamStalls faultKind = "upstream-stalls"
 )
+
+// slow reports whether k slows the paths rather than cutting them: the
+// members keep their partitions, and their commits during the fault are
+// compared (commitBound).
+func (k faultKind) slow() bool {
+	return k == faultUpstreamSlow || k == faultUpstreamVerySlow || k == faultUpstreamStalls
+}
+
+// faultStall and faultStallEvery shape faultUpstreamStalls.
+const (
+	faultStall      = 400 * time.Millisecond
+	faultStallEvery = 2 * time.Second
+)
+
+// commitBound is how much slower than the direct member's the commits of
+// the member behind kproxy may be during a slowing fault, at p50 and at
+// p99: a slow upstream must delay a commit by about what it delays a
+// direct one, never by a multiple (a commit costing two slowed round
+// trips, or queued behind another, is at least 2x).
+func commitBound(direct time.Duration) time.Duration {
+	return direct*13/10 + 50*time.Millisecond
+}
 
 // faultTraffic says why a fault row's broker sees group traffic: the
 // direct group it runs beside the kproxy group is the cluster's.
@@ -542,12 +571,16 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 				r.set(on, 0)
 			}
 		}
-	case faultUpstreamSlow:
+	case faultUpstreamSlow, faultUpstreamVerySlow:
 		cut, other = onA, onB
+		latency := faultLatency
+		if kind == faultUpstreamVerySlow {
+			latency = time.Second
+		}
 		apply = func(on bool) {
 			d := time.Duration(0)
 			if on {
-				d = faultLatency
+				d = latency
 			}
 			for _, r := range viaA {
 				r.set(false, d)
@@ -555,6 +588,46 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 			for _, r := range viaD {
 				r.set(false, d)
 			}
+		}
+	case faultUpstreamStalls:
+		cut, other = onA, onB
+		set := func(hole bool) {
+			for _, r := range viaA {
+				r.set(hole, 0)
+			}
+			for _, r := range viaD {
+				r.set(hole, 0)
+			}
+		}
+		var stop chan struct{}
+		var stopped chan struct{}
+		apply = func(on bool) {
+			if !on {
+				close(stop)
+				<-stopped
+				set(false)
+				return
+			}
+			stop, stopped = make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(stopped)
+				t := time.NewTicker(faultStallEvery)
+				defer t.Stop()
+				for {
+					set(true)
+					select {
+					case <-stop:
+						return
+					case <-time.After(faultStall):
+					}
+					set(false)
+					select {
+					case <-stop:
+						return
+					case <-t.C:
+					}
+				}
+			}()
 		}
 	default:
 		return fail("unknown fault %q", kind)
@@ -634,7 +707,17 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("kproxy", cut, other))
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("direct", dCut, dHealthy))
 	s.note("after heal (member: callbacks and first commit, seconds after heal): %s", afterHeal(healAt, cut, other, dCut, dHealthy))
-	if kind != faultUpstreamSlow {
+	if kind.slow() {
+		k50, k99, kn := cut.commitLatency(faultAt, healAt)
+		d50, d99, dn := dCut.commitLatency(faultAt, healAt)
+		switch {
+		case kn == 0 || dn == 0:
+			problems = append(problems, fmt.Sprintf("no commit during the fault: %s %d, %s %d", cut.name, kn, dCut.name, dn))
+		case k50 > commitBound(d50) || k99 > commitBound(d99):
+			problems = append(problems, fmt.Sprintf("commits behind kproxy during the fault p50/p99 %s/%s, directly %s/%s: more than 1.3x + 50ms",
+				k50.Round(time.Millisecond), k99.Round(time.Millisecond), d50.Round(time.Millisecond), d99.Round(time.Millisecond)))
+		}
+	} else {
 		// The cut-off member behind kproxy is told to give its
 		// partitions up before the owner gives them away
 		// (docs/fleet.md): its window must be negative. Directly it is

@@ -164,6 +164,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "fault-owner-upstream-cut", fault: faultUpstreamCut, faultFor: 35 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fault-peer-link-cut", fault: faultPeerCut, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fault-owner-upstream-slow", fault: faultUpstreamSlow, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
+		{name: "fault-owner-upstream-slow-2s", fault: faultUpstreamVerySlow, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
+		{name: "fault-owner-upstream-stalls", fault: faultUpstreamStalls, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
 			producer: goc("franz")},
