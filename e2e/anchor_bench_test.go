@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strconv"
@@ -12,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -32,23 +37,44 @@ import (
 // the kill succeeded. Run it with
 //
 //	go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
+//
+// or against a real cluster, $KPROXY_BENCH_BROKERS, whose request logs
+// $KPROXY_BENCH_REQUEST_LOG (comma-separated, `interop/kafka.sh
+// request-log`) give the heartbeats at the cluster:
+//
+//	bash interop/kafka.sh start
+//	KPROXY_BENCH_BROKERS=127.0.0.1:9092 KPROXY_BENCH_REQUEST_LOG=$(bash interop/kafka.sh request-log | paste -sd,) \
+//	    go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
 func BenchmarkAnchors(b *testing.B) {
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_ANCHOR_GROUPS")); err == nil && v > 0 {
 		n = v
 	}
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(benchTopicPartitions, benchTopic),
-		kfake.GroupMinSessionTimeout(500*time.Millisecond), kfake.AllowAutoTopicCreation())
-	if err != nil {
-		b.Fatal(err)
+	name := "anch"
+	var brokers []string
+	var heartbeats func() int64 // Heartbeats the cluster served so far
+	if os.Getenv("KPROXY_BENCH_BROKERS") != "" {
+		brokers = commitBenchBrokers(b)
+		// Groups, their offsets and the groups topic outlive a run on
+		// a real cluster: a fleet and groups of this run's own.
+		name += strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
+		createBenchTopic(b, brokers)
+		heartbeats = requestLogCounter(b, os.Getenv("KPROXY_BENCH_REQUEST_LOG"), 12)
+	} else {
+		cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(benchTopicPartitions, benchTopic),
+			kfake.GroupMinSessionTimeout(500*time.Millisecond), kfake.AllowAutoTopicCreation())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(cluster.Close)
+		brokers = cluster.ListenAddrs()
+		reqs := countRequests(cluster)
+		heartbeats = func() int64 { return reqs.snapshot()[12] }
 	}
-	b.Cleanup(cluster.Close)
-	reqs := countRequests(cluster)
-	const name = "anch"
 	var procs []*kproxyProc
 	for i := range 2 {
 		args := append(fleetBenchArgs(name, "3s", "300ms"), "--group-anchor-session-timeout", "8s")
-		procs = append(procs, startKproxy(b, name+"-"+strconv.Itoa(i), cluster.ListenAddrs(), args...))
+		procs = append(procs, startKproxy(b, name+"-"+strconv.Itoa(i), brokers, args...))
 	}
 	owners := waitFleetSettled(b, procs, 60*time.Second)
 	owner, survivor := procs[0], procs[1]
@@ -73,7 +99,7 @@ func BenchmarkAnchors(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(cl.Close)
-	topicID := benchTopicID(b, cluster)
+	topicID := benchTopicIDAt(b, brokers[0])
 	paths := make([]*latencyPath, len(groups))
 	settleStart := time.Now()
 	var wg sync.WaitGroup
@@ -96,10 +122,9 @@ func BenchmarkAnchors(b *testing.B) {
 
 	// Idle: only the anchors (and the fleet) talk to the cluster.
 	const idle = 6 * time.Second
-	before := reqs.snapshot()
+	before := heartbeats()
 	time.Sleep(idle)
-	after := reqs.snapshot()
-	hb := float64(after[12]-before[12]) / idle.Seconds()
+	hb := float64(heartbeats()-before) / idle.Seconds()
 
 	// Failover: every group commits through the survivor until it
 	// succeeded once after the kill.
@@ -164,4 +189,68 @@ func BenchmarkAnchors(b *testing.B) {
 	b.ReportMetric(hb, "anchor-heartbeats/s")
 	b.ReportMetric(sorted[len(sorted)-1].Seconds(), "s-to-last-group")
 	b.ReportMetric(p50.Seconds(), "s-to-group-p50")
+}
+
+// createBenchTopic creates benchTopic with benchTopicPartitions on the
+// cluster of brokers, unless it exists.
+func createBenchTopic(b *testing.B, brokers []string) {
+	b.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopic(ctx, benchTopicPartitions, -1, nil, benchTopic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+		b.Fatalf("create topic %s: %v", benchTopic, err)
+	}
+}
+
+// requestLogCounter counts, in the broker request logs at paths
+// (comma-separated, written by interop/kafka.sh), the requests of API
+// key that were logged after it was called: the function it returns
+// reads what the logs gained since.
+func requestLogCounter(b *testing.B, paths string, key int16) func() int64 {
+	b.Helper()
+	if paths == "" {
+		b.Fatal("KPROXY_BENCH_REQUEST_LOG is unset: against a real cluster the heartbeats are counted in its request logs (interop/kafka.sh request-log)")
+	}
+	needle := []byte(fmt.Sprintf(`"requestApiKey":%d,`, key))
+	type logFile struct {
+		path  string
+		start int64
+	}
+	var logs []logFile
+	for p := range strings.SplitSeq(paths, ",") {
+		fi, err := os.Stat(p)
+		if err != nil {
+			b.Fatalf("request log: %v", err)
+		}
+		logs = append(logs, logFile{p, fi.Size()})
+	}
+	return func() int64 {
+		var n int64
+		for _, l := range logs {
+			f, err := os.Open(l.path)
+			if err != nil {
+				b.Fatalf("request log: %v", err)
+			}
+			if _, err := f.Seek(l.start, io.SeekStart); err != nil {
+				f.Close()
+				b.Fatalf("request log: %v", err)
+			}
+			all, err := io.ReadAll(f)
+			f.Close()
+			if err != nil {
+				b.Fatalf("request log: %v", err)
+			}
+			n += int64(bytes.Count(all, needle))
+		}
+		return n
+	}
 }

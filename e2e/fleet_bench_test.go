@@ -199,7 +199,13 @@ func perOp(before, after [100]int64, ops int) string {
 // benchTopicID asks the cluster for the benchmark topic's id.
 func benchTopicID(b *testing.B, cluster *kfake.Cluster) [16]byte {
 	b.Helper()
-	cl := oneClient(b, cluster.ListenAddrs()[0])
+	return benchTopicIDAt(b, cluster.ListenAddrs()[0])
+}
+
+// benchTopicIDAt asks the broker at addr for the benchmark topic's id.
+func benchTopicIDAt(b *testing.B, addr string) [16]byte {
+	b.Helper()
+	cl := oneClient(b, addr)
 	req := kmsg.NewPtrMetadataRequest()
 	rt := kmsg.NewMetadataRequestTopic()
 	rt.Topic = kmsg.StringPtr(benchTopic)
