@@ -1,0 +1,342 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
+)
+
+// TestHandBackOwnerKilled: the kproxy serving a classic group is
+// SIGKILLed in the middle of handing the group back (docs/anchors.md,
+// "Out (rollback)" and "Removed at once": anchors of a kproxy that died
+// expire after their session timeout). Three cooperative members sit
+// behind one `kproxy serve --groups local` process with a 6 s anchor
+// session; c moves back to the brokers, kproxy begins the hand-back, and
+// kproxy is killed:
+//
+//   - begun: at once after it logged that it hands the group back,
+//     before the members behind it reached the cluster's group;
+//   - members-joining: b has crashed meanwhile (so the anchor waits for
+//     it), a has joined the cluster's group through kproxy with an id of
+//     the cluster's, and the anchor is still there.
+//
+// Then a, cut off with its sidecar, is restarted against the brokers; b
+// stays dead. The anchor never left, so the cluster must expire it (and
+// a's join through the dead kproxy, which kfake sometimes keeps for good:
+// reapGhosts stands in for Kafka's expiry). In the end a-direct and c-direct own
+// every partition, each once, in the cluster's group without the anchor;
+// no partition was owned by two live members at once, committed offsets
+// never went backwards and every record produced was consumed.
+func TestHandBackOwnerKilled(t *testing.T) {
+	for _, point := range []string{"begun", "members-joining"} {
+		t.Run(point, func(t *testing.T) { handBackOwnerKilled(t, point) })
+	}
+}
+
+func handBackOwnerKilled(t *testing.T, point string) {
+	const (
+		partitions    = 6
+		n             = 900
+		anchorSession = 6 * time.Second
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	group, topic := "handback-kill-"+point, "handback-kill-t-"+point
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, topic),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	k := startKproxy(t, "kproxy", brokers, "--groups", "local",
+		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s",
+		"--group-anchor-session-timeout", anchorSession.String())
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			prod.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
+		}
+		if err := prod.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(0, n/3)
+
+	const opts6s = 6 * time.Second // the members' session timeout
+	opts := []kgo.Opt{kgo.SessionTimeout(opts6s), kgo.HeartbeatInterval(time.Second)}
+	own, recs := newOwnership(t), newRecords()
+	watch := watchOffsets(ctx, t, brokers, topic, group)
+	mc := func() memberCfg { return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts} }
+	a := startMemberAt(t, k.addr, "a", mc())
+	b := startMemberAt(t, k.addr, "b", mc())
+	c := startMemberAt(t, k.addr, "c", mc())
+	waitOwners(t, own, partitions, "a", "b", "c")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	isAnchor := func(m kadm.DescribedGroupMember) bool {
+		return m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, kafkastore.DefaultAnchorInstanceID)
+	}
+	others := func(d kadm.DescribedGroup) (anchored bool, ids []string) {
+		for _, m := range d.Members {
+			if isAnchor(m) {
+				anchored = true
+			} else {
+				ids = append(ids, m.ClientID+"/"+m.MemberID)
+			}
+		}
+		return anchored, ids
+	}
+	waitDirectWithin(ctx, t, adm, group, "anchored", 20*time.Second, func(d kadm.DescribedGroup) bool {
+		anchored, ids := others(d)
+		return anchored && len(ids) == 0 && d.State == "Stable"
+	})
+
+	// c goes back to the brokers: kproxy begins the hand-back.
+	c.leave()
+	own.releaseAll("c")
+	moved := time.Now()
+	c2 := startMemberAt(t, brokers[0], "c-direct", mc())
+	defer c2.leave()
+	const begun = "kafkastore: a member reached the cluster's group directly: handing the group back"
+	waitLog(t, k, begun, 15*time.Second)
+	t.Logf("kproxy began the hand-back %s after c-direct started", time.Since(moved).Round(time.Millisecond))
+
+	if point == "members-joining" {
+		// b crashes: the anchor waits for it (at least 10 s) while a
+		// follows c-direct into the cluster's group through kproxy.
+		b.kill(own)
+		d := waitDirectWithin(ctx, t, adm, group, "a in the cluster's group beside the anchor and c-direct", 8*time.Second, func(d kadm.DescribedGroup) bool {
+			anchored, ids := others(d)
+			return anchored && len(ids) >= 2
+		})
+		_, ids := others(d)
+		t.Logf("a joined the cluster's group through kproxy %s after c-direct started: %s, members %v",
+			time.Since(moved).Round(time.Millisecond), d.State, ids)
+	}
+	if strings.Contains(k.log(), "kafkastore: group handed back to the cluster's coordinator") {
+		t.Fatalf("the hand-back completed before kproxy could be killed in the middle of it (%s): the test proves nothing", point)
+	}
+
+	// SIGKILL kproxy in the middle of the hand-back.
+	k.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	select {
+	case <-k.exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("kproxy did not exit within 5s of SIGKILL")
+	}
+	if strings.Contains(k.log(), "kafkastore: group handed back to the cluster's coordinator") {
+		t.Fatalf("the hand-back completed before kproxy died (%s): the test proves nothing", point)
+	}
+	d := describeDirect(ctx, t, adm, group)
+	anchored, ids := others(d)
+	t.Logf("killed kproxy %s after c-direct started; the cluster's group: %s, anchor %v, members %v",
+		killed.Sub(moved).Round(time.Millisecond), d.State, anchored, ids)
+	if !anchored {
+		t.Fatalf("the anchor of the killed kproxy left the cluster's group (%s): the kill did not land mid-hand-back", point)
+	}
+
+	// The cluster's group as it changes from now on, for the log; and
+	// the session Kafka gives the members' joins through the dead kproxy,
+	// which kfake does not (see reapGhosts).
+	bg, stopBg := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopBg(); wg.Wait() }()
+	wg.Add(2)
+	go func() { defer wg.Done(); traceGroup(bg, t, adm, group, killed) }()
+	go func() { defer wg.Done(); reapGhosts(bg, t, cl, adm, group, opts6s, killed, "a", "b") }()
+
+	// The operator restarts a against the brokers; b stays dead.
+	a.kill(own)
+	if point != "members-joining" {
+		b.kill(own)
+	}
+	a2 := startMemberAt(t, brokers[0], "a-direct", mc())
+	defer a2.leave()
+	produce(n/3, 2*n/3)
+
+	waitOwners(t, own, partitions, "a-direct", "c-direct")
+	t.Logf("a-direct and c-direct own every partition %s after the kill", time.Since(killed).Round(time.Millisecond))
+	own.check()
+
+	// The cluster's own coordinator serves the group: a-direct and
+	// c-direct, the anchor expired, each partition assigned once.
+	d = waitDirectWithin(ctx, t, adm, group, "served by the cluster with a-direct and c-direct only", 2*anchorSession, func(d kadm.DescribedGroup) bool {
+		if d.State != "Stable" || len(d.Members) != 2 {
+			return false
+		}
+		for _, m := range d.Members {
+			if isAnchor(m) {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("the cluster's group Stable with the live members only %s after the kill", time.Since(killed).Round(time.Millisecond))
+	assigned := map[int32]string{}
+	clients := map[string]bool{}
+	for _, m := range d.Members {
+		clients[m.ClientID] = true
+		ca, ok := m.Assigned.AsConsumer()
+		if !ok {
+			t.Fatalf("member %s of the cluster's group has no consumer assignment", m.ClientID)
+		}
+		for _, at := range ca.Topics {
+			for _, p := range at.Partitions {
+				if have, dup := assigned[p]; dup {
+					t.Fatalf("the cluster assigned partition %d to %s and %s", p, have, m.ClientID)
+				}
+				assigned[p] = m.ClientID
+			}
+		}
+	}
+	if !clients["a-direct"] || !clients["c-direct"] || len(assigned) != partitions {
+		t.Fatalf("the cluster's group: members %v, assignment %s; want a-direct and c-direct sharing %d partitions",
+			clients, fmtAssigned(assigned), partitions)
+	}
+
+	produce(2*n/3, n)
+	waitConsumed(t, recs, n)
+	own.check()
+	watch.check(t)
+	assertCommittedAtEnd(ctx, t, brokers, group, topic)
+	t.Logf("%s: settled, %d records consumed, %s after c-direct started", point, n, time.Since(moved).Round(time.Millisecond))
+}
+
+// waitLog waits until k logged a line containing s.
+func waitLog(t testing.TB, k *kproxyProc, s string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !strings.Contains(k.log(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never logged %q within %v", k.name, s, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func fmtAssigned(a map[int32]string) string {
+	var ps []int32
+	for p := range a {
+		ps = append(ps, p)
+	}
+	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
+	var b strings.Builder
+	for _, p := range ps {
+		fmt.Fprintf(&b, " %d:%s", p, a[p])
+	}
+	return "[" + strings.TrimSpace(b.String()) + "]"
+}
+
+// traceGroup logs the cluster's view of group each time it changes, with
+// each member's assigned partitions, until ctx ends.
+func traceGroup(ctx context.Context, t testing.TB, adm *kadm.Client, group string, since time.Time) {
+	var last string
+	for ctx.Err() == nil {
+		ds, err := adm.DescribeGroups(ctx, group)
+		if err == nil {
+			d := ds[group]
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s", d.State)
+			for _, m := range d.Members {
+				inst := ""
+				if m.InstanceID != nil {
+					inst = "(" + *m.InstanceID + ")"
+				}
+				var ps []int32
+				if ca, ok := m.Assigned.AsConsumer(); ok {
+					for _, at := range ca.Topics {
+						ps = append(ps, at.Partitions...)
+					}
+				}
+				fmt.Fprintf(&b, " %s%s%v", m.MemberID, inst, ps)
+			}
+			if s := b.String(); s != last {
+				last = s
+				if ctx.Err() == nil {
+					t.Logf("cluster's group +%s: %s", time.Since(since).Round(time.Millisecond), s)
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// reapGhosts stands in for the session timeout Kafka gives a member of
+// the cluster's group whose JoinGroup answer went to a connection that is
+// gone: here the joins that members behind the killed kproxy (client ids
+// clients) made through it. Kafka schedules every member's session when
+// a join completes (and drops members that do not sync within the
+// rebalance timeout, Stable or not); kfake arms the session only when it
+// could deliver the answer (group.reply: creq.reply returns false on a
+// closed connection, so no updateHeartbeat; chosen at random against
+// its 2-slot respCh) and the leader's SyncGroup clears its pending-sync
+// timer, so such a member stays in the Stable group for good, keeping
+// its partitions from everyone. Once the cluster's group is past the
+// join for a member's session plus a second and the member is still
+// there, it is removed with a LeaveGroup, as Kafka's expiry would.
+func reapGhosts(ctx context.Context, t testing.TB, cl *kgo.Client, adm *kadm.Client, group string, session time.Duration, since time.Time, clients ...string) {
+	ghost := map[string]bool{}
+	for _, c := range clients {
+		ghost[c] = true
+	}
+	seen := map[string]time.Time{} // member id -> first seen past the join
+	for ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		ds, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			continue
+		}
+		d := ds[group]
+		if d.State == "PreparingRebalance" {
+			clear(seen)
+			continue
+		}
+		for _, m := range d.Members {
+			if !ghost[m.ClientID] {
+				continue
+			}
+			at, ok := seen[m.MemberID]
+			if !ok {
+				seen[m.MemberID] = time.Now()
+				continue
+			}
+			if time.Since(at) < session+time.Second {
+				continue
+			}
+			req := kmsg.NewPtrLeaveGroupRequest()
+			req.Group = group
+			lm := kmsg.NewLeaveGroupRequestMember()
+			lm.MemberID = m.MemberID
+			req.Members = append(req.Members, lm)
+			_, err := req.RequestWith(ctx, cl)
+			if ctx.Err() == nil {
+				t.Logf("cluster's group +%s: %s (%s, joined through the killed kproxy) still there %s past the join, %s: removed as Kafka's session expiry would (LeaveGroup: %v)",
+					time.Since(since).Round(time.Millisecond), m.MemberID, m.ClientID, time.Since(at).Round(time.Millisecond), d.State, err)
+			}
+			delete(seen, m.MemberID)
+		}
+	}
+}
