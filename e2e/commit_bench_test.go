@@ -169,23 +169,7 @@ func measureCommits(b *testing.B, brokers []string, prefix string, paths []*comm
 			b.Fatalf("%s: create topic %s: %v", p.name, p.topic, err)
 		}
 	}
-	// The members join in parallel: distributed mode may still be
-	// claiming; each waits until it is assigned partition 0.
-	var wg sync.WaitGroup
-	errs := make([]error, len(paths))
-	for i, p := range paths {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = p.join(b)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			b.Fatalf("%s: %v", paths[i].name, err)
-		}
-	}
+	joinAll(b, paths)
 	for _, p := range paths {
 		// Untimed: connections, the member's OffsetFetch after its
 		// assignment, the first transaction of a fleet partition.
@@ -205,6 +189,27 @@ func measureCommits(b *testing.B, brokers []string, prefix string, paths []*comm
 	}
 	b.StopTimer()
 	return adm
+}
+
+// joinAll joins the members of paths in parallel (distributed mode may
+// still be claiming); each waits until it is assigned partition 0.
+func joinAll(b *testing.B, paths []*commitPath) {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(paths))
+	for i, p := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = p.join(b)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			b.Fatalf("%s %s: %v", paths[i].name, paths[i].group, err)
+		}
+	}
 }
 
 // startCommitBenchKproxy starts an in-process kproxy in front of

@@ -124,6 +124,14 @@ func startKproxy(t testing.TB, name string, upstream []string, args ...string) *
 		if t.Failed() {
 			t.Logf("--- %s stderr:\n%s", k.name, k.log())
 		}
+		// $KPROXY_E2E_KEEP_LOGS names a directory that keeps every
+		// child's log, for reading a passing run (a benchmark's, say,
+		// with --log-level debug among its args).
+		if dir := os.Getenv("KPROXY_E2E_KEEP_LOGS"); dir != "" {
+			if err := os.WriteFile(filepath.Join(dir, k.name+".log"), []byte(k.log()), 0o644); err != nil {
+				t.Logf("keep %s's log: %v", k.name, err)
+			}
+		}
 	})
 	deadline := time.After(60 * time.Second)
 	for k.addr == "" || k.admin == "" {

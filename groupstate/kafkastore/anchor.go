@@ -109,12 +109,19 @@ type AnchorOptions struct {
 	// NewClient, when set, makes a client of the cluster like the
 	// store's own: the anchors' JoinGroup and SyncGroup go each on a
 	// client lent to it alone, from a pool of at most JoinClients made
-	// with it (joinpool.go), so that a join the cluster holds holds up
-	// no other. Unset, they go on the store's client.
+	// with it (clientpool.go), so that a join the cluster holds holds up
+	// no other; and so does every other request the store sends a
+	// group's coordinator (commits, heartbeats, describes), from a pool
+	// of at most RequestClients, so that none waits out another's answer
+	// on one connection. Unset, they go on the store's client.
 	NewClient func() (*kgo.Client, error)
-	// JoinClients bounds the pool of NewClient's clients: how many
-	// anchor joins and syncs may be in flight at once. 0 means 256.
+	// JoinClients bounds the pool of NewClient's clients for joins: how
+	// many anchor joins and syncs may be in flight at once. 0 means 256.
 	JoinClients int
+	// RequestClients bounds the pool of NewClient's clients for the
+	// other requests to coordinators: how many may be in flight at
+	// once. 0 means 64.
+	RequestClients int
 	// MemberHeartbeatInterval, when set, says how often the engine's
 	// KIP-848 members heartbeat (the interval it gives them); unset
 	// means 5s, Kafka's group.consumer.heartbeat.interval.ms. A KIP-848
@@ -148,11 +155,12 @@ type anchorSet struct {
 	takeovers map[string]*takeoverPlan
 
 	// sem bounds the anchor requests in flight at once (heartbeats of
-	// thousands of groups come due together after a failover), but for
-	// the joins and syncs lent a client of joins (nil without
-	// AnchorOptions.NewClient), which bounds them.
+	// thousands of groups come due together after a failover) while the
+	// store has no pool of clients for them (Store.reqs, which bounds
+	// them otherwise); joins lends the joins and syncs a client each
+	// (nil without AnchorOptions.NewClient).
 	sem   chan struct{}
-	joins *joinPool
+	joins *clientPool
 	// stop ends the heartbeat scheduler; closed by Store.CloseAnchors.
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -246,6 +254,9 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 	if o.JoinClients <= 0 {
 		o.JoinClients = 256
 	}
+	if o.RequestClients <= 0 {
+		o.RequestClients = 64
+	}
 	as := &anchorSet{
 		s: s, opts: o,
 		groups:   make(map[string]*anchor),
@@ -254,7 +265,8 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 		stop:     make(chan struct{}),
 	}
 	if o.NewClient != nil {
-		as.joins = newJoinPool(o.JoinClients, o.NewClient)
+		as.joins = newClientPool("an anchor's join", o.JoinClients, o.NewClient)
+		s.reqs = newClientPool("a request to a group coordinator", o.RequestClients, o.NewClient)
 	}
 	s.anchors = as
 	go as.scheduler()
@@ -273,7 +285,10 @@ func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 	}
 	as.stopOnce.Do(func() { close(as.stop) })
 	if as.joins != nil {
-		defer as.joins.close() // after the leaves, which go on the store's client
+		// After the leaves, which go on the store's clients; later
+		// requests go on the store's own client (Store.lend).
+		defer as.joins.close()
+		defer s.reqs.close()
 	}
 	as.mu.Lock()
 	all := make([]*anchor, 0, len(as.groups))
@@ -543,7 +558,8 @@ func (as *anchorSet) work(a *anchor) {
 }
 
 // request sends req to the coordinator of group, under the set's bound;
-// a JoinGroup or SyncGroup on a client of its own (joinpool.go).
+// a JoinGroup or SyncGroup on a client of the joins pool, any other on
+// one of the store's (clientpool.go).
 func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, error) {
 	if k := req.Key(); as.joins != nil && (k == kmsg.JoinGroup.Int16() || k == kmsg.SyncGroup.Int16()) {
 		cl, err := as.joins.get(ctx)
@@ -552,6 +568,9 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 		}
 		defer as.joins.put(cl)
 		return as.s.coordRequestOn(ctx, cl, coordinatorGroup, group, req, req.MaxVersion(), code)
+	}
+	if as.s.reqs != nil {
+		return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 	}
 	select {
 	case as.sem <- struct{}{}:

@@ -62,6 +62,10 @@ type Store struct {
 	// apiKeys caches the API keys the cluster answers (supportsKey);
 	// guarded by mu.
 	apiKeys map[int16]bool
+	// reqs lends a client to each request for a group sent to its
+	// coordinator (lend, clientpool.go); nil sends them on cl. Set once
+	// by EnableAnchors before the store is shared.
+	reqs *clientPool
 }
 
 var (
@@ -182,7 +186,12 @@ func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.O
 		return r.topics, r.err
 	}
 	req := s.commitRequest(ctx, group, topics)
-	resp, err := req.RequestWith(ctx, s.cl)
+	cl, put, err := s.lend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	put()
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
 	}
@@ -240,7 +249,12 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 			return resp, err
 		}
 	}
-	resp, err := req.RequestWith(ctx, s.cl)
+	cl, put, err := s.lend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	put()
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", in.Group, err)
 	}
@@ -281,7 +295,12 @@ func (s *Store) fetchOffsets(ctx context.Context, group string, topics []kmsg.Of
 		}
 	}
 	req.Groups = []kmsg.OffsetFetchRequestGroup{rg}
-	resp, err := req.RequestWith(ctx, s.cl)
+	cl, put, err := s.lend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := req.RequestWith(ctx, cl)
+	put()
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset fetch for group %q: %w", group, err)
 	}

@@ -765,8 +765,17 @@ func (s *Store) produceTxn(ctx context.Context, tp *txnPart, recs []kmsg.Record)
 		rt.Partitions = []kmsg.ProduceRequestTopicPartition{rp}
 		req.Topics = []kmsg.ProduceRequestTopic{rt}
 		// A resend after a lost answer carries the same sequence
-		// numbers: the broker recognizes it as a duplicate.
-		raw, err := s.cl.Broker(int(m.leaders[tp.p])).RetriableRequest(ctx, capVersion{req, maxTxnProduceVersion})
+		// numbers: the broker recognizes it as a duplicate. On a lent
+		// client, so that the writes of other groups partitions, which
+		// go to the same leader, do not wait out this one's acks=all
+		// (clientpool.go); tp has one produce in flight at a time, so
+		// its sequence numbers still arrive in order.
+		cl, put, err := s.lend(ctx)
+		if err != nil {
+			return fmt.Errorf("transactional produce to %s[%d]: %w", s.groupsTopic, tp.p, err)
+		}
+		raw, err := cl.Broker(int(m.leaders[tp.p])).RetriableRequest(ctx, capVersion{req, maxTxnProduceVersion})
+		put()
 		if err != nil {
 			s.forgetGroupsMeta()
 			if ctx.Err() != nil {

@@ -133,7 +133,30 @@ func (s *Store) forgetCoordinator(typ int8, key string) {
 // maxCoordinatorAttempts. Every request sent this way must be safe to
 // repeat (all the transaction requests are, for one producer epoch).
 func (s *Store) coordRequest(ctx context.Context, typ int8, key string, req kmsg.Request, maxVersion int16, code func(kmsg.Response) int16) (kmsg.Response, error) {
-	return s.coordRequestOn(ctx, s.cl, typ, key, req, maxVersion, code)
+	cl, put, err := s.lend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer put()
+	return s.coordRequestOn(ctx, cl, typ, key, req, maxVersion, code)
+}
+
+// lend returns a client for one request to a coordinator, on a
+// connection no other request waits on (clientpool.go), and the function
+// that gives it back: one of the store's pooled clients, or the store's
+// own client when it has no pool or its pool closed (kproxy stopping).
+func (s *Store) lend(ctx context.Context) (*kgo.Client, func(), error) {
+	if s.reqs == nil {
+		return s.cl, func() {}, nil
+	}
+	cl, err := s.reqs.get(ctx)
+	if errors.Is(err, errClientPoolClosed) {
+		return s.cl, func() {}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return cl, func() { s.reqs.put(cl) }, nil
 }
 
 // coordRequestOn is coordRequest sending on cl (the coordinator is still

@@ -2,10 +2,14 @@ package kafkastore
 
 import (
 	"context"
+	"encoding/binary"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -18,7 +22,7 @@ import (
 // anchor's join into another group must not wait for it. On the store's
 // own client both go on one connection, which the broker serves one
 // request at a time: the shared case shows the wait, the pooled one
-// that it is gone (joinpool.go).
+// that it is gone (clientpool.go).
 func TestAnchorJoinHeldHoldsUpNoOther(t *testing.T) {
 	const hold = 6 * time.Second // the rebalance timeout of every member
 	for _, pooled := range []bool{false, true} {
@@ -108,4 +112,138 @@ func directJoin(ctx context.Context, t *testing.T, cl *kgo.Client, j classic.Joi
 		t.Fatalf("join: %v", err)
 	}
 	return resp
+}
+
+// commitGate is a dialer whose connections can hold one OffsetCommit:
+// armed, the next write of an OffsetCommit frame blocks until release
+// closes, as a broker that has not answered the commit before it holds
+// every later request of that connection.
+type commitGate struct {
+	mu    sync.Mutex // guards armed
+	armed bool
+
+	held    chan struct{} // closed when a commit is held
+	release chan struct{} // closed by the test to let it go
+}
+
+func (g *commitGate) dial(ctx context.Context, network, host string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	return &gatedConn{Conn: c, g: g}, nil
+}
+
+func (g *commitGate) arm() {
+	g.mu.Lock()
+	g.armed = true
+	g.mu.Unlock()
+}
+
+type gatedConn struct {
+	net.Conn
+	g *commitGate
+}
+
+// Write holds the armed commit: kgo writes each request frame in one
+// Write, its API key after the 4-byte length.
+func (c *gatedConn) Write(b []byte) (int, error) {
+	if len(b) >= 6 && int16(binary.BigEndian.Uint16(b[4:6])) == kmsg.OffsetCommit.Int16() {
+		c.g.mu.Lock()
+		hold := c.g.armed
+		c.g.armed = false
+		c.g.mu.Unlock()
+		if hold {
+			close(c.g.held)
+			<-c.g.release
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+// TestCommitWaitsOnNoOtherGroupsCommit: a commit of one group must not
+// wait for the answer to another group's commit, as directly, where
+// each member has a connection of its own (clientpool.go). The shared
+// case shows the wait on the store's one client; the pooled case that
+// it is gone.
+func TestCommitWaitsOnNoOtherGroupsCommit(t *testing.T) {
+	for _, pooled := range []bool{false, true} {
+		name := map[bool]string{false: "shared client", true: "pooled clients"}[pooled]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(cluster.Close)
+			g := &commitGate{held: make(chan struct{}), release: make(chan struct{})}
+			var releaseOnce sync.Once
+			release := func() { releaseOnce.Do(func() { close(g.release) }) }
+			t.Cleanup(release)
+			newClient := func() (*kgo.Client, error) {
+				cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.Dialer(g.dial))
+				if err == nil {
+					t.Cleanup(cl.Close)
+				}
+				return cl, err
+			}
+			cl, err := newClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			store := New(cl)
+			o := AnchorOptions{}
+			if pooled {
+				o.NewClient = newClient
+			}
+			store.EnableAnchors(o)
+			t.Cleanup(func() { store.CloseAnchors(context.Background(), false) })
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			commit := func(ctx context.Context, group string, offset int64) error {
+				topics := []kmsg.OffsetCommitRequestTopic{{Topic: "t", Partitions: []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: offset, LeaderEpoch: -1}}}}
+				resp, err := store.CommitOffsets(ctx, group, topics)
+				if err != nil {
+					return err
+				}
+				for _, rt := range resp {
+					for _, rp := range rt.Partitions {
+						if err := kerr.ErrorForCode(rp.ErrorCode); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}
+			// Unheld first: connections, metadata, coordinators.
+			for _, group := range []string{"a", "b"} {
+				if err := commit(ctx, group, 1); err != nil {
+					t.Fatalf("commit of %s: %v", group, err)
+				}
+			}
+
+			g.arm()
+			heldErr := make(chan error, 1)
+			go func() { heldErr <- commit(ctx, "a", 2) }()
+			select {
+			case <-g.held:
+			case <-ctx.Done():
+				t.Fatal("the commit of a was never written")
+			}
+			bctx, bcancel := context.WithTimeout(ctx, 2*time.Second)
+			err = commit(bctx, "b", 2)
+			bcancel()
+			if pooled && err != nil {
+				t.Fatalf("the commit of b, while a's waits for its answer: %v", err)
+			}
+			if !pooled && err == nil {
+				t.Fatal("on one client the commit of b went through while a's write was held: the test proves nothing")
+			}
+			release()
+			if err := <-heldErr; err != nil {
+				t.Fatalf("the held commit of a: %v", err)
+			}
+		})
+	}
 }
