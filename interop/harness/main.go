@@ -166,6 +166,9 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "fault-owner-upstream-slow", fault: faultUpstreamSlow, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fault-owner-upstream-slow-2s", fault: faultUpstreamVerySlow, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fault-owner-upstream-stalls", fault: faultUpstreamStalls, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
+		// A one-way partition: A's requests reach the broker, the
+		// broker's answers to A are held (and the direct member's).
+		{name: "fault-owner-upstream-responses-held", fault: faultUpstreamResponsesHeld, faultFor: 30 * time.Second, brokerGroupTraffic: faultTraffic},
 		{name: "fleet-mixed", assignor: "range", fleet: true, sessionMS: 20000,
 			members:  [][]string{java, append(append([]string(nil), py...), "--client", "confluent"), goc("franz")},
 			producer: goc("franz")},

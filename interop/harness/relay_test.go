@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -112,5 +113,154 @@ func TestFaultRelayPipelined(t *testing.T) {
 		if took := time.Since(<-sent); took > 2*delay+40*time.Millisecond {
 			t.Fatalf("echo %d came back after %v; want about %v", i, took, 2*delay)
 		}
+	}
+}
+
+// acceptOne listens on loopback and hands over the first connection
+// accepted, the target's side of a relayed connection.
+func acceptOne(t *testing.T) (addr string, conns <-chan net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		ch <- c
+	}()
+	return ln.Addr().String(), ch
+}
+
+// readFor reads from conn for d and returns what arrived.
+func readFor(conn net.Conn, d time.Duration) []byte {
+	var got []byte
+	conn.SetReadDeadline(time.Now().Add(d))
+	defer conn.SetReadDeadline(time.Time{})
+	for {
+		b := make([]byte, 64)
+		n, err := conn.Read(b)
+		got = append(got, b[:n]...)
+		if err != nil {
+			return got
+		}
+	}
+}
+
+// readN reads exactly n bytes from conn within d.
+func readN(conn net.Conn, n int, d time.Duration) ([]byte, error) {
+	conn.SetReadDeadline(time.Now().Add(d))
+	defer conn.SetReadDeadline(time.Time{})
+	b := make([]byte, n)
+	_, err := io.ReadFull(conn, b)
+	return b, err
+}
+
+// TestFaultRelayOneWay: a one-way hole holds exactly its direction while
+// the other keeps flowing, and at heal the held bytes, written as
+// separate chunks during the hole, flow on whole and in order; then the
+// same the other way round on the same connection.
+func TestFaultRelayOneWay(t *testing.T) {
+	target, accepted := acceptOne(t)
+	r, err := listenRelay(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	client, err := net.Dial("tcp", r.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	var server net.Conn
+	select {
+	case server = <-accepted:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the relay did not connect to its target")
+	}
+
+	for _, tc := range []struct {
+		held            direction
+		heldSide, other net.Conn // the sender of the held direction, the other side
+	}{{toTarget, client, server}, {toClient, server, client}} {
+		r.setHoles(tc.held, 0)
+		// The held direction: chunks written apart, so that the relay
+		// reads (or would read) each on its own.
+		held := []byte("held-" + tc.held.String() + "|")
+		for i := range 3 {
+			if _, err := tc.heldSide.Write(append(held, byte('0'+i))); err != nil {
+				t.Fatalf("%v: write: %v", tc.held, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		// The other direction flows while the hole holds.
+		for i := range 3 {
+			msg := []byte{'f', byte('0' + i)}
+			if _, err := tc.other.Write(msg); err != nil {
+				t.Fatalf("%v: write the other way: %v", tc.held, err)
+			}
+			got, err := readN(tc.heldSide, len(msg), time.Second)
+			if err != nil || string(got) != string(msg) {
+				t.Fatalf("hole %v: the other direction carried %q, %v; want %q", tc.held, got, err, msg)
+			}
+		}
+		if got := readFor(tc.other, 300*time.Millisecond); len(got) > 0 {
+			t.Fatalf("hole %v: %q came through it", tc.held, got)
+		}
+		r.heal()
+		var want []byte
+		for i := range 3 {
+			want = append(append(want, held...), byte('0'+i))
+		}
+		got, err := readN(tc.other, len(want), 2*time.Second)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("hole %v: at heal %q, %v; want %q", tc.held, got, err, want)
+		}
+	}
+
+	// Both ways still work after both one-way holes.
+	for _, p := range [][2]net.Conn{{client, server}, {server, client}} {
+		if _, err := p[0].Write([]byte("ok")); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := readN(p[1], 2, time.Second); err != nil || string(got) != "ok" {
+			t.Fatalf("healed: %q, %v", got, err)
+		}
+	}
+}
+
+// TestFaultRelayOneWayClose: a client's close still reaches the target
+// through a hole toClient (its FIN travels the flowing direction), and
+// not through a hole toTarget until heal.
+func TestFaultRelayOneWayClose(t *testing.T) {
+	for _, held := range []direction{toClient, toTarget} {
+		target, accepted := acceptOne(t)
+		r, err := listenRelay(target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := net.Dial("tcp", r.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		server := <-accepted
+		r.setHoles(held, 0)
+		client.Close()
+		server.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		_, err = server.Read(make([]byte, 1))
+		var ne net.Error
+		timedOut := errors.As(err, &ne) && ne.Timeout()
+		if held == toClient && timedOut {
+			t.Fatalf("hole %v: the client's close did not reach the target", held)
+		}
+		if held == toTarget && !timedOut {
+			t.Fatalf("hole %v: the client's close went through it (%v)", held, err)
+		}
+		r.close()
 	}
 }
