@@ -337,9 +337,51 @@ func (m *Member) checkExpiryLocked(now time.Duration) {
 		return
 	}
 	m.stats.LeaseExpired++
-	m.log.Warn("fleet lease expired, dropping owned partitions", "owned", len(m.owned),
-		"lease_overdue", -remaining(m.deadlineLocked(), now))
+	m.log.Warn("fleet lease expired, dropping owned partitions and leaving to rejoin fresh", "owned", len(m.owned),
+		"lease_overdue", -remaining(m.deadlineLocked(), now), "member_id", m.memberID)
 	m.loseAllLocked()
+	m.abandonLocked()
+}
+
+// abandonLocked gives up the membership whose lease ran out: its
+// heartbeats stop, a LeaveGroup for it goes out without anyone waiting
+// for the answer, and the member rejoins with a fresh id.
+//
+// A lease runs out when no heartbeat was answered for the session minus
+// the margin. The coordinator expires a member a session after the last
+// heartbeat it received; but where only the answers are lost (a one-way
+// partition), the heartbeats heartbeatLoop keeps sending arrive, and the
+// coordinator keeps the member and with it the partitions this kproxy
+// just dropped: nobody served them for 13 s of a 30 s fault
+// (fault-owner-upstream-responses-held) where the coordinator, told
+// nothing, would have moved them after a session. Kafka's own consumer
+// sends no heartbeat while one is unanswered, so its coordinator
+// expires it; this member stops its heartbeats here. The LeaveGroup,
+// where it gets through, hands the partitions on at once; one delivered
+// late (after heal) names a member id no longer used.
+func (m *Member) abandonLocked() {
+	id := m.memberID
+	m.fenceEpoch++ // a join in flight under the old id is void
+	m.lease = leaseState{}
+	m.stopHeartbeatLocked()
+	m.pend.fresh = true
+	m.publishLocked()
+	if id == "" || m.runCtx == nil {
+		return
+	}
+	ctx := m.runCtx
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithTimeout(ctx, m.cfg.SessionTimeout)
+		defer cancel()
+		req := classic.Member{Group: m.cfg.Group, MemberID: id}.Leave("kproxy's fleet lease ran out")
+		if resp, err := req.RequestWith(ctx, m.cfg.Client); err != nil {
+			m.log.Debug("fleet: the leave of a membership whose lease ran out got no answer", "member_id", id, "err", err)
+		} else if err := classic.LeaveError(resp); err != nil {
+			m.log.Debug("fleet: the leave of a membership whose lease ran out", "member_id", id, "err", err)
+		}
+	}()
 }
 
 // fenceLocked voids the membership: the coordinator no longer knows

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // The fault rows (issue 20): a fleet of two kproxy processes, A and B, in
@@ -35,7 +37,12 @@ import (
 // cut off behind kproxy does so no later than the direct member cut off
 // the same way (faultSlack); in the cut rows the member cut off behind
 // kproxy gives its partitions up before they are given to the other
-// member (a negative window). It prints, kproxy vs direct: each member's
+// member (a negative window). In the one-way row (only the broker's
+// answers held) the broker still hears the cut-off side and may keep its
+// membership alive, so there the partitions must be given away behind
+// kproxy whenever they were directly, and the row also prints when the
+// broker dropped A from the fleet's group and the direct member from its
+// group. It prints, kproxy vs direct: each member's
 // longest stall, the window of double ownership (from the members' own
 // callbacks: another member assigned a partition of the cut-off member
 // until the cut-off member gave it up; negative when it gave up first),
@@ -60,6 +67,12 @@ const (
 	// faultStallEvery (a blackhole without closing, as a lossy link's
 	// retransmissions stall a TCP stream).
 	faultUpstreamStalls faultKind = "upstream-stalls"
+	// faultUpstreamResponsesHeld holds only the broker's bytes to A on
+	// A's every connection to the broker, and to the direct member on
+	// its own path (a one-way partition): their requests keep reaching
+	// the broker, which keeps processing them (heartbeats, commits,
+	// transactional writes) while none of its answers arrive.
+	faultUpstreamResponsesHeld faultKind = "upstream-responses-held"
 )
 
 // slow reports whether k slows the paths rather than cutting them: the
@@ -629,8 +642,35 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 				}
 			}()
 		}
+	case faultUpstreamResponsesHeld:
+		cut, other = onA, onB
+		apply = func(on bool) {
+			holes := direction(0)
+			if on {
+				holes = toClient
+			}
+			for _, r := range viaA {
+				r.setHoles(holes, 0)
+			}
+			for _, r := range viaD {
+				r.setHoles(holes, 0)
+			}
+		}
 	default:
 		return fail("unknown fault %q", kind)
+	}
+	// In the one-way rows the broker keeps hearing the cut-off side, so
+	// what it makes of their memberships is part of the comparison: A in
+	// the fleet's group, d-cut in the direct group.
+	var view *brokerView
+	if kind == faultUpstreamResponsesHeld {
+		// kproxy's fleet group for --fleet-name N is __kproxy_fleet.N;
+		// A's member is the one whose join metadata carries A's
+		// advertised peer address, the peer relay's.
+		fleetGroup := "__kproxy_fleet." + fleetName
+		view = s.h.watchBrokerView(rctx, &wg, brokerMember{"A", fleetGroup, func(m kmsg.DescribeGroupsResponseGroupMember) bool {
+			return bytes.Contains(m.ProtocolMetadata, []byte(peerRelay.addr()))
+		}}, brokerMember{dCut.name, direct, func(m kmsg.DescribeGroupsResponseGroupMember) bool { return m.ClientID == dCut.name }})
 	}
 	faultAt := time.Now()
 	apply(true)
@@ -707,6 +747,9 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("kproxy", cut, other))
 	s.note("%s for %s: %s", kind, fmtDur(faultFor), line("direct", dCut, dHealthy))
 	s.note("after heal (member: callbacks and first commit, seconds after heal): %s", afterHeal(healAt, cut, other, dCut, dHealthy))
+	if view != nil {
+		s.note("the broker's view during the fault (DescribeGroups every %s): %s", brokerViewEvery, view.summary(faultAt, healAt))
+	}
 	if kind.slow() {
 		k50, k99, kn := cut.commitLatency(faultAt, healAt)
 		d50, d99, dn := dCut.commitLatency(faultAt, healAt)
@@ -722,11 +765,36 @@ func (s *scenario) runFaultRow(ctx context.Context, bin string, basePort int, ki
 		// partitions up before the owner gives them away
 		// (docs/fleet.md): its window must be negative. Directly it is
 		// only reported.
+		//
+		// With only the broker's answers held, the broker hears the
+		// cut-off side's heartbeats and may keep a membership alive
+		// while the member hears nothing, so whether the partitions
+		// are given away at all is the broker's call: behind kproxy
+		// they must be given away whenever they were directly (a
+		// member behind a kproxy that hears nothing must not hold on
+		// to partitions a direct member in its place would lose).
+		_, dGiven := doubleOwnership(dCut, dHealthy, faultAt, end)
 		switch w, given := doubleOwnership(cut, other, faultAt, end); {
+		case given == 0 && kind == faultUpstreamResponsesHeld && dGiven == 0:
+		case given == 0 && kind == faultUpstreamResponsesHeld:
+			problems = append(problems, fmt.Sprintf("none of %s's partitions was given to %s during the %s fault, while directly %s's were given to %s",
+				cut.name, other.name, fmtDur(faultFor), dCut.name, dHealthy.name))
 		case given == 0:
 			problems = append(problems, fmt.Sprintf("none of %s's partitions was given to %s during the %s fault", cut.name, other.name, fmtDur(faultFor)))
 		case w >= 0:
 			problems = append(problems, fmt.Sprintf("%s kept partitions %s after they were given to %s", cut.name, fmtDur(w), other.name))
+		}
+		// The healthy member behind kproxy waits for the fleet to move
+		// the cut-off owner's groups: the brokers expel the owner a
+		// fleet session after its last heartbeat that reached them
+		// (at once where its leave gets through), and a member told to
+		// give up rejoins within its own session. Beyond both, the
+		// groups were left without an owner (27 s of a 30 s one-way
+		// fault, before the lease's loss left the fleet group).
+		fs, _ := time.ParseDuration(fleetSession)
+		if st := other.stall(faultAt, end); st > fs+session {
+			problems = append(problems, fmt.Sprintf("%s, on a healthy kproxy, went %s without a commit: more than the fleet session %s plus the member session %s",
+				other.name, fmtDur(st), fmtDur(fs), fmtDur(session)))
 		}
 	}
 	if kRec > dRec+faultSlack {
@@ -771,4 +839,122 @@ func (m *fmember) firstCommitAfterDur(at time.Time) time.Duration {
 		return -1
 	}
 	return t.Sub(at)
+}
+
+// brokerViewEvery is how often watchBrokerView asks the broker.
+const brokerViewEvery = 250 * time.Millisecond
+
+// brokerMember names one member of a group on the broker: is tells it
+// among the group's members.
+type brokerMember struct {
+	name  string
+	group string
+	is    func(kmsg.DescribeGroupsResponseGroupMember) bool
+}
+
+// brokerView is what the broker's DescribeGroups said of some members
+// over time.
+type brokerView struct {
+	members []brokerMember // immutable
+	mu      sync.Mutex
+	samples []brokerSample // guarded by mu
+}
+
+// brokerSample is one DescribeGroups answer: for each member of the
+// view, whether its group listed it (nil when the group's description
+// failed).
+type brokerSample struct {
+	at      time.Time
+	present []*bool
+}
+
+// watchBrokerView describes the members' groups every brokerViewEvery
+// until ctx ends.
+func (h *harness) watchBrokerView(ctx context.Context, wg *sync.WaitGroup, members ...brokerMember) *brokerView {
+	v := &brokerView{members: members}
+	var groups []string
+	for _, m := range members {
+		if !slices.Contains(groups, m.group) {
+			groups = append(groups, m.group)
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			req := kmsg.NewPtrDescribeGroupsRequest()
+			req.Groups = groups
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			resp, err := req.RequestWith(cctx, h.cl)
+			cancel()
+			smp := brokerSample{at: time.Now(), present: make([]*bool, len(members))}
+			if err == nil {
+				for _, g := range resp.Groups {
+					if g.ErrorCode != 0 {
+						continue
+					}
+					for i, m := range members {
+						if m.group != g.Group {
+							continue
+						}
+						in := slices.ContainsFunc(g.Members, m.is)
+						smp.present[i] = &in
+					}
+				}
+			}
+			v.mu.Lock()
+			v.samples = append(v.samples, smp)
+			v.mu.Unlock()
+			select {
+			case <-ctx.Done():
+			case <-time.After(brokerViewEvery):
+			}
+		}
+	}()
+	return v
+}
+
+// gone is the first moment in [from, to] the broker described member i's
+// group without it.
+func (v *brokerView) gone(i int, from, to time.Time) (time.Time, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, smp := range v.samples {
+		if smp.at.Before(from) || smp.at.After(to) {
+			continue
+		}
+		if p := smp.present[i]; p != nil && !*p {
+			return smp.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// seen reports whether the broker ever described member i's group with
+// it.
+func (v *brokerView) seen(i int) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, smp := range v.samples {
+		if p := smp.present[i]; p != nil && *p {
+			return true
+		}
+	}
+	return false
+}
+
+// summary renders, for each member, when in [from, to] the broker first
+// described its group without it (seconds after from).
+func (v *brokerView) summary(from, to time.Time) string {
+	var parts []string
+	for i, m := range v.members {
+		if !v.seen(i) {
+			parts = append(parts, fmt.Sprintf("%s never found in %s", m.name, m.group))
+		} else if at, ok := v.gone(i, from, to); ok {
+			parts = append(parts, fmt.Sprintf("%s out of %s at +%.1fs", m.name, m.group, at.Sub(from).Seconds()))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s kept in %s the whole fault", m.name, m.group))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
