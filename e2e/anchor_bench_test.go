@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/loadgen"
 )
 
 // BenchmarkAnchors measures what anchors (docs/anchors.md) cost a fleet,
@@ -118,13 +119,25 @@ func BenchmarkAnchors(b *testing.B) {
 			defer wg.Done()
 			defer func() { <-sem }()
 			p := &latencyPath{name: g, cl: cl, group: g, topicID: topicID}
-			ids, gen := settle(b, []*kgo.Client{cl}, g)
-			p.member, p.gen = ids[0], gen
+			// Sessions of 10m: the members do not heartbeat,
+			// and settling 10,000 groups and a long idle outlast
+			// the default 30s.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			ms := members(ctx, []*kgo.Client{cl}, g)
+			if err := loadgen.Settle(ctx, ms, loadgen.SettleConfig{PollInterval: 2 * time.Millisecond, SessionTimeout: 10 * time.Minute}); err != nil {
+				b.Errorf("group %s never settled: %v", g, err)
+				return
+			}
+			p.member, p.gen = ms[0].ID, ms[0].Generation
 			commitOnce(b, p) // waits for the group's anchor
 			paths[i] = p
 		}()
 	}
 	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
 	settled := time.Since(settleStart)
 
 	// Idle: only the anchors (and the fleet) talk to the cluster, for
