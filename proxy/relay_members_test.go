@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -448,6 +449,73 @@ func TestRouterNoVerdictOnceTheGroupMoved(t *testing.T) {
 	select {
 	case resp := <-got:
 		checkCodes(t, "heartbeat waiting for the give-up moment", resp, errCoordinatorNotAvailable)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting heartbeat was never answered")
+	}
+	checkCodes(t, "heartbeat to the group's new owner", handle(t, r, c, heartbeatFor("g", "m1")), 0)
+}
+
+// movingLocator is leaseLocator with a Changed channel: set moves the
+// group (no owner, or this kproxy's) and closes the channel.
+type movingLocator struct {
+	mu      sync.Mutex
+	lost    bool          // guarded by mu
+	changed chan struct{} // guarded by mu
+}
+
+func newMovingLocator() *movingLocator { return &movingLocator{changed: make(chan struct{})} }
+
+func (l *movingLocator) Locate(string) (bool, string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.lost, "", !l.lost
+}
+
+func (l *movingLocator) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+func (l *movingLocator) Peers() []string { return nil }
+
+func (l *movingLocator) set(lost bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lost = lost
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// TestRouterAnswersOnceTheGroupMoved: a member's request that found no
+// owner waits for the member's give-up moment only while the group has
+// none; once the group is located again (here: claimed by this kproxy)
+// it is answered COORDINATOR_NOT_AVAILABLE at once, and the member's
+// retry reaches the new owner. Held to the give-up moment, its answer
+// held up every later answer on the member's connection.
+func TestRouterAnswersOnceTheGroupMoved(t *testing.T) {
+	const session = 3 * time.Second
+	loc := newMovingLocator()
+	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond})
+	defer r.Close()
+	c := Client{ID: "test"}
+	joinM1(t, r, c, session)
+	lastOK := time.Now()
+	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
+	loc.set(true)
+	giveUp := lastOK.Add(session - giveUpMargin(session))
+	time.Sleep(time.Until(giveUp.Add(-1500 * time.Millisecond)))
+	got := make(chan kmsg.Response, 1)
+	r.Handle(c, heartbeatFor("g", "m1"), func(resp kmsg.Response) { got <- resp })
+	time.Sleep(200 * time.Millisecond)
+	moved := time.Now()
+	loc.set(false) // claimed here, 1.3 s before the give-up moment
+	select {
+	case resp := <-got:
+		checkCodes(t, "heartbeat waiting while the group had no owner", resp, errCoordinatorNotAvailable)
+		if took := time.Since(moved); took > 500*time.Millisecond {
+			t.Fatalf("answered %v after the group moved here (the give-up moment was %v after it)", took, giveUp.Sub(moved))
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the waiting heartbeat was never answered")
 	}

@@ -600,20 +600,50 @@ func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Respo
 		done(unavailable)
 	}
 	wait, ok := r.members.untilVerdict(mr, time.Now())
-	if !ok || wait <= 0 || wait > r.cfg.RelayTimeout {
+	if !ok || wait <= 0 || wait > r.cfg.RelayTimeout || r.movedFrom(mr) {
 		answer()
 		return
 	}
+	// The wait ends early when the group moves: its new owner answers
+	// for the member (COORDINATOR_NOT_AVAILABLE now sends the client
+	// there), where holding the answer to the verdict moment held up
+	// every later answer on the member's connection. Seen on Kafka
+	// 4.1.1 (fault-owner-upstream-responses-held): the group moved to
+	// this kproxy 4 s into the fault, the member's relayed commit was
+	// answered 8 s in, and its heartbeats' answers waited behind it.
 	r.goWait(func() {
 		t := time.NewTimer(wait)
 		defer t.Stop()
-		select {
-		case <-t.C:
-			answer()
-		case <-r.closing:
-			done(unavailable)
+		for {
+			changed := r.loc.Changed() // before locating: no change is missed
+			if r.movedFrom(mr) {
+				answer()
+				return
+			}
+			select {
+			case <-t.C:
+				answer()
+				return
+			case <-changed:
+			case <-r.closing:
+				done(unavailable)
+				return
+			}
 		}
 	})
+}
+
+// movedFrom reports whether mr's group is now located somewhere other
+// than where mr was sent (mr.dest; "" when it had no owner).
+func (r *Router) movedFrom(mr memberReq) bool {
+	d, ok := r.locate(mr.key.group)
+	if !ok {
+		return false
+	}
+	if d.local {
+		return mr.dest != destLocal
+	}
+	return d.addr != mr.dest
 }
 
 // localMovedCheck is how often a local request waiting for the store
