@@ -297,13 +297,39 @@ func TestMemberGivesUpWithoutOwner(t *testing.T) {
 	}
 }
 
-// leaseLocator locates every group here until lost is set, then nowhere:
-// a kproxy whose fleet lease ran out while cut off from the cluster.
-type leaseLocator struct{ lost atomic.Bool }
+// leaseLocator locates every group here until set(true), then nowhere
+// (a kproxy whose fleet lease ran out while cut off from the cluster)
+// until set(false) (the group claimed here again); each set is a table
+// change (Changed).
+type leaseLocator struct {
+	mu      sync.Mutex
+	lost    bool          // guarded by mu
+	changed chan struct{} // guarded by mu
+}
 
-func (l *leaseLocator) Locate(string) (bool, string, bool) { return !l.lost.Load(), "", !l.lost.Load() }
-func (l *leaseLocator) Changed() <-chan struct{}           { return nil }
-func (l *leaseLocator) Peers() []string                    { return nil }
+func newLeaseLocator() *leaseLocator { return &leaseLocator{changed: make(chan struct{})} }
+
+func (l *leaseLocator) Locate(string) (bool, string, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.lost, "", !l.lost
+}
+
+func (l *leaseLocator) Changed() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.changed
+}
+
+func (l *leaseLocator) Peers() []string { return nil }
+
+func (l *leaseLocator) set(lost bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lost = lost
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
 
 // answerAll is a local coordinator that answers a JoinGroup with member
 // id "m1" and every other request without error.
@@ -342,7 +368,7 @@ func joinM1(t *testing.T, r *Router, c Client, session time.Duration) {
 // COORDINATOR_NOT_AVAILABLE.
 func TestRouterTellsLocalMembersAfterLeaseLoss(t *testing.T) {
 	const session = 600 * time.Millisecond
-	loc := &leaseLocator{}
+	loc := newLeaseLocator()
 	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond, ConsumerSessionTimeout: session})
 	defer r.Close()
 	c := Client{ID: "test"}
@@ -354,7 +380,7 @@ func TestRouterTellsLocalMembersAfterLeaseLoss(t *testing.T) {
 	lastOK := time.Now()
 	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
 	checkCodes(t, "KIP-848 heartbeat", handle(t, r, c, hb848), 0)
-	loc.lost.Store(true)
+	loc.set(true)
 	giveUp := lastOK.Add(session - giveUpMargin(session))
 	told, told848 := false, false
 	for !told || !told848 {
@@ -396,7 +422,7 @@ func (h heldCommits) Handle(_ Client, req kmsg.Request, reply func(kmsg.Response
 // engine's late answer is dropped; while the group is served here it
 // waits.
 func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
-	loc := &leaseLocator{}
+	loc := newLeaseLocator()
 	h := heldCommits{release: make(chan struct{})}
 	r := NewRouter(RouterConfig{Local: h, Locator: loc})
 	defer r.Close()
@@ -412,7 +438,7 @@ func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
 	case <-time.After(3 * localMovedCheck):
 	}
 	lost := time.Now()
-	loc.lost.Store(true)
+	loc.set(true)
 	checkCodes(t, "held commit after the group moved", waitReply(t, got, 2*time.Second), errCoordinatorNotAvailable)
 	if took := time.Since(lost); took > 4*localMovedCheck {
 		t.Errorf("answered %v after the group moved, want within %v", took, 4*localMovedCheck)
@@ -432,20 +458,20 @@ func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
 // the member's next request reaches it.
 func TestRouterNoVerdictOnceTheGroupMoved(t *testing.T) {
 	const session = 1500 * time.Millisecond
-	loc := &leaseLocator{}
+	loc := newLeaseLocator()
 	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond})
 	defer r.Close()
 	c := Client{ID: "test"}
 	joinM1(t, r, c, session)
 	lastOK := time.Now()
 	checkCodes(t, "heartbeat", handle(t, r, c, heartbeatFor("g", "m1")), 0)
-	loc.lost.Store(true)
+	loc.set(true)
 	giveUp := lastOK.Add(session - giveUpMargin(session))
 	time.Sleep(time.Until(giveUp.Add(-400 * time.Millisecond)))
 	got := make(chan kmsg.Response, 1)
 	r.Handle(c, heartbeatFor("g", "m1"), func(resp kmsg.Response) { got <- resp })
 	time.Sleep(200 * time.Millisecond)
-	loc.lost.Store(false) // claimed here before the give-up moment
+	loc.set(false) // claimed here before the give-up moment
 	select {
 	case resp := <-got:
 		checkCodes(t, "heartbeat waiting for the give-up moment", resp, errCoordinatorNotAvailable)
@@ -453,38 +479,6 @@ func TestRouterNoVerdictOnceTheGroupMoved(t *testing.T) {
 		t.Fatal("the waiting heartbeat was never answered")
 	}
 	checkCodes(t, "heartbeat to the group's new owner", handle(t, r, c, heartbeatFor("g", "m1")), 0)
-}
-
-// movingLocator is leaseLocator with a Changed channel: set moves the
-// group (no owner, or this kproxy's) and closes the channel.
-type movingLocator struct {
-	mu      sync.Mutex
-	lost    bool          // guarded by mu
-	changed chan struct{} // guarded by mu
-}
-
-func newMovingLocator() *movingLocator { return &movingLocator{changed: make(chan struct{})} }
-
-func (l *movingLocator) Locate(string) (bool, string, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return !l.lost, "", !l.lost
-}
-
-func (l *movingLocator) Changed() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.changed
-}
-
-func (l *movingLocator) Peers() []string { return nil }
-
-func (l *movingLocator) set(lost bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lost = lost
-	close(l.changed)
-	l.changed = make(chan struct{})
 }
 
 // TestRouterAnswersOnceTheGroupMoved: a member's request that found no
@@ -495,7 +489,7 @@ func (l *movingLocator) set(lost bool) {
 // held up every later answer on the member's connection.
 func TestRouterAnswersOnceTheGroupMoved(t *testing.T) {
 	const session = 3 * time.Second
-	loc := newMovingLocator()
+	loc := newLeaseLocator()
 	r := NewRouter(RouterConfig{Local: answerAll{}, Locator: loc, WaitForOwner: 10 * time.Millisecond})
 	defer r.Close()
 	c := Client{ID: "test"}

@@ -180,6 +180,14 @@ type dest struct {
 	addr  string
 }
 
+// memberDest is d as the member tracker names it (memberReq.dest).
+func (d dest) memberDest() string {
+	if d.local {
+		return destLocal
+	}
+	return d.addr
+}
+
 func (r *Router) locate(group string) (dest, bool) {
 	local, addr, ok := r.loc.Locate(group)
 	return dest{local: local, addr: addr}, ok
@@ -453,10 +461,7 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	start := time.Now()
 	key := req.Key()
 	mr, tracked := memberOf(req)
-	mr.dest = d.addr
-	if d.local {
-		mr.dest = destLocal
-	}
+	mr.dest = d.memberDest()
 	var counted bool
 	if tracked {
 		var expired bool
@@ -587,10 +592,7 @@ func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Respo
 		// kproxy told 12 ms before its group loaded there).
 		now := mr
 		if d, ok := r.locate(mr.key.group); ok {
-			now.dest = d.addr
-			if d.local {
-				now.dest = destLocal
-			}
+			now.dest = d.memberDest()
 		}
 		if r.members.check(now, time.Now()) {
 			r.metrics.record(key, outcomeMemberExpired, 0)
@@ -637,13 +639,7 @@ func (r *Router) failMember(mr memberReq, req kmsg.Request, done func(kmsg.Respo
 // than where mr was sent (mr.dest; "" when it had no owner).
 func (r *Router) movedFrom(mr memberReq) bool {
 	d, ok := r.locate(mr.key.group)
-	if !ok {
-		return false
-	}
-	if d.local {
-		return mr.dest != destLocal
-	}
-	return d.addr != mr.dest
+	return ok && d.memberDest() != mr.dest
 }
 
 // localMovedCheck is how often a local request waiting for the store
