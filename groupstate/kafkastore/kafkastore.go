@@ -186,12 +186,7 @@ func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.O
 		return r.topics, r.err
 	}
 	req := s.commitRequest(ctx, group, topics)
-	cl, put, err := s.lend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := req.RequestWith(ctx, cl)
-	put()
+	resp, err := req.RequestWith(ctx, lent{s})
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
 	}
@@ -249,12 +244,7 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 			return resp, err
 		}
 	}
-	cl, put, err := s.lend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := req.RequestWith(ctx, cl)
-	put()
+	resp, err := req.RequestWith(ctx, lent{s})
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", in.Group, err)
 	}
@@ -295,12 +285,7 @@ func (s *Store) fetchOffsets(ctx context.Context, group string, topics []kmsg.Of
 		}
 	}
 	req.Groups = []kmsg.OffsetFetchRequestGroup{rg}
-	cl, put, err := s.lend(ctx)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := req.RequestWith(ctx, cl)
-	put()
+	resp, err := req.RequestWith(ctx, lent{s})
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset fetch for group %q: %w", group, err)
 	}

@@ -159,6 +159,19 @@ func (s *Store) lend(ctx context.Context) (*kgo.Client, func(), error) {
 	return cl, func() { s.reqs.put(cl) }, nil
 }
 
+// lent is a kmsg.Requestor sending each request (kgo routes it to its
+// group's coordinator) on a client of the store lent to it alone (lend).
+type lent struct{ s *Store }
+
+func (l lent) Request(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
+	cl, put, err := l.s.lend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer put()
+	return cl.Request(ctx, req)
+}
+
 // coordRequestOn is coordRequest sending on cl (the coordinator is still
 // looked up through the store's client).
 func (s *Store) coordRequestOn(ctx context.Context, cl *kgo.Client, typ int8, key string, req kmsg.Request, maxVersion int16, code func(kmsg.Response) int16) (kmsg.Response, error) {
