@@ -147,7 +147,13 @@ func (m *member) kill(own *ownership) {
 // waitOwners waits until exactly the named members own all partitions.
 func waitOwners(t testing.TB, own *ownership, partitions int, names ...string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	waitOwnersWithin(t, own, 30*time.Second, partitions, names...)
+}
+
+// waitOwnersWithin is waitOwners with a deadline of its own.
+func waitOwnersWithin(t testing.TB, own *ownership, within time.Duration, partitions int, names ...string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for {
 		owners := own.owners()
 		total := 0
