@@ -35,6 +35,16 @@ type PeerServerConfig struct {
 	// (peer_tls.go): its ClientCAFile is required, and a peer must
 	// present a certificate chaining to it.
 	TLS *TLSSource
+	// Serving, when set, says whether a group is still served here. A
+	// relayed request whose answer waits for the store (an OffsetCommit,
+	// a leader's SyncGroup, a KIP-848 heartbeat with a new epoch) is
+	// answered COORDINATOR_NOT_AVAILABLE soon after its group stops
+	// being served here, as the Router answers a local one (served.go):
+	// otherwise an owner cut off from the cluster held it up to the
+	// store timeout, past the relaying side's RelayTimeout, and the
+	// relaying side answered its client only then. nil: every relayed
+	// request waits for the coordinator's answer.
+	Serving func(group string) bool
 }
 
 // PeerServer is the owner's side of the peer wire (peer.go): it accepts
@@ -310,11 +320,20 @@ func (c *peerServerConn) serve(corr int32, env *kmsg.EnvelopeRequest) {
 	cl := Client{ID: string(ih.ClientID), Host: hostString(env.ClientHostAddress)}
 	key, version := ih.Key, ih.Version
 	var once atomic.Bool
-	c.s.cfg.Coordinator.Handle(cl, req, func(resp kmsg.Response) {
+	answer := func(resp kmsg.Response) {
 		if once.CompareAndSwap(false, true) {
 			c.push(peerAnswer{corr: corr, key: key, version: version, resp: resp})
 		}
-	})
+	}
+	group, watch := storeBound(req)
+	if c.s.cfg.Serving == nil || !watch {
+		c.s.cfg.Coordinator.Handle(cl, req, answer)
+		return
+	}
+	fallback := codec.GroupErrorResponse(req, errCoordinatorNotAvailable) // req is not read after Handle returns
+	whileServed(func() bool { return c.s.cfg.Serving(group) }, func(reply func(kmsg.Response)) {
+		c.s.cfg.Coordinator.Handle(cl, req, reply)
+	}, answer, func() { answer(fallback) })
 }
 
 // decodeInner decodes the request an envelope carries. A request that is

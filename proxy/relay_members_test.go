@@ -450,6 +450,44 @@ func TestRouterAnswersHeldCommitWhenGroupMoves(t *testing.T) {
 	}
 }
 
+// TestPeerServerAnswersHeldCommitWhenGroupMoves: the owner's side of
+// the same. A relayed OffsetCommit the owner's store holds is answered
+// COORDINATOR_NOT_AVAILABLE soon after the group stops being served
+// there (PeerServerConfig.Serving), so the relaying kproxy's client
+// learns it well before the relay timeout; while it is served there it
+// waits.
+func TestPeerServerAnswersHeldCommitWhenGroupMoves(t *testing.T) {
+	h := heldCommits{release: make(chan struct{})}
+	defer close(h.release)
+	var served atomic.Bool
+	served.Store(true)
+	ps, err := NewPeerServer(PeerServerConfig{Listen: "127.0.0.1:0", Coordinator: h, Logger: testLogger(t),
+		Serving: func(group string) bool { return group != "g" || served.Load() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ps.Close)
+	const relayTimeout = 10 * time.Second
+	r := NewRouter(RouterConfig{Locator: newTestLocator("", map[string]string{"g": ps.Addr()}),
+		Logger: testLogger(t), RelayTimeout: relayTimeout})
+	defer r.Close()
+	commit := kmsg.NewPtrOffsetCommitRequest()
+	commit.Group, commit.MemberID, commit.Generation = "g", "m1", 1
+	commit.Topics = []kmsg.OffsetCommitRequestTopic{{Topic: "t", Partitions: []kmsg.OffsetCommitRequestTopicPartition{{Partition: 0, Offset: 5}}}}
+	got := handleAsync(r, Client{}, commit)
+	select {
+	case resp := <-got:
+		t.Fatalf("answered while the group is served at the owner and its store holds the commit: %+v", resp)
+	case <-time.After(3 * localMovedCheck):
+	}
+	lost := time.Now()
+	served.Store(false)
+	checkCodes(t, "relayed held commit after the group moved", waitReply(t, got, relayTimeout/2), errCoordinatorNotAvailable)
+	if took := time.Since(lost); took > 4*localMovedCheck {
+		t.Errorf("answered %v after the group moved, want within %v", took, 4*localMovedCheck)
+	}
+}
+
 // TestRouterNoVerdictOnceTheGroupMoved: a request that found no owner
 // waits, shortly before the member's give-up moment, to be answered at
 // that moment; if the group is served here by then (its partition was

@@ -509,50 +509,21 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 			})
 			return
 		}
-		// A request that waits for the store may outlive this kproxy's
-		// ownership of its group (a lost fleet lease: the store call
-		// hangs on an unreachable cluster up to the store timeout). Its
-		// answer would hold up every later answer on the client's
-		// connection, its heartbeats' included, so once the group is
-		// no longer served here it is answered COORDINATOR_NOT_AVAILABLE
-		// at once (the write lands before the new owner's claim or not
-		// at all; the client retries it there), and the local answer,
-		// when it comes, is dropped.
-		var answered atomic.Bool
+		// Answered COORDINATOR_NOT_AVAILABLE at once should the group
+		// stop being served here while the store holds the answer.
 		fallback := codec.GroupErrorResponse(req, errCoordinatorNotAvailable) // req is not read after Handle returns
-		var timer *time.Timer
-		var timerMu sync.Mutex // guards timer between the local answer and the watch
-		var watchMoved func()
-		watchMoved = func() {
-			if answered.Load() {
-				return
-			}
-			if d, ok := r.locate(group); ok && d.local {
-				timerMu.Lock()
-				if !answered.Load() {
-					timer = time.AfterFunc(localMovedCheck, watchMoved)
-				}
-				timerMu.Unlock()
-				return
-			}
-			if answered.CompareAndSwap(false, true) {
-				r.metrics.record(key, outcomeNoOwner, time.Since(start))
-				finish(nil, outcomeNoOwner)
-				done(fallback)
-			}
-		}
-		timerMu.Lock()
-		timer = time.AfterFunc(localMovedCheck, watchMoved)
-		timerMu.Unlock()
-		r.cfg.Local.Handle(c, req, func(resp kmsg.Response) {
-			if !answered.CompareAndSwap(false, true) {
-				return // answered when the group moved away
-			}
-			timerMu.Lock()
-			timer.Stop()
-			timerMu.Unlock()
+		whileServed(func() bool {
+			d, ok := r.locate(group)
+			return ok && d.local
+		}, func(reply func(kmsg.Response)) {
+			r.cfg.Local.Handle(c, req, reply)
+		}, func(resp kmsg.Response) {
 			finish(resp, outcomeOK)
 			done(resp)
+		}, func() {
+			r.metrics.record(key, outcomeNoOwner, time.Since(start))
+			finish(nil, outcomeNoOwner)
+			done(fallback)
 		})
 		return
 	}
@@ -641,10 +612,6 @@ func (r *Router) movedFrom(mr memberReq) bool {
 	d, ok := r.locate(mr.key.group)
 	return ok && d.memberDest() != mr.dest
 }
-
-// localMovedCheck is how often a local request waiting for the store
-// checks whether its group is still served here.
-const localMovedCheck = 250 * time.Millisecond
 
 // storeBound names the group of a request whose local answer may wait
 // for a store write: OffsetCommit, SyncGroup (the leader's) and

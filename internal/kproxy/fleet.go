@@ -159,6 +159,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Logger:      log.With("component", "peer"),
 		MaxFrame:    cfg.Proxy.MaxFrame,
 		TLS:         fc.PeerTLS,
+		Serving:     f.owns,
 	})
 	if err != nil {
 		return fmt.Errorf("peer listener: %w", err)
