@@ -381,7 +381,8 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
 	resp.MemberID = &m.id
 	resp.MemberEpoch = m.Epoch
-	resp.HeartbeatIntervalMillis = int32(g.s.e.cfg.ConsumerHeartbeatInterval / time.Millisecond)
+	_, interval := g.settings()
+	resp.HeartbeatIntervalMillis = int32(interval / time.Millisecond)
 	full := r.RebalanceTimeoutMillis != -1 && (r.SubscribedTopicNames != nil || r.SubscribedTopicRegex != nil) && r.Topics != nil
 	if r.MemberEpoch == 0 || full || m.lastSent == nil || !m.lastSent.equal(m.Assigned) {
 		a := kmsg.NewConsumerGroupHeartbeatResponseAssignment()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -706,6 +707,66 @@ func TestConsumerConfigDefaultsAndBounds(t *testing.T) {
 	h.advance(time.Second)
 	if d := h.describe("g"); len(d.Members) != 0 {
 		t.Fatalf("member still there after 45s")
+	}
+}
+
+// TestConsumerGroupOwnSettings: a group's own GROUP configs
+// (consumer.session.timeout.ms, consumer.heartbeat.interval.ms) replace
+// the engine's at its next heartbeat, as Kafka reads them at each one;
+// values outside the engine's bounds are not used, and other groups keep
+// the engine's.
+func TestConsumerGroupOwnSettings(t *testing.T) {
+	var mu sync.Mutex
+	own := map[string]GroupSettings{}
+	set := func(group string, gs GroupSettings) {
+		mu.Lock()
+		defer mu.Unlock()
+		own[group] = gs
+	}
+	h := newConsumerHarness(t, map[string]int32{"t": 1}, func(c *Config) {
+		c.GroupSettings = func(group string) GroupSettings {
+			mu.Lock()
+			defer mu.Unlock()
+			return own[group]
+		}
+	})
+	set("g", GroupSettings{ConsumerSessionTimeout: 50 * time.Second, ConsumerHeartbeatInterval: 2 * time.Second})
+	resp := h.consumerResp(consumerJoin("g", "m1", "t"), errNone)
+	if resp.HeartbeatIntervalMillis != 2000 {
+		t.Fatalf("heartbeat interval %dms, want the group's 2s", resp.HeartbeatIntervalMillis)
+	}
+	other := h.consumerResp(consumerJoin("other", "o1", "t"), errNone)
+	if other.HeartbeatIntervalMillis != 5000 {
+		t.Fatalf("another group's heartbeat interval %dms, want the engine's 5s", other.HeartbeatIntervalMillis)
+	}
+	// The group's 50s session: 49s of silence keep the member (the
+	// engine's 45s would have expired it), 50s expire it.
+	h.advance(49 * time.Second)
+	if d := h.describe("g"); len(d.Members) != 1 {
+		t.Fatalf("member gone before the group's 50s session")
+	}
+	if d := h.describe("other"); len(d.Members) != 0 {
+		t.Fatalf("the other group's member outlived the engine's 45s session")
+	}
+	h.advance(time.Second)
+	if d := h.describe("g"); len(d.Members) != 0 {
+		t.Fatalf("member still there after the group's 50s session")
+	}
+
+	// Out of the engine's bounds ([45s, 60s]): the engine's session, and
+	// the group's interval still.
+	set("g", GroupSettings{ConsumerSessionTimeout: 10 * time.Second, ConsumerHeartbeatInterval: 3 * time.Second})
+	resp = h.consumerResp(consumerJoin("g", "m2", "t"), errNone)
+	if resp.HeartbeatIntervalMillis != 3000 {
+		t.Fatalf("heartbeat interval %dms, want the group's 3s", resp.HeartbeatIntervalMillis)
+	}
+	h.advance(44 * time.Second)
+	if d := h.describe("g"); len(d.Members) != 1 {
+		t.Fatalf("member expired before the engine's 45s: a session below the minimum was used")
+	}
+	h.advance(time.Second)
+	if d := h.describe("g"); len(d.Members) != 0 {
+		t.Fatalf("member still there after the engine's 45s")
 	}
 }
 

@@ -146,7 +146,37 @@ func (g *consumerGroup) sessionTimeout(m *consumerMember) time.Duration {
 	if m.classic != nil && m.classic.sessionTimeout > 0 {
 		return m.classic.sessionTimeout
 	}
-	return g.s.e.cfg.ConsumerSessionTimeout
+	session, _ := g.settings()
+	return session
+}
+
+// settings are the session timeout and heartbeat interval of the group's
+// KIP-848 members (Engine.ConsumerSettings).
+func (g *consumerGroup) settings() (session, interval time.Duration) {
+	return g.s.e.ConsumerSettings(g.id)
+}
+
+// ConsumerSettings are the session timeout and heartbeat interval the
+// engine gives the KIP-848 members of group: the group's own GROUP
+// configs where it has usable ones (Config.GroupSettings), else the
+// engine's. Safe for concurrent use.
+func (e *Engine) ConsumerSettings(group string) (session, interval time.Duration) {
+	cfg := &e.cfg
+	session, interval = cfg.ConsumerSessionTimeout, cfg.ConsumerHeartbeatInterval
+	if cfg.GroupSettings == nil {
+		return session, interval
+	}
+	own := cfg.GroupSettings(group)
+	if t := own.ConsumerSessionTimeout; t >= cfg.ConsumerMinSessionTimeout && t <= cfg.ConsumerMaxSessionTimeout && t > 0 {
+		session = t
+	}
+	if t := own.ConsumerHeartbeatInterval; t > 0 && t < session {
+		interval = t
+	}
+	if interval >= session { // the group's session below the engine's interval
+		interval = session / 3
+	}
+	return session, interval
 }
 
 // decodeSubscription decodes consumer protocol subscription metadata.

@@ -65,6 +65,17 @@ type Config struct {
 	// members (group.consumer.heartbeat.interval.ms); 0 means 5s. It must
 	// be shorter than ConsumerSessionTimeout.
 	ConsumerHeartbeatInterval time.Duration
+	// GroupSettings, when set, gives a group's own KIP-848 settings: its
+	// GROUP configs consumer.session.timeout.ms and
+	// consumer.heartbeat.interval.ms (KIP-848), which Kafka reads at each
+	// heartbeat in place of ConsumerSessionTimeout and
+	// ConsumerHeartbeatInterval. A zero field keeps the engine's; a
+	// session outside [ConsumerMinSessionTimeout,
+	// ConsumerMaxSessionTimeout], or an interval not shorter than the
+	// session, is not used. It is called on the shard loops at every
+	// heartbeat, so it must be cheap, must not block and must be safe
+	// for concurrent use.
+	GroupSettings func(group string) GroupSettings
 	// ConsumerMaxGroupSize limits the members of a KIP-848 group
 	// (group.consumer.max.size); 0 means unlimited.
 	ConsumerMaxGroupSize int
@@ -245,6 +256,13 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.startTopicRefresher()
 	return e, nil
+}
+
+// GroupSettings are a group's own settings, overriding the engine's
+// (Config.GroupSettings); a zero field keeps the engine's.
+type GroupSettings struct {
+	ConsumerSessionTimeout    time.Duration // consumer.session.timeout.ms
+	ConsumerHeartbeatInterval time.Duration // consumer.heartbeat.interval.ms
 }
 
 // ConsumerSessionTimeout is the session timeout the engine gives KIP-848

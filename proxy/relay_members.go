@@ -121,6 +121,9 @@ type memberTracker struct {
 	// (group.consumer.session.timeout.ms); zero: they are not tracked.
 	// Immutable after newRouter.
 	consumerSession time.Duration
+	// consumerSessionOf, when set, gives a group's own session timeout
+	// (RouterConfig.ConsumerSessionTimeoutOf). Immutable after newRouter.
+	consumerSessionOf func(group string) time.Duration
 
 	mu        sync.Mutex
 	members   map[memberKey]*relayedMember // guarded by mu
@@ -128,9 +131,23 @@ type memberTracker struct {
 	nextSweep time.Time                    // guarded by mu
 }
 
-func newMemberTracker(log *slog.Logger, disabled bool, consumerSession time.Duration) *memberTracker {
-	return &memberTracker{log: log, disabled: disabled, consumerSession: consumerSession,
+func newMemberTracker(log *slog.Logger, disabled bool, consumerSession time.Duration, sessionOf func(string) time.Duration) *memberTracker {
+	return &memberTracker{log: log, disabled: disabled, consumerSession: consumerSession, consumerSessionOf: sessionOf,
 		members: map[memberKey]*relayedMember{}, told: map[string]int{}}
+}
+
+// consumerSessionFor is the session timeout the owners give group's
+// KIP-848 members; zero: they are not tracked.
+func (t *memberTracker) consumerSessionFor(group string) time.Duration {
+	if t.consumerSession <= 0 {
+		return 0
+	}
+	if t.consumerSessionOf != nil {
+		if d := t.consumerSessionOf(group); d > 0 {
+			return d
+		}
+	}
+	return t.consumerSession
 }
 
 // destLocal is memberReq.dest for the local engine.
@@ -333,7 +350,8 @@ func (t *memberTracker) end(mr memberReq, counted bool, sent, now time.Time, res
 	case *kmsg.ConsumerGroupHeartbeatResponse:
 		switch r.ErrorCode {
 		case 0:
-			if t.consumerSession <= 0 {
+			session := t.consumerSessionFor(k.group)
+			if session <= 0 {
 				return
 			}
 			id := k.member
@@ -342,8 +360,9 @@ func (t *memberTracker) end(mr memberReq, counted bool, sent, now time.Time, res
 			}
 			c := t.members[memberKey{k.group, id}]
 			if c == nil {
-				c = t.addLocked(memberKey{k.group, id}, t.consumerSession, now)
+				c = t.addLocked(memberKey{k.group, id}, session, now)
 			}
+			c.session = session // the group's own may change (a GROUP config)
 			// The owner re-arms the session when it serves the
 			// heartbeat, after it was sent.
 			if sent.After(c.alive) {

@@ -16,7 +16,7 @@ import (
 // answered at t0.
 func joined(t *testing.T, disabled bool, k memberKey, s time.Duration, t0 time.Time) *memberTracker {
 	t.Helper()
-	tr := newMemberTracker(slog.New(slog.DiscardHandler), disabled, 0)
+	tr := newMemberTracker(slog.New(slog.DiscardHandler), disabled, 0, nil)
 	resp := kmsg.NewPtrJoinGroupResponse()
 	resp.MemberID = k.member
 	tr.end(memberReq{key: memberKey{k.group, ""}, session: s}, false, t0, t0, resp, outcomeOK)
@@ -187,6 +187,47 @@ func heartbeat848(tr *memberTracker, k memberKey, epoch int32, at time.Time, cod
 	return false
 }
 
+// TestRelayKIP848GroupOwnSession: a group with a session timeout of its
+// own (a GROUP config) has its cut-off members told by that session, not
+// the engine-wide one, and a change of it applies from the next answer.
+func TestRelayKIP848GroupOwnSession(t *testing.T) {
+	k := memberKey{"g", "m848"}
+	const engine = 45 * time.Second
+	var own atomic.Int64
+	own.Store(int64(10 * time.Second))
+	tr := newMemberTracker(slog.New(slog.DiscardHandler), false, engine, func(group string) time.Duration {
+		if group != "g" {
+			return 0
+		}
+		return time.Duration(own.Load())
+	})
+	t0 := time.Unix(1000, 0)
+	heartbeat848(tr, k, 0, t0, 0, outcomeOK)
+	giveUp := func(s time.Duration) time.Time { return t0.Add(s - giveUpMargin(s)) }
+	if heartbeat848(tr, k, 1, giveUp(10*time.Second).Add(-time.Millisecond), 0, outcomeOwnerDown) {
+		t.Fatal("told to give up before the group's 10s session minus the margin")
+	}
+	if !heartbeat848(tr, k, 1, giveUp(10*time.Second), 0, outcomeOwnerDown) {
+		t.Fatal("not told to give up by the group's 10s session minus the margin (the engine's 45s used)")
+	}
+	// The group's session grows to 50s: from the next answer on.
+	own.Store(int64(50 * time.Second))
+	heartbeat848(tr, k, 0, t0, 0, outcomeOK)
+	if heartbeat848(tr, k, 1, giveUp(45*time.Second), 0, outcomeOwnerDown) {
+		t.Fatal("told to give up by the engine's 45s where the group's session is 50s")
+	}
+	if !heartbeat848(tr, k, 1, giveUp(50*time.Second), 0, outcomeOwnerDown) {
+		t.Fatal("not told to give up by the group's 50s session")
+	}
+	// Another group keeps the engine's.
+	o := memberKey{"other", "m"}
+	heartbeat848(tr, o, 0, t0, 0, outcomeOK)
+	if heartbeat848(tr, o, 1, giveUp(engine).Add(-time.Millisecond), 0, outcomeOwnerDown) ||
+		!heartbeat848(tr, o, 1, giveUp(engine), 0, outcomeOwnerDown) {
+		t.Fatal("another group's member not told by the engine's session")
+	}
+}
+
 // TestRelayTellsCutOffKIP848MemberToGiveUp: a KIP-848 member is tracked
 // from the owner's answers with the consumer session timeout, told
 // UNKNOWN_MEMBER_ID once its heartbeats stopped reaching the owner for
@@ -195,7 +236,7 @@ func heartbeat848(tr *memberTracker, k memberKey, epoch int32, at time.Time, cod
 func TestRelayTellsCutOffKIP848MemberToGiveUp(t *testing.T) {
 	k := memberKey{"g", "m848"}
 	const s = 5 * time.Second
-	tr := newMemberTracker(slog.New(slog.DiscardHandler), false, s)
+	tr := newMemberTracker(slog.New(slog.DiscardHandler), false, s, nil)
 	t0 := time.Unix(1000, 0)
 	if heartbeat848(tr, k, 0, t0, 0, outcomeOK) || tr.size() != 1 {
 		t.Fatalf("a KIP-848 join: %d members tracked, want 1", tr.size())
@@ -239,7 +280,7 @@ func TestRelayTellsCutOffKIP848MemberToGiveUp(t *testing.T) {
 	}
 	// Without a consumer session timeout KIP-848 members are not
 	// tracked.
-	none := newMemberTracker(slog.New(slog.DiscardHandler), false, 0)
+	none := newMemberTracker(slog.New(slog.DiscardHandler), false, 0, nil)
 	heartbeat848(none, k, 0, t0, 0, outcomeOK)
 	if none.size() != 0 {
 		t.Error("a KIP-848 member tracked without a consumer session timeout")

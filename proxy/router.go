@@ -67,6 +67,11 @@ type RouterConfig struct {
 	// take it from the same cluster or the same flags. Zero: KIP-848
 	// members are never told.
 	ConsumerSessionTimeout time.Duration
+	// ConsumerSessionTimeoutOf, when set, gives a group's own session
+	// timeout for its KIP-848 members (its GROUP config
+	// consumer.session.timeout.ms, as the owners apply it); zero means
+	// ConsumerSessionTimeout.
+	ConsumerSessionTimeoutOf func(group string) time.Duration
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records kproxy.relay.requests and
@@ -147,7 +152,7 @@ func NewRouter(cfg RouterConfig) *Router {
 		log:     log,
 		pool:    newPeerPool(cfg.Dialer, cfg.RelayTimeout, cfg.PeerKeepalive, log, metrics),
 		metrics: metrics,
-		members: newMemberTracker(log, cfg.KeepCutOffMembers, cfg.ConsumerSessionTimeout),
+		members: newMemberTracker(log, cfg.KeepCutOffMembers, cfg.ConsumerSessionTimeout, cfg.ConsumerSessionTimeoutOf),
 		closing: make(chan struct{}),
 	}
 }

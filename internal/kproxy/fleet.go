@@ -236,6 +236,10 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 
 		KeepCutOffMembers:      fc.KeepCutOffMembers,
 		ConsumerSessionTimeout: eng.ConsumerSessionTimeout(),
+		ConsumerSessionTimeoutOf: func(group string) time.Duration {
+			session, _ := eng.ConsumerSettings(group)
+			return session
+		},
 	})
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router

@@ -118,6 +118,11 @@ type GroupsConfig struct {
 	// re-read to report a change (applied at the next start): 0 means a
 	// minute, negative never.
 	SettingsRefresh time.Duration
+	// GroupConfigsRefresh is how often the GROUP configs of the KIP-848
+	// groups served here (consumer.session.timeout.ms,
+	// consumer.heartbeat.interval.ms; groupconfigs.go) are read again,
+	// applied at each group's next heartbeat: 0 means 30s.
+	GroupConfigsRefresh time.Duration
 }
 
 // AnchorsConfig configures anchoring (docs/anchors.md).
@@ -284,6 +289,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	engCfg := cfg.Groups.Engine
 	wireGroupSettings(ctx, w, cfg.Groups, &engCfg)
+	wireGroupConfigs(w, cl, cfg.Groups.GroupConfigsRefresh, &engCfg)
 	if engCfg.Logger == nil {
 		engCfg.Logger = log.With("component", "engine")
 	}

@@ -1,0 +1,239 @@
+package kproxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
+)
+
+// The GROUP configs (KIP-848, Kafka's GroupConfig) kproxy applies to the
+// KIP-848 groups it serves, in place of the engine-wide
+// group.consumer.session.timeout.ms and group.consumer.heartbeat.interval.ms,
+// as Kafka's coordinator does. They are set on the cluster
+// (`kafka-configs --entity-type groups --entity-name G --alter
+// --add-config consumer.session.timeout.ms=...`, directly or through
+// kproxy, which forwards IncrementalAlterConfigs untouched) and read here.
+const (
+	groupConfigSession  = "consumer.session.timeout.ms"
+	groupConfigInterval = "consumer.heartbeat.interval.ms"
+)
+
+const (
+	// groupConfigsRefresh is how often the configs of every group asked
+	// about are read again.
+	groupConfigsRefresh = 30 * time.Second
+	// groupConfigsForget drops a group nobody asked about for this long.
+	groupConfigsForget = 10 * time.Minute
+	// groupConfigsBatch bounds the groups of one DescribeConfigs.
+	groupConfigsBatch = 500
+)
+
+// groupConfigs caches the GROUP configs of the groups the engine serves.
+// get answers from the cache at once (it runs on the engine's shard
+// loops at every KIP-848 heartbeat); a group it has not read yet has the
+// engine's settings until its first read lands, a moment later: a group's
+// first heartbeat, or its first after a change on the cluster (read
+// again every groupConfigsRefresh), may still get the engine's.
+type groupConfigs struct {
+	cl      kmsg.Requestor // kproxy's own client of the cluster; immutable
+	log     *slog.Logger   // immutable
+	refresh time.Duration  // immutable
+	wake    chan struct{}  // buffered(1): a group to read was added
+
+	mu      sync.Mutex
+	entries map[string]*groupConfigEntry // guarded by mu
+	// off: the cluster has no GROUP configs (a broker before KIP-848's,
+	// or one that refuses the resource type); nothing is asked again.
+	off bool // guarded by mu
+
+	// Owned by run: whether the last read failed, for one log line per
+	// episode.
+	failing bool
+}
+
+type groupConfigEntry struct {
+	settings groupstate.GroupSettings
+	read     bool      // read at least once
+	used     time.Time // last get
+}
+
+func newGroupConfigs(cl kmsg.Requestor, log *slog.Logger) *groupConfigs {
+	return &groupConfigs{cl: cl, log: log, refresh: groupConfigsRefresh, wake: make(chan struct{}, 1),
+		entries: map[string]*groupConfigEntry{}}
+}
+
+// get is groupstate.Config.GroupSettings.
+func (c *groupConfigs) get(group string) groupstate.GroupSettings {
+	now := time.Now()
+	c.mu.Lock()
+	if c.off {
+		c.mu.Unlock()
+		return groupstate.GroupSettings{}
+	}
+	e := c.entries[group]
+	if e == nil {
+		c.entries[group] = &groupConfigEntry{used: now}
+		c.mu.Unlock()
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+		return groupstate.GroupSettings{}
+	}
+	e.used = now
+	gs := e.settings
+	c.mu.Unlock()
+	return gs
+}
+
+// run reads the groups added since the last read as they come, and every
+// refresh all of them, until ctx ends.
+func (c *groupConfigs) run(ctx context.Context) {
+	tick := time.NewTicker(c.refresh)
+	defer tick.Stop()
+	for {
+		all := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-tick.C:
+			all = true
+		}
+		if !c.readOnce(ctx, all) {
+			return
+		}
+	}
+}
+
+// readOnce reads the groups not read yet (all: every group, forgetting
+// those unused for groupConfigsForget); false once the cluster has no
+// GROUP configs.
+func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
+	now := time.Now()
+	var groups []string
+	c.mu.Lock()
+	for g, e := range c.entries {
+		switch {
+		case all && now.Sub(e.used) > groupConfigsForget:
+			delete(c.entries, g)
+		case all || !e.read:
+			groups = append(groups, g)
+		}
+	}
+	c.mu.Unlock()
+	for len(groups) > 0 && ctx.Err() == nil {
+		n := min(len(groups), groupConfigsBatch)
+		read, err := c.describe(ctx, groups[:n])
+		groups = groups[n:]
+		if errors.Is(err, errNoGroupConfigs) {
+			c.mu.Lock()
+			c.off, c.entries = true, nil
+			c.mu.Unlock()
+			c.log.Info("the cluster has no group configs (KIP-848 GROUP resources): every group has the engine's consumer session timeout and heartbeat interval", "err", err)
+			return false
+		}
+		if err != nil {
+			if !c.failing {
+				c.log.Warn("cannot read the groups' own configs: their members keep the settings they have until a read succeeds", "err", err)
+			}
+			c.failing = true
+			return true
+		}
+		if c.failing {
+			c.log.Info("reading the groups' own configs again")
+			c.failing = false
+		}
+		c.mu.Lock()
+		for g, gs := range read {
+			if e := c.entries[g]; e != nil {
+				if e.read && e.settings != gs {
+					c.log.Info("group config changed", "group", g,
+						"consumer_session_timeout", gs.ConsumerSessionTimeout, "consumer_heartbeat_interval", gs.ConsumerHeartbeatInterval)
+				}
+				e.settings, e.read = gs, true
+			}
+		}
+		c.mu.Unlock()
+	}
+	return true
+}
+
+// errNoGroupConfigs: the cluster does not know GROUP config resources.
+var errNoGroupConfigs = errors.New("no group configs on the cluster")
+
+// describe reads the two configs of groups with one DescribeConfigs.
+// Only values set on the group itself count (source GROUP_CONFIG): a
+// group without them has the engine's, which came from the same
+// cluster's broker settings. A group the cluster refuses to describe
+// (no DESCRIBE_CONFIGS right on it) is left out and keeps what it had.
+func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[string]groupstate.GroupSettings, error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	for _, g := range groups {
+		r := kmsg.NewDescribeConfigsRequestResource()
+		r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, g
+		r.ConfigNames = []string{groupConfigSession, groupConfigInterval}
+		req.Resources = append(req.Resources, r)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(rctx, c.cl)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]groupstate.GroupSettings, len(groups))
+	for _, r := range resp.Resources {
+		switch err := kerr.ErrorForCode(r.ErrorCode); {
+		case err == nil:
+		case errors.Is(err, kerr.InvalidRequest), errors.Is(err, kerr.UnsupportedVersion):
+			return nil, errors.Join(errNoGroupConfigs, err)
+		default:
+			continue
+		}
+		var gs groupstate.GroupSettings
+		for _, cfg := range r.Configs {
+			if cfg.Source != kmsg.ConfigSourceGroupConfig || cfg.Value == nil {
+				continue
+			}
+			ms, err := strconv.ParseInt(*cfg.Value, 10, 64)
+			if err != nil || ms <= 0 {
+				continue
+			}
+			switch cfg.Name {
+			case groupConfigSession:
+				gs.ConsumerSessionTimeout = time.Duration(ms) * time.Millisecond
+			case groupConfigInterval:
+				gs.ConsumerHeartbeatInterval = time.Duration(ms) * time.Millisecond
+			}
+		}
+		out[r.ResourceName] = gs
+	}
+	return out, nil
+}
+
+// wireGroupConfigs makes the engine built from engCfg apply the groups'
+// own configs, read with kproxy's own client of the cluster every
+// refresh (0: groupConfigsRefresh).
+func wireGroupConfigs(w *Server, cl *kgo.Client, refresh time.Duration, engCfg *groupstate.Config) {
+	if engCfg.GroupSettings != nil {
+		return // the embedding program's own
+	}
+	gc := newGroupConfigs(cl, w.log.With("component", "group_configs"))
+	if refresh > 0 {
+		gc.refresh = refresh
+	}
+	engCfg.GroupSettings = gc.get
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); gc.run(ctx) }()
+	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
+}
