@@ -48,8 +48,11 @@ type member struct {
 	name   string
 	cl     *kgo.Client
 	dialer *cuttableDialer
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel context.CancelFunc // stops the poll loop
+	// abort also cuts short a commit in flight (kill); leave lets it
+	// finish, as a consumer that closes cleanly commits what it read.
+	abort context.CancelFunc
+	done  chan struct{}
 }
 
 type memberCfg struct {
@@ -107,7 +110,8 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 	}
 	m.cl = cl
 	ctx, cancel := context.WithCancel(context.Background())
-	m.cancel = cancel
+	commitCtx, abort := context.WithCancel(context.Background())
+	m.cancel, m.abort = cancel, abort
 	go func() {
 		defer close(m.done)
 		for ctx.Err() == nil {
@@ -117,9 +121,15 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 				mc.recs.add(string(r.Value))
 			}
 			if len(recs) > 0 {
-				if err := cl.CommitRecords(ctx, recs...); err != nil && ctx.Err() == nil {
+				// The records count as consumed before their commit
+				// lands: a test that waits for them and then leaves
+				// must not cancel that commit (it did, and the
+				// committed offsets stopped short of the end).
+				cctx, done := context.WithTimeout(commitCtx, 15*time.Second)
+				if err := cl.CommitRecords(cctx, recs...); err != nil && commitCtx.Err() == nil {
 					t.Logf("%s: commit: %v", name, err)
 				}
+				done()
 			}
 			cl.AllowRebalance()
 		}
@@ -131,6 +141,7 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 func (m *member) leave() {
 	m.cancel()
 	<-m.done
+	m.abort()
 	m.cl.Close()
 }
 
@@ -140,6 +151,7 @@ func (m *member) kill(own *ownership) {
 	m.dialer.kill()
 	own.releaseAll(m.name)
 	m.cancel()
+	m.abort()
 	<-m.done
 	go m.cl.Close() // it cannot reach anyone; do not wait for it
 }
