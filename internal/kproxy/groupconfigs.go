@@ -56,8 +56,8 @@ type groupConfigs struct {
 	off bool // guarded by mu
 
 	// Owned by run: whether the last read failed, for one log line per
-	// episode.
-	failing bool
+	// episode; whether a group's describe was refused was logged.
+	failing, refusedLogged bool
 }
 
 type groupConfigEntry struct {
@@ -153,17 +153,32 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 			c.log.Info("reading the groups' own configs again")
 			c.failing = false
 		}
+		var refused []string
 		c.mu.Lock()
-		for g, gs := range read {
-			if e := c.entries[g]; e != nil {
-				if e.read && e.settings != gs {
-					c.log.Info("group config changed", "group", g,
-						"consumer_session_timeout", gs.ConsumerSessionTimeout, "consumer_heartbeat_interval", gs.ConsumerHeartbeatInterval)
-				}
-				e.settings, e.read = gs, true
+		for g, r := range read {
+			e := c.entries[g]
+			if e == nil {
+				continue
 			}
+			// A refused group is asked again at the next refresh, not
+			// at every new group's read.
+			if r.err == nil {
+				if e.read && e.settings != r.settings {
+					c.log.Info("group config changed", "group", g,
+						"consumer_session_timeout", r.settings.ConsumerSessionTimeout, "consumer_heartbeat_interval", r.settings.ConsumerHeartbeatInterval)
+				}
+				e.settings = r.settings
+			} else {
+				refused = append(refused, g)
+			}
+			e.read = true
 		}
 		c.mu.Unlock()
+		if len(refused) > 0 && !c.refusedLogged {
+			c.refusedLogged = true
+			c.log.Warn("the cluster refuses to describe some groups' configs (kproxy's principal needs DESCRIBE_CONFIGS on them): they keep the engine's settings; logged once",
+				"example_group", refused[0], "err", read[refused[0]].err)
+		}
 	}
 	return true
 }
@@ -175,8 +190,9 @@ var errNoGroupConfigs = errors.New("no group configs on the cluster")
 // Only values set on the group itself count (source GROUP_CONFIG): a
 // group without them has the engine's, which came from the same
 // cluster's broker settings. A group the cluster refuses to describe
-// (no DESCRIBE_CONFIGS right on it) is left out and keeps what it had.
-func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[string]groupstate.GroupSettings, error) {
+// (no DESCRIBE_CONFIGS right on it) has the refusal; it keeps what it
+// had.
+func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[string]groupConfigRead, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	for _, g := range groups {
 		r := kmsg.NewDescribeConfigsRequestResource()
@@ -190,13 +206,14 @@ func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[strin
 	if err != nil {
 		return nil, err
 	}
-	out := make(map[string]groupstate.GroupSettings, len(groups))
+	out := make(map[string]groupConfigRead, len(groups))
 	for _, r := range resp.Resources {
 		switch err := kerr.ErrorForCode(r.ErrorCode); {
 		case err == nil:
 		case errors.Is(err, kerr.InvalidRequest), errors.Is(err, kerr.UnsupportedVersion):
 			return nil, errors.Join(errNoGroupConfigs, err)
 		default:
+			out[r.ResourceName] = groupConfigRead{err: err}
 			continue
 		}
 		var gs groupstate.GroupSettings
@@ -215,9 +232,16 @@ func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[strin
 				gs.ConsumerHeartbeatInterval = time.Duration(ms) * time.Millisecond
 			}
 		}
-		out[r.ResourceName] = gs
+		out[r.ResourceName] = groupConfigRead{settings: gs}
 	}
 	return out, nil
+}
+
+// groupConfigRead is one group's answer: its settings, or why the
+// cluster refused to describe it.
+type groupConfigRead struct {
+	settings groupstate.GroupSettings
+	err      error
 }
 
 // wireGroupConfigs makes the engine built from engCfg apply the groups'

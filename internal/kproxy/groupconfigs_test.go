@@ -3,6 +3,7 @@ package kproxy
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,4 +171,91 @@ func TestGroupConfigsApplied(t *testing.T) {
 	setGroupConfigs(ctx, t, direct, "own", map[string]string{"consumer.heartbeat.interval.ms": "2500"})
 	own2 := &member{group: "own", id: "own-2"}
 	waitInterval(own2, 2500)
+}
+
+// describeConfigsFake answers DescribeConfigs for GROUP resources from
+// configs (group -> name -> value), refusing the groups in refused with
+// GROUP_AUTHORIZATION_FAILED, or every resource with code when it is set;
+// asked records the groups of each request.
+type describeConfigsFake struct {
+	mu      sync.Mutex
+	configs map[string]map[string]string
+	refused map[string]bool
+	code    int16
+	asked   [][]string
+}
+
+func (f *describeConfigsFake) Request(_ context.Context, req kmsg.Request) (kmsg.Response, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	q := req.(*kmsg.DescribeConfigsRequest)
+	resp := q.ResponseKind().(*kmsg.DescribeConfigsResponse)
+	var asked []string
+	for _, r := range q.Resources {
+		asked = append(asked, r.ResourceName)
+		rr := kmsg.NewDescribeConfigsResponseResource()
+		rr.ResourceType, rr.ResourceName = r.ResourceType, r.ResourceName
+		switch {
+		case f.code != 0:
+			rr.ErrorCode = f.code
+		case f.refused[r.ResourceName]:
+			rr.ErrorCode = kerr.GroupAuthorizationFailed.Code
+		default:
+			for _, name := range r.ConfigNames {
+				c := kmsg.NewDescribeConfigsResponseResourceConfig()
+				c.Name, c.Source, c.Value = name, kmsg.ConfigSourceDefaultConfig, kmsg.StringPtr("1")
+				if v, ok := f.configs[r.ResourceName][name]; ok {
+					c.Source, c.Value = kmsg.ConfigSourceGroupConfig, kmsg.StringPtr(v)
+				}
+				rr.Configs = append(rr.Configs, c)
+			}
+		}
+		resp.Resources = append(resp.Resources, rr)
+	}
+	f.asked = append(f.asked, asked)
+	return resp, nil
+}
+
+// TestGroupConfigsReads: only values set on the group count; a group the
+// cluster refuses to describe keeps the engine's settings and is not
+// asked again with every new group; a cluster without GROUP configs is
+// not asked again at all.
+func TestGroupConfigsReads(t *testing.T) {
+	ctx := context.Background()
+	f := &describeConfigsFake{
+		configs: map[string]map[string]string{"a": {"consumer.session.timeout.ms": "50000"}},
+		refused: map[string]bool{"b": true},
+	}
+	gc := newGroupConfigs(f, slog.New(slog.DiscardHandler))
+	gc.get("a")
+	gc.get("b")
+	if !gc.readOnce(ctx, false) {
+		t.Fatal("the cluster's answer turned group configs off")
+	}
+	if got := gc.get("a"); got != (groupstate.GroupSettings{ConsumerSessionTimeout: 50 * time.Second}) {
+		t.Fatalf("group a: %+v, want its own 50s session and no interval (the default-sourced value is not the group's)", got)
+	}
+	if got := gc.get("b"); got != (groupstate.GroupSettings{}) {
+		t.Fatalf("refused group b: %+v, want the engine's", got)
+	}
+	gc.get("c")
+	gc.readOnce(ctx, false)
+	if last := f.asked[len(f.asked)-1]; len(last) != 1 || last[0] != "c" {
+		t.Fatalf("a new group's read asked for %v, want [c] alone", last)
+	}
+	gc.readOnce(ctx, true) // the refresh asks for every group, b included
+	if last := f.asked[len(f.asked)-1]; len(last) != 3 {
+		t.Fatalf("the refresh asked for %v, want a, b and c", last)
+	}
+
+	off := &describeConfigsFake{code: kerr.InvalidRequest.Code}
+	gc = newGroupConfigs(off, slog.New(slog.DiscardHandler))
+	gc.get("a")
+	if gc.readOnce(ctx, false) {
+		t.Fatal("a cluster answering INVALID_REQUEST for GROUP resources left group configs on")
+	}
+	gc.get("d")
+	if n := len(off.asked); n != 1 {
+		t.Fatalf("%d requests, want the first alone", n)
+	}
 }
