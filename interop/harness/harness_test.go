@@ -171,24 +171,28 @@ func TestRequestLogScan(t *testing.T) {
 	write(`[x] Completed request:{"requestHeader":{"requestApiKey":11,"requestApiVersion":9}}` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4}}` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":12,"requestApiVersion":4,"correlationId":3,"clientId":"kproxy","requestApiKeyName":"HEARTBEAT"},"request":{"groupId":"g","generationId":1,"memberId":"kproxy-anchor-1",...` + "\n" +
+		`[x] Completed request:{"requestHeader":{"requestApiKey":11,"requestApiVersion":9,"clientId":"w2"},"request":{"groupId":"connect-interop-kafka-connect-direct-17-sink",...` + "\n" +
 		`[x] Completed request:{"requestHeader":{"requestApiKey":1`)
-	l := &requestLog{path: path}
-	got, err := countAll([]*requestLog{l})
+	l := &requestLog{path: path, late: "-direct-17"}
+	got, late, err := countAll([]*requestLog{l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got[11] != 1 || got[12] != 1 || got[1] != 0 {
-		t.Fatalf("first scan counts = %v, want one JoinGroup and one Heartbeat, the anchor's heartbeat and a partial line ignored", got)
+	if got[11] != 2 || got[12] != 1 || got[1] != 0 {
+		t.Fatalf("first scan counts = %v, want two JoinGroups and one Heartbeat, the anchor's heartbeat and a partial line ignored", got)
+	}
+	if late[11] != 1 || len(late) != 1 {
+		t.Fatalf("first scan late counts = %v, want the direct row's JoinGroup alone", late)
 	}
 	write(`4,"requestApiVersion":5}}` + "\n")
-	got, err = countAll([]*requestLog{l})
+	got, late, err = countAll([]*requestLog{l})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got[14] != 1 || got[11] != 1 {
-		t.Fatalf("second scan counts = %v, want the completed SyncGroup line counted once", got)
+	if got[14] != 1 || got[11] != 2 || late[11] != 1 {
+		t.Fatalf("second scan counts = %v (late %v), want the completed SyncGroup line counted once", got, late)
 	}
-	if _, err := countAll([]*requestLog{{path: dir + "/missing"}}); err == nil {
+	if _, _, err := countAll([]*requestLog{{path: dir + "/missing"}}); err == nil {
 		t.Fatal("a missing log must be an error")
 	}
 }

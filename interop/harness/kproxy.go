@@ -157,12 +157,20 @@ type requestLog struct {
 	path   string
 	offset int64
 	counts map[int]int
+	// late, if set, marks the lines of another row's groups (the direct
+	// path's: "-direct-<stamp>"); they are counted in counts and again in
+	// lateCounts, so that a kproxy row can leave them out. A direct row's
+	// client can still be on its way when the next row starts: a JoinGroup
+	// parked at the broker until its dead peers' sessions expire is
+	// answered, and logged, seconds after its process was killed.
+	late       string
+	lateCounts map[int]int
 }
 
 // scan reads the lines appended since the last scan.
 func (l *requestLog) scan() error {
 	if l.counts == nil {
-		l.counts = map[int]int{}
+		l.counts, l.lateCounts = map[int]int{}, map[int]int{}
 	}
 	f, err := os.Open(l.path)
 	if err != nil {
@@ -200,6 +208,9 @@ func (l *requestLog) scan() error {
 			j++
 		}
 		l.counts[n]++
+		if l.late != "" && strings.Contains(line, l.late) {
+			l.lateCounts[n]++
+		}
 	}
 	l.offset += int64(end + 1)
 	return nil
@@ -220,16 +231,20 @@ func readAll(f *os.File) ([]byte, error) {
 	}
 }
 
-// countAll scans every log and returns the summed counts per API key.
-func countAll(logs []*requestLog) (map[int]int, error) {
-	total := map[int]int{}
+// countAll scans every log and returns the summed counts per API key,
+// and those of them on lines marked late.
+func countAll(logs []*requestLog) (total, late map[int]int, err error) {
+	total, late = map[int]int{}, map[int]int{}
 	for _, l := range logs {
 		if err := l.scan(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for k, v := range l.counts {
 			total[k] += v
 		}
+		for k, v := range l.lateCounts {
+			late[k] += v
+		}
 	}
-	return total, nil
+	return total, late, nil
 }
