@@ -202,10 +202,26 @@ func (s *stack) produce(ctx context.Context, topic string, partitions int32, n i
 	s.produceRange(ctx, topic, 0, n)
 }
 
+// produceEvenly creates topic with partitions and writes n records to
+// it through the proxy, round robin: every partition gets n/partitions.
+func (s *stack) produceEvenly(ctx context.Context, topic string, partitions int32, n int) {
+	s.t.Helper()
+	if _, err := kadm.NewClient(s.client()).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+		s.t.Fatalf("create topic: %v", err)
+	}
+	s.produceWith(ctx, s.client(kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner())), 0, n)
+}
+
 // produceRange writes records "from".."to-1" to topic through the proxy.
 func (s *stack) produceRange(ctx context.Context, topic string, from, to int) {
 	s.t.Helper()
-	cl := s.client(kgo.DefaultProduceTopic(topic))
+	s.produceWith(ctx, s.client(kgo.DefaultProduceTopic(topic)), from, to)
+}
+
+// produceWith writes records "from".."to-1" with cl, to its default
+// topic.
+func (s *stack) produceWith(ctx context.Context, cl *kgo.Client, from, to int) {
+	s.t.Helper()
 	for i := from; i < to; i++ {
 		cl.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, func(_ *kgo.Record, err error) {
 			if err != nil {
