@@ -257,9 +257,9 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 // (takeover_fleet.go).
 func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
 	if w.watcher == nil {
-		return engineCoordinator{eng}
+		return engineCoordinator{e: eng, gc: w.groupConfigs}
 	}
-	return takeoverCoordinator{Coordinator: engineCoordinator{eng}, w: w.watcher}
+	return takeoverCoordinator{Coordinator: engineCoordinator{e: eng, gc: w.groupConfigs}, w: w.watcher}
 }
 
 // lastOwner reports whether no other kproxy owns a partition in this

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -35,14 +36,19 @@ const (
 	groupConfigsForget = 10 * time.Minute
 	// groupConfigsBatch bounds the groups of one DescribeConfigs.
 	groupConfigsBatch = 500
+	// groupConfigsFirstWait bounds how long a group's first joining
+	// heartbeat waits for the group's first read.
+	groupConfigsFirstWait = 500 * time.Millisecond
 )
 
 // groupConfigs caches the GROUP configs of the groups the engine serves.
 // get answers from the cache at once (it runs on the engine's shard
-// loops at every KIP-848 heartbeat); a group it has not read yet has the
-// engine's settings until its first read lands, a moment later: a group's
-// first heartbeat, or its first after a change on the cluster (read
-// again every groupConfigsRefresh), may still get the engine's.
+// loops at every KIP-848 heartbeat). A group's first joining heartbeat
+// waits for its first read (engineCoordinator, at most
+// groupConfigsFirstWait), so that it is answered with the group's own
+// settings, as Kafka's coordinator answers it; a heartbeat after a change
+// on the cluster gets the new settings once the next refresh read them
+// (every groupConfigsRefresh).
 type groupConfigs struct {
 	cl      kmsg.Requestor // kproxy's own client of the cluster; immutable
 	log     *slog.Logger   // immutable
@@ -55,15 +61,32 @@ type groupConfigs struct {
 	// or one that refuses the resource type); nothing is asked again.
 	off bool // guarded by mu
 
-	// Owned by run: whether the last read failed, for one log line per
-	// episode; whether a group's describe was refused was logged.
-	failing, refusedLogged bool
+	// failing: the last read failed (written by run, one log line per
+	// episode; read by unread, which then does not make joins wait).
+	failing atomic.Bool
+	// Owned by run: whether a group's describe was refused was logged.
+	refusedLogged bool
 }
 
+// groupConfigEntry is one group's cache entry; its fields are guarded
+// by groupConfigs.mu, but for readCh, which is immutable.
 type groupConfigEntry struct {
 	settings groupstate.GroupSettings
-	read     bool      // read at least once
-	used     time.Time // last get
+	read     bool          // read at least once
+	readCh   chan struct{} // closed when read turns true, or the entry is dropped
+	used     time.Time     // last get
+}
+
+func newGroupConfigEntry(now time.Time) *groupConfigEntry {
+	return &groupConfigEntry{used: now, readCh: make(chan struct{})}
+}
+
+// markRead records the entry's first read; c.mu is held.
+func (e *groupConfigEntry) markRead() {
+	if !e.read {
+		e.read = true
+		close(e.readCh)
+	}
 }
 
 func newGroupConfigs(cl kmsg.Requestor, log *slog.Logger) *groupConfigs {
@@ -81,18 +104,54 @@ func (c *groupConfigs) get(group string) groupstate.GroupSettings {
 	}
 	e := c.entries[group]
 	if e == nil {
-		c.entries[group] = &groupConfigEntry{used: now}
+		c.entries[group] = newGroupConfigEntry(now)
 		c.mu.Unlock()
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.kick()
 		return groupstate.GroupSettings{}
 	}
 	e.used = now
 	gs := e.settings
 	c.mu.Unlock()
 	return gs
+}
+
+// unread returns a channel closed once group's configs are read for the
+// first time, asking for that read as get does; nil when they were read
+// already, or when no read is coming soon: the cluster has no GROUP
+// configs, or the last read failed.
+func (c *groupConfigs) unread(group string) <-chan struct{} {
+	if c.failing.Load() {
+		return nil
+	}
+	now := time.Now()
+	c.mu.Lock()
+	if c.off {
+		c.mu.Unlock()
+		return nil
+	}
+	e := c.entries[group]
+	if e != nil {
+		e.used = now
+		read, ch := e.read, e.readCh
+		c.mu.Unlock()
+		if read {
+			return nil
+		}
+		return ch
+	}
+	e = newGroupConfigEntry(now)
+	c.entries[group] = e
+	c.mu.Unlock()
+	c.kick()
+	return e.readCh
+}
+
+// kick wakes run to read the groups added.
+func (c *groupConfigs) kick() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
 }
 
 // run reads the groups added since the last read as they come, and every
@@ -125,6 +184,7 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 	for g, e := range c.entries {
 		switch {
 		case all && now.Sub(e.used) > groupConfigsForget:
+			e.markRead() // nobody waits on it any more; closed all the same
 			delete(c.entries, g)
 		case all || !e.read:
 			groups = append(groups, g)
@@ -137,21 +197,22 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 		groups = groups[n:]
 		if errors.Is(err, errNoGroupConfigs) {
 			c.mu.Lock()
+			for _, e := range c.entries {
+				e.markRead() // the joins waiting go on with the engine's
+			}
 			c.off, c.entries = true, nil
 			c.mu.Unlock()
 			c.log.Info("the cluster has no group configs (KIP-848 GROUP resources): every group has the engine's consumer session timeout and heartbeat interval", "err", err)
 			return false
 		}
 		if err != nil {
-			if !c.failing {
+			if !c.failing.Swap(true) {
 				c.log.Warn("cannot read the groups' own configs: their members keep the settings they have until a read succeeds", "err", err)
 			}
-			c.failing = true
 			return true
 		}
-		if c.failing {
+		if c.failing.Swap(false) {
 			c.log.Info("reading the groups' own configs again")
-			c.failing = false
 		}
 		var refused []string
 		c.mu.Lock()
@@ -171,7 +232,7 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 			} else {
 				refused = append(refused, g)
 			}
-			e.read = true
+			e.markRead()
 		}
 		c.mu.Unlock()
 		if len(refused) > 0 && !c.refusedLogged {
@@ -256,6 +317,7 @@ func wireGroupConfigs(w *Server, cl *kgo.Client, refresh time.Duration, engCfg *
 		gc.refresh = refresh
 	}
 	engCfg.GroupSettings = gc.get
+	w.groupConfigs = gc
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); gc.run(ctx) }()

@@ -41,8 +41,8 @@ func setGroupConfigs(ctx context.Context, t *testing.T, cl *kgo.Client, group st
 // TestGroupConfigsApplied: a KIP-848 group served by kproxy takes the
 // heartbeat interval and session timeout set on the cluster for that
 // group (kafka-configs --entity-type groups), as Kafka's coordinator
-// does, a change of them within a refresh, and another group keeps the
-// engine's.
+// does, from its first heartbeat on, a change of them within a refresh,
+// and another group keeps the engine's.
 func TestGroupConfigsApplied(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
 	if err != nil {
@@ -142,8 +142,13 @@ func TestGroupConfigsApplied(t *testing.T) {
 		return len(resp.Groups[0].Members)
 	}
 
+	// The first answer already has the group's own interval: the join
+	// waited for the group's first read, as Kafka's coordinator knows
+	// the group's configs when it answers.
 	own := &member{group: "own", id: "own-1"}
-	waitInterval(own, 1500)
+	if got := beat(own); got != 1500 {
+		t.Fatalf("the first heartbeat of a group with its own 1500ms interval told %dms", got)
+	}
 	plain := &member{group: "plain", id: "plain-1"}
 	beat(plain)
 	time.Sleep(2 * refresh)
@@ -182,12 +187,16 @@ type describeConfigsFake struct {
 	configs map[string]map[string]string
 	refused map[string]bool
 	code    int16
+	err     error // the request fails
 	asked   [][]string
 }
 
 func (f *describeConfigsFake) Request(_ context.Context, req kmsg.Request) (kmsg.Response, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
 	q := req.(*kmsg.DescribeConfigsRequest)
 	resp := q.ResponseKind().(*kmsg.DescribeConfigsResponse)
 	var asked []string
@@ -257,5 +266,69 @@ func TestGroupConfigsReads(t *testing.T) {
 	gc.get("d")
 	if n := len(off.asked); n != 1 {
 		t.Fatalf("%d requests, want the first alone", n)
+	}
+}
+
+// TestGroupConfigsFirstRead: a joining member's wait (unread) ends with
+// the group's first read, whatever it found, and no join waits once the
+// group was read, while the reads fail, or on a cluster without GROUP
+// configs.
+func TestGroupConfigsFirstRead(t *testing.T) {
+	ctx := context.Background()
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	f := &describeConfigsFake{
+		configs: map[string]map[string]string{"a": {"consumer.heartbeat.interval.ms": "1500"}},
+		refused: map[string]bool{"b": true},
+	}
+	gc := newGroupConfigs(f, slog.New(slog.DiscardHandler))
+	a, b := gc.unread("a"), gc.unread("b")
+	if a == nil || b == nil || closed(a) || closed(b) {
+		t.Fatal("groups never read: a join must wait for their first read")
+	}
+	if again := gc.unread("a"); again != a {
+		t.Fatal("a second join of the same unread group must wait for the same read")
+	}
+	gc.readOnce(ctx, false)
+	if !closed(a) || !closed(b) {
+		t.Fatal("the first read, a refusal included, must end the joins' wait")
+	}
+	if gc.unread("a") != nil || gc.unread("b") != nil {
+		t.Fatal("a group read once must not make joins wait")
+	}
+	if got := gc.get("a").ConsumerHeartbeatInterval; got != 1500*time.Millisecond {
+		t.Fatalf("group a's interval %v after its first read, want 1.5s", got)
+	}
+
+	f.err = context.DeadlineExceeded
+	c := gc.unread("c")
+	gc.readOnce(ctx, false)
+	if closed(c) {
+		t.Fatal("a failed read is no read: the join's wait ends at its bound")
+	}
+	if gc.unread("d") != nil {
+		t.Fatal("while the reads fail, joins must not wait")
+	}
+	f.err = nil
+	gc.readOnce(ctx, false)
+	if !closed(c) {
+		t.Fatal("the read after the failure must end the wait of c")
+	}
+
+	off := &describeConfigsFake{code: kerr.InvalidRequest.Code}
+	gc = newGroupConfigs(off, slog.New(slog.DiscardHandler))
+	e := gc.unread("e")
+	gc.readOnce(ctx, false)
+	if !closed(e) {
+		t.Fatal("a cluster without GROUP configs must end the joins' wait")
+	}
+	if gc.unread("f") != nil {
+		t.Fatal("a cluster without GROUP configs must not make joins wait")
 	}
 }

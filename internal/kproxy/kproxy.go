@@ -206,6 +206,11 @@ type Server struct {
 	// came from (nil with groups forwarded); immutable after wiring,
 	// internally synchronised.
 	groupSettings *groupSettingsState
+	// groupConfigs caches the KIP-848 groups' own GROUP configs (nil
+	// when the embedding program sets Engine.GroupSettings itself, or
+	// with groups forwarded); immutable after wiring, internally
+	// synchronised.
+	groupConfigs *groupConfigs
 	// closers run in reverse order at shutdown.
 	closers []func(context.Context) error
 
@@ -317,7 +322,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, w.groupSettings.engineError(err)
 	}
 	w.engine = eng
-	w.coordinator = EngineCoordinator(eng)
+	w.coordinator = engineCoordinator{e: eng, gc: w.groupConfigs}
 	w.startWatcher()
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
@@ -349,13 +354,48 @@ func (w *Server) publish(ev groupstate.Event) {
 
 // EngineCoordinator adapts a groupstate.Engine to proxy.Coordinator: the
 // proxy's client becomes the engine's request context.
-func EngineCoordinator(e *groupstate.Engine) proxy.Coordinator { return engineCoordinator{e} }
+func EngineCoordinator(e *groupstate.Engine) proxy.Coordinator { return engineCoordinator{e: e} }
 
-// engineCoordinator adapts groupstate.Engine to proxy.Coordinator.
-type engineCoordinator struct{ e *groupstate.Engine }
+// engineCoordinator adapts groupstate.Engine to proxy.Coordinator. With
+// gc, a KIP-848 member joining a group whose GROUP configs were not read
+// yet waits for that read (at most groupConfigsFirstWait), so that its
+// first answer carries the group's own heartbeat interval and its
+// session the group's timeout, as from Kafka's coordinator; once per
+// group, and never while the reads fail.
+type engineCoordinator struct {
+	e  *groupstate.Engine
+	gc *groupConfigs // nil: the engine's settings, or the embedder's GroupSettings
+}
 
 func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
-	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+	rc := groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}
+	if q, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && q.MemberEpoch == 0 && c.gc != nil {
+		if read := c.gc.unread(q.Group); read != nil {
+			req := cloneRequest(req) // the wait outlives the caller's buffers
+			go func() {
+				t := time.NewTimer(groupConfigsFirstWait)
+				defer t.Stop()
+				select {
+				case <-read:
+				case <-t.C:
+				}
+				c.e.Handle(rc, req, reply)
+			}()
+			return
+		}
+	}
+	c.e.Handle(rc, req, reply)
+}
+
+// cloneRequest deep-copies req, whose byte fields may alias a buffer the
+// caller reuses once Handle returns.
+func cloneRequest(req kmsg.Request) kmsg.Request {
+	c := kmsg.RequestForKey(req.Key())
+	c.SetVersion(req.GetVersion())
+	if err := c.ReadFrom(req.AppendTo(nil)); err != nil {
+		return req // cannot happen: kmsg decodes what it encodes
+	}
+	return c
 }
 
 // Addr is the proxy's bootstrap address.
