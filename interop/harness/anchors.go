@@ -325,6 +325,12 @@ func (s *scenario) finish(res *result, start time.Time) {
 	if s.errorsSeen > 0 {
 		res.notes = append(res.notes, fmt.Sprintf("%d client error events, e.g. %s", s.errorsSeen, strings.Join(s.errorSamples, " | ")))
 	}
+	if s.foreignCommits > 0 {
+		res.notes = append(res.notes, fmt.Sprintf("%d commits of partitions the member did not own by its callbacks, e.g. %s", s.foreignCommits, strings.Join(s.foreignSamples, " | ")))
+	}
+	if s.dropped > 0 {
+		res.notes = append(res.notes, fmt.Sprintf("%d records dropped by members after a rebalance took their partition", s.dropped))
+	}
 	s.mu.Unlock()
 }
 
@@ -1087,7 +1093,10 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		if len(decreases) > 5 {
 			decreases = append(decreases[:5], fmt.Sprintf("... %d more", len(decreases)-5))
 		}
-		return fail("committed offsets went backwards %d times: %s", out.decreases, strings.Join(decreases, "; "))
+		s.mu.Lock()
+		foreign := s.foreignCommits
+		s.mu.Unlock()
+		return fail("committed offsets went backwards %d times: %s (%d commits of partitions their member did not own)", out.decreases, strings.Join(decreases, "; "), foreign)
 	}
 	if samples == 0 {
 		return fail("the committed offsets were never sampled (%d failed reads)", sampleErrs)

@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -146,6 +148,18 @@ func (s *scenario) observe(m *member, e event) {
 		s.lastChange = time.Now()
 	case e.Ev == "commit":
 		m.commits = append(m.commits, e.TS)
+		for k, o := range e.Offsets {
+			p, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || slices.Contains(m.owned, int32(p)) {
+				continue
+			}
+			s.foreignCommits++
+			if len(s.foreignSamples) < 5 {
+				s.foreignSamples = append(s.foreignSamples, fmt.Sprintf("%s p%s→%d owning %v", m.name, k, o, m.owned))
+			}
+		}
+	case e.Ev == "dropped":
+		s.dropped += e.Count
 	case e.Ev == "error":
 		s.errorsSeen++
 		if len(s.errorSamples) < 5 {

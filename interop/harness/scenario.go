@@ -124,8 +124,15 @@ type scenario struct {
 	produced     int
 	errorsSeen   int
 	errorSamples []string
-	notes        []string
-	lastChange   time.Time
+	// foreignCommits counts commits a member reported for partitions it
+	// did not own by its own callbacks at that moment; foreignSamples
+	// keeps the first few. dropped counts records a member threw away
+	// because a rebalance took their partition while it held them.
+	foreignCommits int
+	foreignSamples []string
+	dropped        int
+	notes          []string
+	lastChange     time.Time
 	// epochsRestart is the client timestamp (ms) from which a KIP-848
 	// group's epochs come from a new incarnation of the group (its
 	// takeover: waitTakeover); 0 if they never restart.

@@ -145,6 +145,18 @@ def confluent_consume(a, stopper):
     def flush():
         if not pending:
             return
+        # consume() can return records of partitions a rebalance during
+        # that call took away (confluent-kafka-python issue 1013); an
+        # application drops them, or it commits a partition another
+        # member owns now, under its own current generation, and that
+        # partition's committed offset goes back.
+        stale = sorted({m.partition() for m in pending if m.partition() not in owned})
+        if stale:
+            emit(a.member, "dropped", partitions=stale,
+                 count=sum(1 for m in pending if m.partition() not in owned))
+            pending[:] = [m for m in pending if m.partition() in owned]
+            if not pending:
+                return
         offsets = {}
         for m in pending:
             offsets[m.partition()] = m.offset() + 1
