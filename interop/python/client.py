@@ -150,10 +150,9 @@ def confluent_consume(a, stopper):
         # application drops them, or it commits a partition another
         # member owns now, under its own current generation, and that
         # partition's committed offset goes back.
-        stale = sorted({m.partition() for m in pending if m.partition() not in owned})
+        stale = [m for m in pending if m.partition() not in owned]
         if stale:
-            emit(a.member, "dropped", partitions=stale,
-                 count=sum(1 for m in pending if m.partition() not in owned))
+            emit(a.member, "dropped", partitions=sorted({m.partition() for m in stale}), count=len(stale))
             pending[:] = [m for m in pending if m.partition() in owned]
             if not pending:
                 return
