@@ -41,8 +41,8 @@ func (s *shard) offsetCommit(r *kmsg.OffsetCommitRequest, reply func(kmsg.Respon
 	}
 	var owned map[string]map[int32]struct{}
 	notOwned := errIllegalGeneration
-	g, ok := s.classicGroups[r.Group]
-	if consumer, isConsumer := s.consumerGroups[r.Group]; isConsumer {
+	g, ok := s.classicOf(r.Group)
+	if consumer, isConsumer := s.consumerOf(r.Group); isConsumer {
 		code, o, no := consumer.validateCommit(r.Version, gen, memberID, false)
 		if code != errNone {
 			reply(commitError(r, code))
@@ -121,9 +121,9 @@ func (s *shard) emitCommitted(groupID string, n int) {
 		return
 	}
 	var ev Event
-	if g, ok := s.classicGroups[groupID]; ok {
+	if g, ok := s.classicOf(groupID); ok {
 		ev = g.event(EventOffsetsCommitted)
-	} else if consumer, ok := s.consumerGroups[groupID]; ok {
+	} else if consumer, ok := s.consumerOf(groupID); ok {
 		ev = consumer.event(EventOffsetsCommitted)
 	} else {
 		ev = Event{Time: s.e.clock.Now(), Kind: EventOffsetsCommitted, Group: groupID, Generation: -1, State: stateEmpty.String()}

@@ -103,7 +103,7 @@ func (e *Engine) offsetFetch(r *kmsg.OffsetFetchRequest, reply func(kmsg.Respons
 // fetchOffsets validates one group's fetch on its loop and queues the
 // store read.
 func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(fetchResult)) {
-	if consumer, ok := s.consumerGroups[fg.group]; ok {
+	if consumer, ok := s.consumerOf(fg.group); ok {
 		// KIP-848: no member id and a negative epoch fetch as an admin
 		// would; otherwise the member's epoch must match exactly.
 		if (fg.memberID != nil && *fg.memberID != "") || fg.epoch >= 0 {
@@ -121,7 +121,7 @@ func (s *shard) fetchOffsets(fg fetchGroup, requireStable, v10 bool, set func(fe
 				return
 			}
 		}
-	} else if g, ok := s.classicGroups[fg.group]; ok && g.state != stateDead {
+	} else if g, ok := s.classicOf(fg.group); ok && g.state != stateDead {
 		if (fg.memberID != nil && *fg.memberID != "") || fg.epoch >= 0 {
 			id := ""
 			if fg.memberID != nil {

@@ -35,7 +35,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	if r.Version == 0 || rebalance <= 0 {
 		rebalance = session
 	}
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		// A consumer (KIP-848) group of the same id: an empty one is
 		// replaced (offline downgrade); a non-empty one takes the
 		// member in (consumer_migration.go).
@@ -44,11 +44,11 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 			return
 		}
 		consumer.cancelAllTimers()
-		delete(s.consumerGroups, r.Group)
+		s.drop(r.Group, consumer)
 		s.tombstone(r.Group)
 		s.e.log.Info("groupstate: empty consumer group replaced by a classic group", "group", r.Group)
 	}
-	g, ok := s.classicGroups[r.Group]
+	g, ok := s.classicOf(r.Group)
 	if ok && g.handingBack {
 		g.refuseHandedBackJoin(r, reply)
 		return
@@ -59,7 +59,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 			return
 		}
 		g = newClassicGroup(s, r.Group)
-		s.classicGroups[r.Group] = g
+		s.groups[r.Group] = g
 		s.emit(g.event(EventGroupCreated))
 		g.armEmptyTimer()
 	}
@@ -67,7 +67,7 @@ func (s *shard) joinGroup(rc RequestContext, r *kmsg.JoinGroupRequest, reply fun
 	g.join(j)
 	// A group created for a join that failed holds nothing: forget it.
 	if g.state == stateEmpty && len(g.members) == 0 && len(g.pending) == 0 && g.generation == 0 && g.live() {
-		delete(s.classicGroups, g.id)
+		s.drop(g.id, g)
 		g.transitionTo(stateDead)
 		s.emit(g.event(EventGroupDeleted))
 	}

@@ -25,10 +25,10 @@ func (s *shard) heartbeatCode(r *kmsg.HeartbeatRequest) int16 {
 	if r.Group == "" {
 		return errInvalidGroupID
 	}
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		return consumer.classicHeartbeat(r)
 	}
-	g, ok := s.classicGroups[r.Group]
+	g, ok := s.classicOf(r.Group)
 	if !ok {
 		return errUnknownMemberID
 	}

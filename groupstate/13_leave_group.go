@@ -43,12 +43,12 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 		finish(errInvalidGroupID)
 		return
 	}
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		consumer.classicLeave(leaving, results)
 		finish(errNone)
 		return
 	}
-	g, ok := s.classicGroups[r.Group]
+	g, ok := s.classicOf(r.Group)
 	if !ok {
 		// As Kafka: every member is unknown (v0-2 carry it at the top).
 		for i := range results {

@@ -28,11 +28,11 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 		reply(syncError(errInvalidGroupID))
 		return
 	}
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		consumer.classicSync(r, reply)
 		return
 	}
-	g, ok := s.classicGroups[r.Group]
+	g, ok := s.classicOf(r.Group)
 	if !ok || g.state == stateEmpty {
 		reply(syncError(errUnknownMemberID))
 		return

@@ -202,30 +202,20 @@ func describedForVersion(g kmsg.DescribeGroupsResponseGroup, v int16) kmsg.Descr
 	return g
 }
 
-// holds reports whether the engine holds group id: a KIP-848 group, or a
-// classic group that is not Dead.
-func (s *shard) holds(id string) bool {
-	if _, ok := s.consumerGroups[id]; ok {
-		return true
-	}
-	g, ok := s.classicGroups[id]
-	return ok && g.state != stateDead
-}
-
 // describe returns the description of group id, or nil if the engine does
 // not hold it.
 func (s *shard) describe(id string) *kmsg.DescribeGroupsResponseGroup {
-	if _, ok := s.consumerGroups[id]; ok {
-		// As Kafka 4 answers: a KIP-848 group is described with
-		// ConsumerGroupDescribe; DescribeGroups says so in the text of
-		// Kafka's GroupMetadataManager.classicGroup.
+	if kind, ok := s.kindOf(id); ok && kind != KindClassic {
+		// As Kafka 4 answers: a group of another kind is described with
+		// its own API (ConsumerGroupDescribe...); DescribeGroups says so
+		// in the text of Kafka's GroupMetadataManager.classicGroup.
 		dg := kmsg.NewDescribeGroupsResponseGroup()
 		dg.Group, dg.State, dg.ErrorCode = id, stateDead.String(), errGroupIDNotFound
-		msg := "Group " + id + " is not a classic group."
+		msg := notKindText(id, KindClassic)
 		dg.ErrorMessage = &msg
 		return &dg
 	}
-	g, ok := s.classicGroups[id]
+	g, ok := s.classicOf(id)
 	if !ok || g.state == stateDead {
 		return nil
 	}

@@ -166,40 +166,20 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 
 // list returns the loop's groups as ListGroups entries.
 func (s *shard) list() []kmsg.ListGroupsResponseGroup {
-	out := make([]kmsg.ListGroupsResponseGroup, 0, len(s.classicGroups))
-	for _, g := range s.classicGroups {
-		if g.state == stateDead || !s.e.owns(g.id) {
-			continue
-		}
-		lg := kmsg.NewListGroupsResponseGroup()
-		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
-		out = append(out, lg)
-	}
-	for _, g := range s.consumerGroups {
-		if s.e.owns(g.id) {
+	out := make([]kmsg.ListGroupsResponseGroup, 0, len(s.groups))
+	for id, g := range s.groups {
+		if g.held() && s.e.owns(id) {
 			out = append(out, g.listEntry())
 		}
 	}
 	return out
 }
 
-// listEntry is the ListGroups entry of a KIP-848 group.
-func (g *consumerGroup) listEntry() kmsg.ListGroupsResponseGroup {
-	lg := kmsg.NewListGroupsResponseGroup()
-	lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, "consumer", g.stateName(), "consumer"
-	return lg
-}
-
 // heldListEntry returns the ListGroups entry of group id if the engine
 // holds it.
 func (s *shard) heldListEntry(id string) (kmsg.ListGroupsResponseGroup, bool) {
-	if g, ok := s.consumerGroups[id]; ok {
+	if g, ok := s.groups[id]; ok && g.held() {
 		return g.listEntry(), true
-	}
-	if g, ok := s.classicGroups[id]; ok && g.state != stateDead {
-		lg := kmsg.NewListGroupsResponseGroup()
-		lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, g.protocolType, g.state.String(), "classic"
-		return lg, true
 	}
 	return kmsg.ListGroupsResponseGroup{}, false
 }

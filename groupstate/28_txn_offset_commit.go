@@ -25,14 +25,14 @@ func (s *shard) txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, reply func(kmsg.
 	}
 	fail := func(code int16) kmsg.Response { return errorResponse(r, code) }
 	var owned map[string]map[int32]struct{}
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		code, o, _ := consumer.validateCommit(r.Version, gen, memberID, true)
 		if code != errNone {
 			reply(fail(code))
 			return
 		}
 		owned = o
-	} else if g, ok := s.classicGroups[r.Group]; !ok {
+	} else if g, ok := s.classicOf(r.Group); !ok {
 		if gen >= 0 {
 			reply(fail(errIllegalGeneration))
 			return

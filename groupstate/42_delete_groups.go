@@ -49,19 +49,19 @@ func (e *Engine) deleteGroups(r *kmsg.DeleteGroupsRequest, reply func(kmsg.Respo
 // deleteGroup deletes one group on its loop.
 func (s *shard) deleteGroup(id string, set func(int16)) {
 	inEngine := false
-	if consumer, ok := s.consumerGroups[id]; ok {
+	if consumer, ok := s.consumerOf(id); ok {
 		if len(consumer.members) > 0 {
 			set(errNonEmptyGroup)
 			return
 		}
 		inEngine = true
 		consumer.cancelAllTimers()
-		delete(s.consumerGroups, id)
+		s.drop(id, consumer)
 		s.unanchor(id)
 		s.emit(consumer.event(EventGroupDeleted))
 		s.tombstone(id)
 	}
-	if g, ok := s.classicGroups[id]; ok {
+	if g, ok := s.classicOf(id); ok {
 		switch g.state {
 		case stateDead:
 			set(errGroupIDNotFound)
@@ -77,7 +77,7 @@ func (s *shard) deleteGroup(id string, set func(int16)) {
 			stopTimer(p.timer)
 		}
 		g.transitionTo(stateDead)
-		delete(s.classicGroups, id)
+		s.drop(id, g)
 		s.unanchor(id)
 		s.emit(g.event(EventGroupDeleted))
 		if g.generation > 0 {

@@ -18,9 +18,9 @@ import (
 // offsetDelete serves an OffsetDelete on the owning loop.
 func (s *shard) offsetDelete(r *kmsg.OffsetDeleteRequest, reply func(kmsg.Response)) {
 	var subscribed func(topic string) bool
-	if consumer, ok := s.consumerGroups[r.Group]; ok {
+	if consumer, ok := s.consumerOf(r.Group); ok {
 		subscribed = consumer.subscribed
-	} else if g, ok := s.classicGroups[r.Group]; ok {
+	} else if g, ok := s.classicOf(r.Group); ok {
 		if g.state == stateDead {
 			reply(errorResponse(r, errGroupIDNotFound))
 			return

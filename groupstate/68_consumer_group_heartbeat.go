@@ -63,19 +63,19 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		})
 		return
 	}
-	g := s.consumerGroups[r.Group]
+	g, _ := s.consumerOf(r.Group)
 	if r.MemberEpoch != 0 {
 		if g == nil {
 			// Kafka's texts (GroupMetadataManager.getOrMaybeCreateConsumerGroup).
-			if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
-				fail(errGroupIDNotFound, "Group "+r.Group+" is not a consumer group.")
+			if _, held := s.kindOf(r.Group); held {
+				fail(errGroupIDNotFound, notKindText(r.Group, KindConsumer))
 			} else {
 				fail(errGroupIDNotFound, "Consumer group "+r.Group+" not found.")
 			}
 			return
 		}
 	} else if g == nil {
-		if classic, ok := s.classicGroups[r.Group]; ok && classic.state != stateDead {
+		if classic, ok := s.classicOf(r.Group); ok && classic.state != stateDead {
 			if len(classic.members) > 0 {
 				// Online upgrade (consumer_migration.go), as Kafka's
 				// getOrMaybeCreateConsumerGroup does.
@@ -117,7 +117,7 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 		}
 		if g == nil {
 			g = newConsumerGroup(s, r.Group)
-			s.consumerGroups[r.Group] = g
+			s.groups[r.Group] = g
 			s.emit(g.event(EventGroupCreated))
 		}
 	}
@@ -128,7 +128,7 @@ func (s *shard) consumerHeartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	m, joined, code, msg := g.memberFor(r)
 	if code != errNone {
 		if len(g.members) == 0 && g.epoch == 0 {
-			delete(s.consumerGroups, g.id)
+			s.drop(g.id, g)
 		}
 		fail(code, msg)
 		return
@@ -154,7 +154,7 @@ func (s *shard) waitsForTopics(r *kmsg.ConsumerGroupHeartbeatRequest) bool {
 	}
 	snap, known := s.e.topicsNow(), s.e.topicsKnown()
 	var already []string
-	if g := s.consumerGroups[r.Group]; g != nil {
+	if g, _ := s.consumerOf(r.Group); g != nil {
 		m := g.members[r.MemberID]
 		if m == nil && r.InstanceID != nil {
 			m = g.members[g.static[*r.InstanceID]]
@@ -224,7 +224,7 @@ func (s *shard) dropClassic(classic *classicGroup) {
 		stopTimer(p.timer)
 	}
 	classic.transitionTo(stateDead)
-	delete(s.classicGroups, classic.id)
+	s.drop(classic.id, classic)
 	if classic.generation > 0 {
 		s.tombstone(classic.id)
 	}

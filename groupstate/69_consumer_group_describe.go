@@ -103,15 +103,15 @@ func (e *Engine) consumerDescribeOnCluster(cg ClusterGroups, r *kmsg.ConsumerGro
 func (s *shard) describeConsumerGroup(id string, version int16) kmsg.ConsumerGroupDescribeResponseGroup {
 	dg := kmsg.NewConsumerGroupDescribeResponseGroup()
 	dg.Group = id
-	g, ok := s.consumerGroups[id]
+	g, ok := s.consumerOf(id)
 	if !ok {
 		// Kafka's texts (GroupMetadataManager.group and consumerGroup):
 		// a group that does not exist is not found; "not a consumer
 		// group" is kept for a group of another type.
 		dg.ErrorCode = errGroupIDNotFound
 		msg := "Group " + id + " not found."
-		if classic, held := s.classicGroups[id]; held && classic.state != stateDead {
-			msg = "Group " + id + " is not a consumer group."
+		if _, held := s.kindOf(id); held {
+			msg = notKindText(id, KindConsumer)
 		}
 		dg.ErrorMessage = &msg
 		return dg

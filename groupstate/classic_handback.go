@@ -38,7 +38,7 @@ func (e *Engine) HandBack(group string) (time.Duration, bool) {
 	ch := make(chan res, 1)
 	s := e.shardFor(group)
 	if !s.post(func() {
-		g, ok := s.classicGroups[group]
+		g, ok := s.classicOf(group)
 		if !ok || g.state == stateDead || len(g.members) == 0 {
 			ch <- res{}
 			return

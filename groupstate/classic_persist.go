@@ -96,10 +96,7 @@ func (s *shard) loadPending(id string) bool {
 	if s.e.meta == nil || id == "" {
 		return false
 	}
-	if _, ok := s.classicGroups[id]; ok {
-		return false
-	}
-	if _, ok := s.consumerGroups[id]; ok {
+	if _, ok := s.groups[id]; ok {
 		return false
 	}
 	if _, ok := s.known[id]; ok {
@@ -166,7 +163,7 @@ func (s *shard) finishLoad(id string, res loadResult) {
 	if res.found && isConsumerRecord(res.record) {
 		s.installConsumerRecord(id, res.record)
 	} else if res.found {
-		if _, exists := s.classicGroups[id]; !exists {
+		if _, exists := s.groups[id]; !exists {
 			g, err := s.classicGroupFromRecord(id, res.record)
 			switch {
 			case err != nil:
@@ -175,7 +172,7 @@ func (s *shard) finishLoad(id string, res loadResult) {
 				// stuck.
 				s.e.log.Error("groupstate: unreadable group metadata ignored", "group", id, "err", err)
 			case g != nil:
-				s.classicGroups[id] = g
+				s.groups[id] = g
 				g.anchorChanged()
 				if s.e.cfg.Events != nil {
 					ev := g.event(EventGroupLoaded)

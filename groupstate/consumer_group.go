@@ -119,7 +119,7 @@ func newConsumerGroup(s *shard, id string) *consumerGroup {
 }
 
 // live reports whether g is still the group the shard holds under its id.
-func (g *consumerGroup) live() bool { return g.s.consumerGroups[g.id] == g }
+func (g *consumerGroup) live() bool { return g.s.groups[g.id] == group(g) }
 
 // stateName returns the group's state as ConsumerGroupDescribe and
 // ListGroups name it.
@@ -418,7 +418,7 @@ func (g *consumerGroup) armEmptyTimer() {
 			return
 		}
 		g.emptyTimer = timerRef{}
-		delete(g.s.consumerGroups, g.id)
+		g.s.drop(g.id, g)
 		g.s.unanchor(g.id)
 		g.s.tombstone(g.id)
 		g.s.e.log.Debug("groupstate: forgot a long-empty consumer group", "group", g.id)

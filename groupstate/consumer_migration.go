@@ -389,7 +389,7 @@ func (s *shard) convertToConsumer(c *classicGroup, by string) (*consumerGroup, e
 		stopTimer(p.timer)
 	}
 	c.transitionTo(stateDead)
-	delete(s.classicGroups, c.id)
+	s.drop(c.id, c)
 
 	g := newConsumerGroup(s, c.id)
 	g.epoch, g.assignmentEpoch, g.reconciledEpoch = c.generation, c.generation, c.generation
@@ -423,7 +423,7 @@ func (s *shard) convertToConsumer(c *classicGroup, by string) (*consumerGroup, e
 	}
 	g.subHash = g.subscriptionHash()
 	g.assignor = g.preferredAssignor()
-	s.consumerGroups[g.id] = g
+	s.groups[g.id] = g
 	for _, id := range g.sortedIDs() {
 		g.armSessionTimer(g.members[id])
 	}
@@ -851,7 +851,7 @@ func (g *consumerGroup) convertToClassic(by *consumerMember, rebalance bool) {
 	s := g.s
 	snap := s.e.topicsNow()
 	g.cancelAllTimers()
-	delete(s.consumerGroups, g.id)
+	s.drop(g.id, g)
 
 	c := newClassicGroup(s, g.id)
 	// A group built whole (as Kafka constructs it), not a transition.
@@ -873,7 +873,7 @@ func (g *consumerGroup) convertToClassic(by *consumerMember, rebalance bool) {
 		c.add(cm, "consumer")
 	}
 	c.protocol = c.selectProtocol()
-	s.classicGroups[c.id] = c
+	s.groups[c.id] = c
 	byMember := (*Member)(nil)
 	if by != nil {
 		pm := g.public(by, false)

@@ -440,7 +440,7 @@ func (s *shard) consumerGroupFromRecord(id string, rec []byte) (*consumerGroup, 
 // installConsumerRecord installs a loaded consumer group (an unreadable
 // record is dropped: its members rejoin).
 func (s *shard) installConsumerRecord(id string, rec []byte) {
-	if _, exists := s.consumerGroups[id]; exists {
+	if _, exists := s.groups[id]; exists {
 		return
 	}
 	g, err := s.consumerGroupFromRecord(id, rec)
@@ -448,7 +448,7 @@ func (s *shard) installConsumerRecord(id string, rec []byte) {
 		s.e.log.Error("groupstate: unreadable consumer group record ignored", "group", id, "err", err)
 		return
 	}
-	s.consumerGroups[id] = g
+	s.groups[id] = g
 	g.anchorChanged()
 	if s.e.cfg.Events != nil {
 		ev := g.event(EventGroupLoaded)

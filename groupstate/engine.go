@@ -239,11 +239,10 @@ func New(cfg Config) (*Engine, error) {
 	e.shards = make([]*shard, cfg.Shards)
 	for i := range e.shards {
 		s := &shard{
-			e:              e,
-			id:             i,
-			classicGroups:  make(map[string]*classicGroup),
-			consumerGroups: make(map[string]*consumerGroup),
-			ops:            make(map[string]*opQueue),
+			e:      e,
+			id:     i,
+			groups: make(map[string]group),
+			ops:    make(map[string]*opQueue),
 
 			metaOps: make(map[string]*opQueue),
 			known:   make(map[string]struct{}),
@@ -381,11 +380,8 @@ func (e *Engine) Groups() []GroupSnapshot {
 		wg.Add(1)
 		if !s.post(func() {
 			defer wg.Done()
-			snaps := make([]GroupSnapshot, 0, len(s.classicGroups))
-			for _, g := range s.classicGroups {
-				snaps = append(snaps, g.snapshot())
-			}
-			for _, g := range s.consumerGroups {
+			snaps := make([]GroupSnapshot, 0, len(s.groups))
+			for _, g := range s.groups {
 				snaps = append(snaps, g.snapshot())
 			}
 			mu.Lock()
@@ -410,12 +406,8 @@ func (e *Engine) Group(id string) (GroupSnapshot, bool) {
 	}
 	ch := make(chan res, 1)
 	if !s.post(func() {
-		g, ok := s.classicGroups[id]
+		g, ok := s.groups[id]
 		if !ok {
-			if consumer, ok := s.consumerGroups[id]; ok {
-				ch <- res{consumer.snapshot(), true}
-				return
-			}
 			ch <- res{}
 			return
 		}
@@ -453,12 +445,11 @@ type shard struct {
 	e  *Engine // immutable
 	id int     // immutable
 
-	// classicGroups, consumerGroups, ops and timerSeq are owned by the
-	// loop goroutine. A group id is in at most one of the two maps.
-	classicGroups  map[string]*classicGroup  // JoinGroup/SyncGroup groups
-	consumerGroups map[string]*consumerGroup // KIP-848 groups
-	ops            map[string]*opQueue
-	timerSeq       uint64
+	// groups, ops and timerSeq are owned by the loop goroutine. groups
+	// is the registry of the loop's groups of every kind (kinds.go).
+	groups   map[string]group
+	ops      map[string]*opQueue
+	timerSeq uint64
 
 	// metaOps, known and loading are owned by the loop goroutine too.
 	// metaOps holds the FIFOs of group metadata operations (separate
@@ -539,26 +530,10 @@ func (s *shard) run() {
 
 // teardown answers parked requests and stops timers; it runs last.
 func (s *shard) teardown() {
-	for _, g := range s.classicGroups {
-		g.cancelAllTimers()
-		for _, m := range g.members {
-			if m.joinReply != nil {
-				m.answerJoin(joinError(errCoordinatorNotAvailable, m.id))
-			}
-			if m.syncReply != nil {
-				m.answerSync(syncError(errCoordinatorNotAvailable))
-			}
-		}
-		for _, p := range g.pending {
-			stopTimer(p.timer)
-		}
+	for _, g := range s.groups {
+		g.teardown()
 	}
-	s.classicGroups = map[string]*classicGroup{}
-	for _, g := range s.consumerGroups {
-		g.cancelAllTimers()
-		g.failWaiters(errCoordinatorNotAvailable)
-	}
-	s.consumerGroups = map[string]*consumerGroup{}
+	s.groups = map[string]group{}
 	for id, parked := range s.loading {
 		delete(s.loading, id)
 		for _, p := range parked {

@@ -30,7 +30,7 @@ func (s *shard) arm(d time.Duration, fire func(id uint64)) timerRef {
 }
 
 // live reports whether g is still the group the shard holds under its id.
-func (g *classicGroup) live() bool { return g.s.classicGroups[g.id] == g }
+func (g *classicGroup) live() bool { return g.s.groups[g.id] == group(g) }
 
 // cancelAllTimers stops every timer of the group and its members.
 func (g *classicGroup) cancelAllTimers() {
@@ -192,7 +192,7 @@ func (g *classicGroup) armEmptyTimerFor(d time.Duration) {
 		}
 		g.cancelAllTimers()
 		g.transitionTo(stateDead)
-		delete(g.s.classicGroups, g.id)
+		g.s.drop(g.id, g)
 		g.s.unanchor(g.id)
 		if g.generation > 0 {
 			g.s.tombstone(g.id)

@@ -82,15 +82,9 @@ func (e *Engine) Unload(match func(group string) bool) {
 // returns what signals the end of their store calls in flight.
 func (s *shard) unload(match func(string) bool) []chan struct{} {
 	n := 0
-	for id, g := range s.classicGroups {
+	for id, g := range s.groups {
 		if match(id) {
-			s.unloadClassic(g, errNotCoordinator, CauseUnloaded)
-			n++
-		}
-	}
-	for id, g := range s.consumerGroups {
-		if match(id) {
-			s.unloadConsumer(g, errNotCoordinator, CauseUnloaded)
+			g.unload(errNotCoordinator, CauseUnloaded)
 			n++
 		}
 	}
@@ -142,7 +136,7 @@ func (s *shard) unloadClassic(g *classicGroup, code int16, cause string) {
 		s.emit(ev)
 	}
 	g.transitionTo(stateDead)
-	delete(s.classicGroups, g.id)
+	s.drop(g.id, g)
 	delete(s.known, g.id)
 	s.unanchor(g.id)
 	s.e.log.Debug("groupstate: group unloaded", "group", g.id, "generation", g.generation, "cause", cause)
@@ -162,7 +156,7 @@ func (s *shard) unloadConsumer(g *consumerGroup, code int16, cause string) {
 		ev.Members = g.membersList(false)
 		s.emit(ev)
 	}
-	delete(s.consumerGroups, g.id)
+	s.drop(g.id, g)
 	delete(s.known, g.id)
 	s.unanchor(g.id)
 	s.e.log.Debug("groupstate: consumer group unloaded", "group", g.id, "epoch", g.epoch, "cause", cause)
