@@ -108,7 +108,15 @@ func MarshalState(s State) []byte {
 	return b
 }
 
-var errShortState = errors.New("share state: truncated")
+var errShortState = errors.New("share state: truncated or non-canonical varint")
+
+// varintLen is the length of v's canonical varint: decoding accepts only
+// that form, so every decodable input has exactly one meaning and one
+// encoding.
+func varintLen(v int64) int {
+	var buf [binary.MaxVarintLen64]byte
+	return binary.PutVarint(buf[:], v)
+}
 
 // UnmarshalState decodes MarshalState's encoding. It returns an error,
 // never panics, on any malformed input; the result is not checked for
@@ -124,7 +132,7 @@ func UnmarshalState(b []byte) (State, error) {
 	b = b[1:]
 	varint := func() (int64, error) {
 		v, n := binary.Varint(b)
-		if n <= 0 {
+		if n <= 0 || n != varintLen(v) {
 			return 0, errShortState
 		}
 		b = b[n:]
@@ -143,7 +151,7 @@ func UnmarshalState(b []byte) (State, error) {
 	}
 	s.Epoch = int32(ep)
 	cnt, n := binary.Uvarint(b)
-	if n <= 0 {
+	if n <= 0 || n != len(binary.AppendUvarint(nil, cnt)) {
 		return State{}, errShortState
 	}
 	b = b[n:]
