@@ -10,6 +10,7 @@ func FuzzUnmarshalState(f *testing.F) {
 	f.Add(MarshalState(State{StartOffset: 7, Epoch: 2, Batches: []StateBatch{{7, 9, 0, 1}, {12, 12, 4, 3}}}))
 	f.Add([]byte{1, 0, 0, 0})
 	f.Add([]byte{2})
+	f.Add([]byte{1, 0x30, 0x80, 0x00, 0x00}) // overlong varint: must not decode
 	f.Add([]byte{1, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := UnmarshalState(b)
