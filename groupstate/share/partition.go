@@ -741,3 +741,33 @@ func (p *Partition) Reset(startOffset int64) {
 	p.start, p.end = startOffset, startOffset
 	p.epoch++
 }
+
+// AdvanceStart moves the SPSO up to the log start offset after records
+// were deleted from the log (retention, DeleteRecords; a fetch answered
+// OFFSET_OUT_OF_RANGE), as Kafka's SharePartition.updateCacheAndOffsets:
+// in-flight records below it are dropped, acquired ones included (their
+// late acknowledgements are then ignored, as for any offset below the
+// SPSO). It returns how many non-terminal records were dropped.
+func (p *Partition) AdvanceStart(logStartOffset int64) int {
+	if logStartOffset <= p.start {
+		return 0
+	}
+	dropped := 0
+	p.splitAt(logStartOffset)
+	k := 0
+	for k < len(p.runs) && p.runs[k].last < logStartOffset {
+		if !p.runs[k].state.terminal() {
+			dropped += int(p.runs[k].last - p.runs[k].first + 1)
+		}
+		k++
+	}
+	n := copy(p.runs, p.runs[k:])
+	clear(p.runs[n:])
+	p.runs = p.runs[:n]
+	if p.end < logStartOffset {
+		p.end = logStartOffset
+	}
+	p.start = logStartOffset
+	p.normalize()
+	return dropped
+}

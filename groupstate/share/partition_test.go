@@ -432,3 +432,26 @@ func TestRunsStayFewUnderChurn(t *testing.T) {
 		t.Fatalf("SPSO %d runs %d", p.StartOffset(), len(p.runs))
 	}
 }
+
+func TestAdvanceStart(t *testing.T) {
+	p := NewPartition(0)
+	p.Acquire("m", 0, batches(0, 9), 100, BatchOptimized, 100, t0, lim)
+	p.Acknowledge("m", one(0, 1, AckAccept), t0, lim)
+	if n := p.AdvanceStart(5); n != 3 { // 2-4 acquired, dropped
+		t.Fatalf("dropped %d", n)
+	}
+	if p.StartOffset() != 5 || p.Stats().Acquired != 5 {
+		t.Fatalf("SPSO %d stats %+v", p.StartOffset(), p.Stats())
+	}
+	// A late ack reaching below the new SPSO applies to what is left.
+	if c := p.Acknowledge("m", one(2, 9, AckAccept), t0, lim); c != 0 || p.StartOffset() != 10 {
+		t.Fatalf("ack %d SPSO %d", c, p.StartOffset())
+	}
+	if n := p.AdvanceStart(20); n != 0 || p.StartOffset() != 20 || p.FetchOffset() != 20 {
+		t.Fatalf("past the window: %d %d %d", n, p.StartOffset(), p.FetchOffset())
+	}
+	if n := p.AdvanceStart(3); n != 0 || p.StartOffset() != 20 {
+		t.Fatal("moved back")
+	}
+	checkInvariants(t, p)
+}
