@@ -605,7 +605,9 @@ func splitByBatchSize(in []Acquired, batches []Batch, size int64) []Acquired {
 // Acknowledged, Release makes them Available again (Archived once the
 // delivery limit is reached), Reject and Gap archive them, Renew extends
 // their lock to now+LockDuration. Offsets below the SPSO are skipped, as
-// Kafka does. The batches should have passed ValidateAckBatches.
+// Kafka does. The batches should have passed ValidateAckBatches. When the
+// group disables renewals (share.renew.acknowledge.enable=false) the
+// caller answers INVALID_RECORD_STATE for a Renew itself, as Kafka does.
 func (p *Partition) Acknowledge(member string, acks []AckBatch, now time.Time, l Limits) int16 {
 	l = l.withDefaults()
 	prevLast := int64(math.MinInt64)
@@ -716,7 +718,9 @@ func (p *Partition) NextDeadline() (time.Time, bool) {
 }
 
 // ReleaseMember releases every record member holds (its share session
-// closed or it left the group) and returns how many.
+// closed or it left the group) and returns how many. As in Kafka 4.4 the
+// delivery count is kept, so a record at the limit is archived (Kafka 4.1
+// decremented the count instead).
 func (p *Partition) ReleaseMember(member string, l Limits) int {
 	l = l.withDefaults()
 	n := 0
