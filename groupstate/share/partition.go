@@ -371,7 +371,9 @@ func throttleLimit(deliveryLimit int) int {
 // aborted batches have no deliverable record and are archived, never
 // acquired. Only offsets of the given batches are acquired: Available
 // in-flight ones again with their delivery count plus one, new ones with
-// count 1. The in-flight window never exceeds l.MaxLocks records, except
+// count 1; an Available record already delivered DeliveryLimit times (it
+// was acquired when the state was snapshotted, or the limit was lowered)
+// is archived instead. The in-flight window never exceeds l.MaxLocks records, except
 // that Available records inside it can always be acquired again.
 //
 // BatchOptimized stops at the first batch boundary once maxRecords are
@@ -505,6 +507,12 @@ func (a *acquirer) acquireData(first, last, batchLen, batchLast int64) {
 				continue
 			}
 			c := int(r.count)
+			if c >= a.limit {
+				// Delivered limit times already: acquired when a snapshot
+				// was taken, or the limit was lowered since.
+				p.runs[k].state = StateArchived
+				continue
+			}
 			if a.acquired > 0 && (c >= a.throttle || (a.limit > 2 && c == a.limit-1)) {
 				// Isolate records near the limit in a fetch of their own.
 				a.stop = true

@@ -455,3 +455,19 @@ func TestAdvanceStart(t *testing.T) {
 	}
 	checkInvariants(t, p)
 }
+
+func TestRestoredAtLimitArchived(t *testing.T) {
+	// Acquired for the 5th (last) time when the snapshot was taken: after
+	// the reload the record is not delivered a 6th time.
+	l := Limits{DeliveryLimit: 5}
+	p := NewPartition(0)
+	if err := p.Restore(State{Batches: []StateBatch{{0, 1, 0, 5}, {2, 3, 0, 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	got := p.Acquire("m", p.FetchOffset(), batches(0, 3), 10, BatchOptimized, 10, t0, l)
+	wantAcq(t, got, Acquired{2, 2, 5}) // 0-1 archived; 2 is on its last delivery, alone
+	if p.StartOffset() != 2 {
+		t.Fatalf("SPSO %d", p.StartOffset())
+	}
+	checkInvariants(t, p)
+}
