@@ -371,7 +371,9 @@ func throttleLimit(deliveryLimit int) int {
 // aborted batches have no deliverable record and are archived, never
 // acquired. Only offsets of the given batches are acquired: Available
 // in-flight ones again with their delivery count plus one, new ones with
-// count 1. The in-flight window never exceeds l.MaxLocks records, except
+// count 1; an Available record already delivered DeliveryLimit times (it
+// was acquired when the state was snapshotted, or the limit was lowered)
+// is archived instead. The in-flight window never exceeds l.MaxLocks records, except
 // that Available records inside it can always be acquired again.
 //
 // BatchOptimized stops at the first batch boundary once maxRecords are
@@ -505,6 +507,12 @@ func (a *acquirer) acquireData(first, last, batchLen, batchLast int64) {
 				continue
 			}
 			c := int(r.count)
+			if c >= a.limit {
+				// Delivered limit times already: acquired when a snapshot
+				// was taken, or the limit was lowered since.
+				p.runs[k].state = StateArchived
+				continue
+			}
 			if a.acquired > 0 && (c >= a.throttle || (a.limit > 2 && c == a.limit-1)) {
 				// Isolate records near the limit in a fetch of their own.
 				a.stop = true
@@ -605,7 +613,9 @@ func splitByBatchSize(in []Acquired, batches []Batch, size int64) []Acquired {
 // Acknowledged, Release makes them Available again (Archived once the
 // delivery limit is reached), Reject and Gap archive them, Renew extends
 // their lock to now+LockDuration. Offsets below the SPSO are skipped, as
-// Kafka does. The batches should have passed ValidateAckBatches.
+// Kafka does. The batches should have passed ValidateAckBatches. When the
+// group disables renewals (share.renew.acknowledge.enable=false) the
+// caller answers INVALID_RECORD_STATE for a Renew itself, as Kafka does.
 func (p *Partition) Acknowledge(member string, acks []AckBatch, now time.Time, l Limits) int16 {
 	l = l.withDefaults()
 	prevLast := int64(math.MinInt64)
@@ -716,7 +726,9 @@ func (p *Partition) NextDeadline() (time.Time, bool) {
 }
 
 // ReleaseMember releases every record member holds (its share session
-// closed or it left the group) and returns how many.
+// closed or it left the group) and returns how many. As in Kafka 4.4 the
+// delivery count is kept, so a record at the limit is archived (Kafka 4.1
+// decremented the count instead).
 func (p *Partition) ReleaseMember(member string, l Limits) int {
 	l = l.withDefaults()
 	n := 0
@@ -740,4 +752,34 @@ func (p *Partition) Reset(startOffset int64) {
 	p.runs = nil
 	p.start, p.end = startOffset, startOffset
 	p.epoch++
+}
+
+// AdvanceStart moves the SPSO up to the log start offset after records
+// were deleted from the log (retention, DeleteRecords; a fetch answered
+// OFFSET_OUT_OF_RANGE), as Kafka's SharePartition.updateCacheAndOffsets:
+// in-flight records below it are dropped, acquired ones included (their
+// late acknowledgements are then ignored, as for any offset below the
+// SPSO). It returns how many non-terminal records were dropped.
+func (p *Partition) AdvanceStart(logStartOffset int64) int {
+	if logStartOffset <= p.start {
+		return 0
+	}
+	dropped := 0
+	p.splitAt(logStartOffset)
+	k := 0
+	for k < len(p.runs) && p.runs[k].last < logStartOffset {
+		if !p.runs[k].state.terminal() {
+			dropped += int(p.runs[k].last - p.runs[k].first + 1)
+		}
+		k++
+	}
+	n := copy(p.runs, p.runs[k:])
+	clear(p.runs[n:])
+	p.runs = p.runs[:n]
+	if p.end < logStartOffset {
+		p.end = logStartOffset
+	}
+	p.start = logStartOffset
+	p.normalize()
+	return dropped
 }

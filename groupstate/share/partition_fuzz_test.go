@@ -59,7 +59,7 @@ func runOps(t *testing.T, ops []byte) {
 			return v
 		}
 		for len(ops) > 0 {
-			switch next() % 5 {
+			switch next() % 6 {
 			case 0: // acquire a fetch of batches of 4 from some offset
 				m := members[next()%3]
 				from := next() % 64
@@ -100,6 +100,10 @@ func runOps(t *testing.T, ops []byte) {
 				p.ExpireLocks(now, l)
 			case 3:
 				p.ReleaseMember(members[next()%3], l)
+			case 5:
+				if o := next(); o%8 == 0 {
+					p.AdvanceStart(p.StartOffset() + o%16)
+				}
 			case 4:
 				s := p.Snapshot()
 				q := NewPartition(0)

@@ -432,3 +432,42 @@ func TestRunsStayFewUnderChurn(t *testing.T) {
 		t.Fatalf("SPSO %d runs %d", p.StartOffset(), len(p.runs))
 	}
 }
+
+func TestAdvanceStart(t *testing.T) {
+	p := NewPartition(0)
+	p.Acquire("m", 0, batches(0, 9), 100, BatchOptimized, 100, t0, lim)
+	p.Acknowledge("m", one(0, 1, AckAccept), t0, lim)
+	if n := p.AdvanceStart(5); n != 3 { // 2-4 acquired, dropped
+		t.Fatalf("dropped %d", n)
+	}
+	if p.StartOffset() != 5 || p.Stats().Acquired != 5 {
+		t.Fatalf("SPSO %d stats %+v", p.StartOffset(), p.Stats())
+	}
+	// A late ack reaching below the new SPSO applies to what is left.
+	if c := p.Acknowledge("m", one(2, 9, AckAccept), t0, lim); c != 0 || p.StartOffset() != 10 {
+		t.Fatalf("ack %d SPSO %d", c, p.StartOffset())
+	}
+	if n := p.AdvanceStart(20); n != 0 || p.StartOffset() != 20 || p.FetchOffset() != 20 {
+		t.Fatalf("past the window: %d %d %d", n, p.StartOffset(), p.FetchOffset())
+	}
+	if n := p.AdvanceStart(3); n != 0 || p.StartOffset() != 20 {
+		t.Fatal("moved back")
+	}
+	checkInvariants(t, p)
+}
+
+func TestRestoredAtLimitArchived(t *testing.T) {
+	// Acquired for the 5th (last) time when the snapshot was taken: after
+	// the reload the record is not delivered a 6th time.
+	l := Limits{DeliveryLimit: 5}
+	p := NewPartition(0)
+	if err := p.Restore(State{Batches: []StateBatch{{0, 1, 0, 5}, {2, 3, 0, 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	got := p.Acquire("m", p.FetchOffset(), batches(0, 3), 10, BatchOptimized, 10, t0, l)
+	wantAcq(t, got, Acquired{2, 2, 5}) // 0-1 archived; 2 is on its last delivery, alone
+	if p.StartOffset() != 2 {
+		t.Fatalf("SPSO %d", p.StartOffset())
+	}
+	checkInvariants(t, p)
+}
