@@ -117,6 +117,18 @@ func groupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
 			resp.Groups = append(resp.Groups, rg)
 		}
 		return resp
+	case *kmsg.ShareGroupHeartbeatRequest:
+		resp := kmsg.NewPtrShareGroupHeartbeatResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.ShareGroupDescribeRequest:
+		resp := kmsg.NewPtrShareGroupDescribeResponse()
+		for _, g := range r.GroupIDs {
+			rg := kmsg.NewShareGroupDescribeResponseGroup()
+			rg.GroupID, rg.ErrorCode = g, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
 	}
 	return req.ResponseKind()
 }

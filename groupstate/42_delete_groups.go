@@ -61,6 +61,18 @@ func (s *shard) deleteGroup(id string, set func(int16)) {
 		s.emit(consumer.event(EventGroupDeleted))
 		s.tombstone(id)
 	}
+	if g, ok := s.shareOf(id); ok {
+		if !g.g.Empty() {
+			set(errNonEmptyGroup)
+			return
+		}
+		// A share group's state (its share-partitions) lives in the
+		// engine only; its id may also have offsets in the store.
+		inEngine = true
+		g.teardown()
+		s.drop(id, g)
+		s.emit(g.event(EventGroupDeleted))
+	}
 	if g, ok := s.classicOf(id); ok {
 		switch g.state {
 		case stateDead:

@@ -108,6 +108,11 @@ type Config struct {
 	// created or loaded for it. Turning it false does not drop what the
 	// engine holds: call Unload for that (unload.go).
 	Owns func(group string) bool
+	// ShareSettings, when set, gives a share group's settings (its
+	// share.* GROUP configs); it is called on the loops, so it must be
+	// cheap, must not block and must be safe for concurrent use. nil
+	// means Kafka's defaults (share_group.go).
+	ShareSettings func(group string) ShareSettings
 	// EmptyGroupRetention is how long the engine keeps the state of a
 	// group that has been Empty (protocol type, generation) before
 	// forgetting it; its offsets stay in the store, so it then shows as
@@ -134,6 +139,9 @@ type Engine struct {
 	storeMu     sync.Mutex
 	storeClosed bool
 	closed      atomic.Bool
+
+	// shareMetrics counts what share groups did (share_ops.go).
+	shareMetrics shareMetrics
 
 	// illegalTransitions counts refused state transitions (a bug if
 	// non-zero); tests assert it stays zero.
@@ -262,6 +270,9 @@ func New(cfg Config) (*Engine, error) {
 type GroupSettings struct {
 	ConsumerSessionTimeout    time.Duration // consumer.session.timeout.ms
 	ConsumerHeartbeatInterval time.Duration // consumer.heartbeat.interval.ms
+	// Share holds a share group's share.* configs, used when
+	// Config.ShareSettings is nil.
+	Share ShareSettings
 }
 
 // ConsumerSessionTimeout is the session timeout the engine gives KIP-848
@@ -346,6 +357,10 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 		e.onGroup(r.Group, req, once, func(s *shard) { s.consumerHeartbeat(rc, r, once, false) })
 	case *kmsg.ConsumerGroupDescribeRequest:
 		e.consumerGroupDescribe(r, once)
+	case *kmsg.ShareGroupHeartbeatRequest:
+		e.onGroup(r.GroupID, req, once, func(s *shard) { s.shareHeartbeat(rc, r, once, false) })
+	case *kmsg.ShareGroupDescribeRequest:
+		e.shareGroupDescribe(r, once)
 	default:
 		e.log.Error("groupstate: request not served by the engine", "api_key", req.Key(), "version", version)
 		once(errorResponse(req, errUnsupportedVersion))

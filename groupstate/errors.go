@@ -39,6 +39,7 @@ const (
 	errUnsupportedAssignor       int16 = 112
 	errStaleMemberEpoch          int16 = 113
 	errInvalidRegularExpression  int16 = 128
+	errInvalidRecordState        int16 = 121
 )
 
 // storeErrorCode maps an error returned by the store to the code a client

@@ -39,6 +39,7 @@ func TestErrorCodesMatchKerr(t *testing.T) {
 		{errUnsupportedAssignor, kerr.UnsupportedAssignor},
 		{errStaleMemberEpoch, kerr.StaleMemberEpoch},
 		{errInvalidRegularExpression, kerr.InvalidRegularExpression},
+		{errInvalidRecordState, kerr.InvalidRecordState},
 	} {
 		if tc.code != tc.want.Code {
 			t.Errorf("%s: engine uses %d, kerr says %d", tc.want.Message, tc.code, tc.want.Code)

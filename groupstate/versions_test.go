@@ -52,7 +52,8 @@ func TestEveryVersionAnswered(t *testing.T) {
 
 // TestEngineServesTheGroupKeys checks the engine against codec's routing
 // table, the one list of the keys kproxy serves itself: Handle serves
-// every key codec.IsGroupKey names and no other.
+// every key codec.IsGroupKey names, the share groups' membership keys
+// (codec.IsShareCoordinatorKey), and no other.
 func TestEngineServesTheGroupKeys(t *testing.T) {
 	logs := &unservedLog{}
 	h := newHarness(t, func(c *Config) { c.Logger = slog.New(logs) })
@@ -68,7 +69,7 @@ func TestEngineServesTheGroupKeys(t *testing.T) {
 		if resp.Key() != key {
 			t.Errorf("%s: answered with key %d", kmsg.NameForKey(key), resp.Key())
 		}
-		if unserved, group := logs.has(key), codec.IsGroupKey(key); unserved == group {
+		if unserved, group := logs.has(key), codec.IsGroupKey(key) || codec.IsShareCoordinatorKey(key); unserved == group {
 			t.Errorf("%s: engine serves it %v, codec routes it to the engine %v", kmsg.NameForKey(key), !unserved, group)
 		}
 	}

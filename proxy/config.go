@@ -137,6 +137,12 @@ type Config struct {
 	// cluster's own coordinator serves: their requests are forwarded
 	// upstream on the client's connection (forward.go).
 	Forwarder GroupForwarder
+	// Shares, when set, serves share groups (KIP-932) in kproxy: the
+	// share-group APIs are served locally (membership by Coordinator,
+	// ShareFetch and ShareAcknowledge by Shares) and advertised at the
+	// versions kproxy speaks, whatever the brokers support. nil
+	// forwards them to the cluster.
+	Shares ShareService
 	// RequireSASL says the cluster requires SASL (kproxy's own client
 	// is configured with it): a group request, or FindCoordinator, on a
 	// connection that has not completed a SASL exchange the broker

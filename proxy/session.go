@@ -113,6 +113,7 @@ type session struct {
 	idle       atomic.Bool   // the reader is between requests (set by the reader)
 	inflight   atomic.Int32  // requests queued and not yet answered: +1 by the reader, -1 by the writer
 	closeOnce  sync.Once
+	usedShares atomic.Bool // the reader sent a share request to Config.Shares
 
 	reqLR   io.LimitedReader // owned by the reader: splices request bodies
 	respLR  io.LimitedReader // owned by the writer: splices response bodies
@@ -176,6 +177,7 @@ func (s *session) run() {
 	}
 	<-s.writerDone
 	s.closeConns()
+	s.sharesClosed()
 	// Both goroutines are done with the buffers.
 	putReader(s.br)
 	putWriter(s.bw)
@@ -321,6 +323,9 @@ func (s *session) readLoop() error {
 // the start of the frame (size prefix included), total its whole length.
 func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	start := nanotime()
+	if s.p.cfg.Shares != nil && codec.IsServedShareKey(h.Key) {
+		return s.routeShare(h, start, total)
+	}
 	d := codec.RouteFor(h.Key, h.Version, s.p.cfg.Coordinator != nil)
 	if kind := codec.GroupKind(h.Key); kind != "" && s.p.cfg.Coordinator != nil {
 		return s.routeKind(h, kind, start, head, total)
@@ -796,6 +801,9 @@ func (s *session) writeForwarded(sl slot) error {
 		return err
 	}
 	if sl.key == codec.KeyApiVersions && resp != nil {
+		if av, ok := resp.(*kmsg.ApiVersionsResponse); ok && s.p.cfg.Shares != nil && av.ErrorCode == 0 {
+			codec.AddShareApis(av)
+		}
 		s.rememberApiVersions(resp)
 	}
 	out := frame

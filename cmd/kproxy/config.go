@@ -116,7 +116,10 @@ type logConfig struct {
 }
 
 type groupsConfig struct {
-	Mode                  string        `yaml:"mode"` // distributed, local or forward
+	Mode string `yaml:"mode"` // distributed, local or forward
+	// Shares says who serves share groups (KIP-932): forward (the
+	// cluster) or serve (kproxy, --groups local only).
+	Shares                string        `yaml:"shares"`
 	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
 	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
 	InitialRebalanceDelay time.Duration `yaml:"initial_rebalance_delay"`
@@ -203,6 +206,7 @@ func defaultConfig() fileConfig {
 		Log:             logConfig{Level: "info", Format: "text"},
 		Groups: groupsConfig{
 			Mode:                  "distributed",
+			Shares:                "forward",
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
@@ -262,6 +266,15 @@ func (c *fileConfig) validate() error {
 	case "distributed", "local", "forward":
 	default:
 		errs = append(errs, fmt.Errorf("groups.mode %q: want distributed, local or forward", c.Groups.Mode))
+	}
+	switch c.Groups.Shares {
+	case "forward":
+	case "serve":
+		if c.Groups.Mode != "local" {
+			errs = append(errs, fmt.Errorf("groups.shares serve needs groups.mode local (a fleet does not serve share groups yet), not %q", c.Groups.Mode))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("groups.shares %q: want forward or serve", c.Groups.Shares))
 	}
 	if fl := c.Groups.Fleet; c.Groups.Mode == "distributed" {
 		if fl.Role != "owner" && fl.Role != "relay" {
@@ -355,6 +368,7 @@ type flagSet struct {
 	adminListen string
 	logLevel    string
 	groupsMode  string
+	sharesMode  string
 	minSession  time.Duration
 	maxSession  time.Duration
 	initDelay   time.Duration
@@ -390,6 +404,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.groupsMode, "groups", "distributed", "distributed: the kproxies in front of the cluster serve consumer groups, one owner per group; local: this kproxy alone serves the groups of its clients; forward: the brokers do")
+	fs.StringVar(&f.sharesMode, "share-groups", "forward", "forward: the cluster serves share groups (KIP-932); serve: kproxy serves them itself, for clusters that lack them (with --groups local; docs/share-groups.md)")
 	fs.StringVar(&f.fleet.PeerListen, "peer-listen", "", "where other kproxies of the fleet reach this one, HOST:PORT (default: the listen host, an ephemeral port)")
 	fs.StringVar(&f.fleet.PeerAdvertise, "peer-advertise", "", "peer address told to the other kproxies, when it differs from --peer-listen")
 	fs.StringVar(&f.fleet.Name, "fleet-name", "", "keeps fleets in front of one cluster apart (fleet group __kproxy_fleet.NAME, groups topic __kproxy_groups.NAME)")
@@ -449,6 +464,7 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	set("admin-listen", func() { c.AdminListen = f.adminListen })
 	set("log-level", func() { c.Log.Level = f.logLevel })
 	set("groups", func() { c.Groups.Mode = f.groupsMode })
+	set("share-groups", func() { c.Groups.Shares = f.sharesMode })
 	setGroup("group-min-session-timeout", "group.min.session.timeout.ms", func() { c.Groups.MinSessionTimeout = f.minSession })
 	setGroup("group-max-session-timeout", "group.max.session.timeout.ms", func() { c.Groups.MaxSessionTimeout = f.maxSession })
 	setGroup("group-initial-rebalance-delay", "group.initial.rebalance.delay.ms", func() { c.Groups.InitialRebalanceDelay = f.initDelay })

@@ -52,6 +52,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 		Proxy:        pcfg,
 		Groups: kproxy.GroupsConfig{
 			Mode:           kproxy.GroupsMode(cfg.Groups.Mode),
+			ServeShares:    cfg.Groups.Shares == "serve",
 			Engine:         engineConfig(cfg),
 			SettingSources: cfg.sources,
 			// Not reading the cluster at all would hide its values from

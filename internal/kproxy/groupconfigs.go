@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,10 +24,57 @@ import (
 // (`kafka-configs --entity-type groups --entity-name G --alter
 // --add-config consumer.session.timeout.ms=...`, directly or through
 // kproxy, which forwards IncrementalAlterConfigs untouched) and read here.
+//
+// The share groups kproxy serves (KIP-932) take their share.* GROUP
+// configs the same way; on a cluster without GROUP configs (before Kafka
+// 4.0) they keep Kafka's defaults.
 const (
 	groupConfigSession  = "consumer.session.timeout.ms"
 	groupConfigInterval = "consumer.heartbeat.interval.ms"
 )
+
+// shareGroupConfigs are the share groups' GROUP configs (Kafka's
+// GroupConfig), read with the KIP-848 ones.
+var shareGroupConfigs = []string{
+	"share.session.timeout.ms", "share.heartbeat.interval.ms", "share.record.lock.duration.ms",
+	"share.delivery.count.limit", "share.partition.max.record.locks", "share.auto.offset.reset", "share.isolation.level",
+}
+
+// setShareConfig applies one share.* GROUP config to s.
+func setShareConfig(s *groupstate.ShareSettings, name, value string) {
+	ms := func() time.Duration {
+		v, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || v <= 0 {
+			return 0
+		}
+		return time.Duration(v) * time.Millisecond
+	}
+	n := func() int {
+		v, err := strconv.Atoi(value)
+		if err != nil || v <= 0 {
+			return 0
+		}
+		return v
+	}
+	switch name {
+	case "share.session.timeout.ms":
+		s.SessionTimeout = ms()
+	case "share.heartbeat.interval.ms":
+		s.HeartbeatInterval = ms()
+	case "share.record.lock.duration.ms":
+		s.LockDuration = ms()
+	case "share.delivery.count.limit":
+		s.DeliveryLimit = n()
+	case "share.partition.max.record.locks":
+		s.MaxRecordLocks = n()
+	case "share.auto.offset.reset":
+		if value == "earliest" || value == "latest" {
+			s.AutoOffsetReset = value
+		}
+	case "share.isolation.level":
+		s.ReadCommitted = value == "read_committed"
+	}
+}
 
 const (
 	// groupConfigsRefresh is how often the configs of every group asked
@@ -258,7 +306,7 @@ func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[strin
 	for _, g := range groups {
 		r := kmsg.NewDescribeConfigsRequestResource()
 		r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, g
-		r.ConfigNames = []string{groupConfigSession, groupConfigInterval}
+		r.ConfigNames = append([]string{groupConfigSession, groupConfigInterval}, shareGroupConfigs...)
 		req.Resources = append(req.Resources, r)
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -280,6 +328,10 @@ func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[strin
 		var gs groupstate.GroupSettings
 		for _, cfg := range r.Configs {
 			if cfg.Source != kmsg.ConfigSourceGroupConfig || cfg.Value == nil {
+				continue
+			}
+			if strings.HasPrefix(cfg.Name, "share.") {
+				setShareConfig(&gs.Share, cfg.Name, *cfg.Value)
 				continue
 			}
 			ms, err := strconv.ParseInt(*cfg.Value, 10, 64)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -91,6 +92,10 @@ type Config struct {
 type GroupsConfig struct {
 	// Mode is distributed, local or forward.
 	Mode GroupsMode
+	// ServeShares makes kproxy serve share groups (KIP-932) itself
+	// (package shares); only in local mode. Otherwise the cluster
+	// serves them and kproxy forwards their requests.
+	ServeShares bool
 	// Engine configures the coordinator engine (local and distributed).
 	// Start sets Store and Owns; Logger defaults to Logger; Events, when
 	// set, receives every event after tap's sink.
@@ -189,6 +194,7 @@ type Server struct {
 	// (the fleet member's). Immutable after wire.
 	upstreamOpts []kgo.Opt
 	engine       *groupstate.Engine // nil with groups forwarded
+	shares       *shares.Service    // nil unless share groups are served
 	fleet        *fleetRuntime      // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
@@ -242,6 +248,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		pcfg.Logger = log
 	}
 	pcfg.Coordinator = s.coordinator
+	if s.shares != nil {
+		pcfg.Shares = s.shares
+	}
 	if s.watcher != nil {
 		pcfg.Forwarder = s.watcher
 	}
@@ -289,6 +298,10 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		w.close(context.Background())
 		return nil, err
 	}
+	if cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsLocal {
+		w.close(context.Background())
+		return nil, fmt.Errorf("serving share groups needs groups mode local, not %q (a fleet does not serve share groups yet)", cfg.Groups.Mode)
+	}
 	if cfg.Groups.Mode == GroupsForward {
 		return w, nil
 	}
@@ -326,6 +339,24 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	w.startWatcher()
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+	if cfg.Groups.ServeShares {
+		scfg := shares.Config{
+			Engine:    eng,
+			NewClient: func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
+			Logger:    log.With("component", "shares"),
+		}
+		if w.groupConfigs != nil {
+			scfg.ConfigsRead = w.groupConfigs.unread
+		}
+		svc, err := shares.New(scfg)
+		if err != nil {
+			w.close(context.Background())
+			return nil, err
+		}
+		w.shares = svc
+		// The service closes before the engine it asks.
+		w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
+	}
 	return w, nil
 }
 

@@ -1,0 +1,290 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kversion"
+
+	"github.com/kproxy/kproxy/codec"
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/kproxy"
+)
+
+// Share groups served by kproxy itself (--share-groups serve) in front of
+// an in-memory cluster whose share-group APIs are hidden, as on a
+// cluster that lacks them (Kafka 3.x, or 4.x with share groups off).
+
+// noShareCluster hides the cluster's share-group APIs.
+func noShareCluster() []kfake.Opt {
+	v := kversion.Stable()
+	for _, k := range []int16{codec.KeyShareGroupHeartbeat, codec.KeyShareGroupDescribe, codec.KeyShareFetch, codec.KeyShareAcknowledge,
+		codec.KeyDescribeShareGroupOffsets, codec.KeyAlterShareGroupOffsets, codec.KeyDeleteShareGroupOffsets} {
+		v.SetMaxKeyVersion(k, -1)
+	}
+	return []kfake.Opt{kfake.MaxVersions(v)}
+}
+
+// newShareStack starts kproxy serving share groups from the earliest
+// offset in front of a cluster without them.
+func newShareStack(t *testing.T, opts ...stackOpt) *stack {
+	t.Helper()
+	base := func(c *kproxy.Config) {
+		c.Groups.ServeShares = true
+		c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+			return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+		}
+	}
+	return newStackOn(t, noShareCluster(), append([]stackOpt{base}, opts...)...)
+}
+
+// shareLedger records every delivery of a share group's records and what
+// the consumers acknowledged, to check KIP-932's guarantees from the
+// clients' side.
+type shareLedger struct {
+	mu         sync.Mutex
+	deliveries map[string][]int32   // value -> delivery counts seen, in order
+	accepted   map[string]time.Time // value -> when its accept was answered OK
+	rejected   map[string]time.Time // value -> when its reject was answered OK
+	violations []string
+	errs       []error
+}
+
+func newShareLedger() *shareLedger {
+	return &shareLedger{deliveries: map[string][]int32{}, accepted: map[string]time.Time{}, rejected: map[string]time.Time{}}
+}
+
+// deliver records one delivery; a record delivered after its accept or
+// reject was answered OK is a violation.
+func (l *shareLedger) deliver(r *kgo.Record) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := string(r.Value)
+	l.deliveries[v] = append(l.deliveries[v], r.DeliveryCount())
+	if at, ok := l.accepted[v]; ok {
+		l.violations = append(l.violations, fmt.Sprintf("record %s delivered again after its accept was answered at %v", v, at))
+	}
+	if at, ok := l.rejected[v]; ok {
+		l.violations = append(l.violations, fmt.Sprintf("record %s delivered again after its reject was answered at %v", v, at))
+	}
+}
+
+// shareAction is what a consumer does with a record on its delivery
+// (1 for the first).
+type shareAction func(value string, delivery int32) kgo.AckStatus
+
+// consumeShareLedger runs members share consumers of group through addr
+// until every one of n records reached a final state in the ledger
+// (accepted or rejected, answered OK) or within passes. Each poll's
+// records get act's status, then the acknowledgements are flushed and
+// their results entered in the ledger.
+func consumeShareLedger(t *testing.T, addr, group, topic string, members, n int, within time.Duration, act shareAction) *shareLedger {
+	t.Helper()
+	l := newShareLedger()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	final := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if got := len(l.accepted) + len(l.rejected); got < n {
+			return got
+		}
+		cancel() // every record is final: wake the other consumers' polls
+		return n
+	}
+	var wg sync.WaitGroup
+	for i := range members {
+		var results []kgo.ShareAckResult
+		var rmu sync.Mutex
+		cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("ledger-"+strconv.Itoa(i)),
+			kgo.ShareGroup(group), kgo.ConsumeTopics(topic),
+			kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
+				rmu.Lock()
+				results = append(results, rs...)
+				rmu.Unlock()
+			}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cl.Close()
+			for ctx.Err() == nil && final() < n {
+				fs := cl.PollRecords(ctx, 100)
+				if ctx.Err() != nil {
+					return
+				}
+				fs.EachError(func(_ string, _ int32, err error) {
+					l.mu.Lock()
+					l.errs = append(l.errs, err)
+					l.mu.Unlock()
+				})
+				type marked struct {
+					value  string
+					status kgo.AckStatus
+					part   int32
+				}
+				var ms []marked
+				fs.EachRecord(func(r *kgo.Record) {
+					l.deliver(r)
+					st := act(string(r.Value), r.DeliveryCount())
+					r.Ack(st)
+					ms = append(ms, marked{string(r.Value), st, r.Partition})
+				})
+				if len(ms) == 0 {
+					continue
+				}
+				rmu.Lock()
+				results = results[:0]
+				rmu.Unlock()
+				fctx, fcancel := context.WithTimeout(context.Background(), 15*time.Second)
+				err := cl.FlushAcks(fctx)
+				fcancel()
+				if err != nil {
+					l.mu.Lock()
+					l.errs = append(l.errs, fmt.Errorf("flushing acks: %w", err))
+					l.mu.Unlock()
+					return
+				}
+				rmu.Lock()
+				failed := map[int32]bool{}
+				for _, r := range results {
+					if r.Err != nil {
+						failed[r.Partition] = true
+						l.mu.Lock()
+						l.errs = append(l.errs, fmt.Errorf("ack of p%d: %w", r.Partition, r.Err))
+						l.mu.Unlock()
+					}
+				}
+				rmu.Unlock()
+				now := time.Now()
+				l.mu.Lock()
+				for _, m := range ms {
+					if failed[m.part] {
+						continue
+					}
+					switch m.status {
+					case kgo.AckAccept:
+						l.accepted[m.value] = now
+					case kgo.AckReject:
+						l.rejected[m.value] = now
+					}
+				}
+				l.mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return l
+}
+
+// waitShareStarts waits until every share-partition of group in the
+// engine starts at the end of its log: every record reached a final
+// state.
+func waitShareStarts(t *testing.T, s *stack, group, topic string, partitions int) {
+	t.Helper()
+	ends, err := kadm.NewClient(directClient(t, s)).ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		states, ok := s.engine.ShareStates(group)
+		done := ok && len(states) == partitions
+		for _, st := range states {
+			end, _ := ends.Lookup(topic, st.TP.Partition)
+			if st.StartOffset != end.Offset {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("share-partitions of %s did not reach the log ends %v: %+v", group, ends, states)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestShareGroupsServed: two franz-go share consumers of one group read
+// a topic, accepting most records, releasing some on their first
+// delivery and rejecting others; directly against an in-memory cluster
+// that serves share groups, and through kproxy serving them in front of
+// one that does not, in the same run. On both paths every record ends
+// accepted or rejected, no record is delivered again after its accept
+// or reject was answered, a released record comes back with its
+// delivery count raised; through kproxy every share-partition's start
+// offset then reaches the end of its log.
+func TestShareGroupsServed(t *testing.T) {
+	const n, partitions = 900, 3
+	act := func(v string, delivery int32) kgo.AckStatus {
+		switch {
+		case strings.HasSuffix(v, "3") && delivery == 1:
+			return kgo.AckRelease
+		case strings.HasSuffix(v, "7"):
+			return kgo.AckReject
+		}
+		return kgo.AckAccept
+	}
+	check := func(t *testing.T, l *shareLedger) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, v := range l.violations {
+			t.Error(v)
+		}
+		if len(l.errs) > 0 {
+			t.Errorf("consumers saw errors: %v", l.errs)
+		}
+		if got := len(l.accepted) + len(l.rejected); got != n {
+			t.Fatalf("%d of %d records reached a final state (%d delivered)", got, n, len(l.deliveries))
+		}
+		for v, ds := range l.deliveries {
+			for i, d := range ds {
+				if d != int32(i+1) {
+					t.Errorf("record %s: deliveries %v, want counts 1, 2, ...", v, ds)
+					break
+				}
+			}
+			if strings.HasSuffix(v, "3") && len(ds) < 2 {
+				t.Errorf("record %s released on its first delivery was delivered %d times", v, len(ds))
+			}
+		}
+	}
+	ctx := context.Background()
+	t.Run("direct", func(t *testing.T) {
+		s := newStack(t)
+		topic, group := "direct-share", "direct-share-g"
+		setShareReset(ctx, t, directClient(t, s), group)
+		s.produceEvenly(ctx, topic, partitions, n)
+		start := time.Now()
+		l := consumeShareLedger(t, s.cluster.ListenAddrs()[0], group, topic, 2, n, 60*time.Second, act)
+		t.Logf("%d records final after %v", n, time.Since(start))
+		check(t, l)
+	})
+	t.Run("kproxy", func(t *testing.T) {
+		s := newShareStack(t)
+		topic, group := "served-share", "served-share-g"
+		s.produceEvenly(ctx, topic, partitions, n)
+		start := time.Now()
+		l := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 2, n, 60*time.Second, act)
+		t.Logf("%d records final after %v", n, time.Since(start))
+		check(t, l)
+		waitShareStarts(t, s, group, topic, partitions)
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		c := s.engine.ShareCounters()
+		if c.Acknowledged[1] < int64(len(l.accepted)) || c.Acknowledged[2] < int64(n/10) || c.Acknowledged[3] < int64(n/10) {
+			t.Errorf("counters %+v: want at least %d accepted, %d released and %d rejected", c, len(l.accepted), n/10, n/10)
+		}
+	})
+}

@@ -1,0 +1,234 @@
+package groupstate
+
+import (
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate/share"
+)
+
+// Share groups (KIP-932), the engine's third kind of group. Membership
+// and assignment (share.Group) and the state of each share-partition
+// the group's members fetched (share.Partition) live on the loop that
+// owns the group, like every other group; the share package holds the
+// rules, this file the loop's timers and the engine's entry points. The
+// records themselves never pass through the engine: the share service
+// of the data path (package shares) fetches them from the brokers and
+// asks the engine which offsets each member acquires (share_ops.go).
+
+// KindShare is a share group (ListGroups type "share", KIP-932).
+const KindShare GroupKind = "share"
+
+// ShareSettings are a share group's settings: Kafka's share.* GROUP
+// configs and group.share.* broker configs. A zero field means Kafka's
+// default.
+type ShareSettings struct {
+	SessionTimeout    time.Duration // share.session.timeout.ms, 45s
+	HeartbeatInterval time.Duration // share.heartbeat.interval.ms, 5s
+	LockDuration      time.Duration // share.record.lock.duration.ms, 30s
+	DeliveryLimit     int           // share.delivery.count.limit, 5
+	MaxRecordLocks    int           // share.partition.max.record.locks, 2000
+	MaxSize           int           // group.share.max.size, 200
+	// AutoOffsetReset is share.auto.offset.reset: "latest" (the
+	// default) or "earliest", where a share-partition starts.
+	AutoOffsetReset string
+	// ReadCommitted is share.isolation.level=read_committed.
+	ReadCommitted bool
+}
+
+// withDefaults fills Kafka's defaults (GroupConfig, ShareGroupConfig).
+func (c ShareSettings) withDefaults() ShareSettings {
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = 45 * time.Second
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 5 * time.Second
+	}
+	if c.LockDuration <= 0 {
+		c.LockDuration = 30 * time.Second
+	}
+	if c.DeliveryLimit <= 0 {
+		c.DeliveryLimit = 5
+	}
+	if c.MaxRecordLocks <= 0 {
+		c.MaxRecordLocks = 2000
+	}
+	if c.MaxSize <= 0 {
+		c.MaxSize = 200
+	}
+	if c.AutoOffsetReset == "" {
+		c.AutoOffsetReset = "latest"
+	}
+	return c
+}
+
+// limits are the share-partition limits of c.
+func (c ShareSettings) limits() share.Limits {
+	return share.Limits{LockDuration: c.LockDuration, DeliveryLimit: c.DeliveryLimit, MaxLocks: c.MaxRecordLocks}
+}
+
+// shareSettings returns group's settings.
+func (e *Engine) shareSettings(group string) ShareSettings {
+	var c ShareSettings
+	switch {
+	case e.cfg.ShareSettings != nil:
+		c = e.cfg.ShareSettings(group)
+	case e.cfg.GroupSettings != nil:
+		c = e.cfg.GroupSettings(group).Share
+	}
+	return c.withDefaults()
+}
+
+// ShareTP names one share-partition of a group: a topic by id and a
+// partition.
+type ShareTP = share.TopicPartition
+
+// shareGroup is a share group held by a shard. Every field is owned by
+// the shard's loop.
+type shareGroup struct {
+	s  *shard
+	id string
+	g  *share.Group
+	// parts holds the share-partitions fetched so far; a partition is
+	// added when a member first fetches it and the share service has
+	// resolved its start offset (ShareInitialize).
+	parts map[ShareTP]*share.Partition
+	// sessionTimer fires at the earliest member session deadline,
+	// lockTimer at the earliest acquisition-lock deadline.
+	sessionTimer timerRef
+	lockTimer    timerRef
+	lockAt       time.Time // when lockTimer fires; zero when unarmed
+	since        time.Time // when the group entered its state
+	lastState    string
+}
+
+func newShareGroup(s *shard, id string) *shareGroup {
+	now := s.e.clock.Now()
+	return &shareGroup{s: s, id: id, g: share.NewGroup(id), parts: make(map[ShareTP]*share.Partition), since: now, lastState: "Empty"}
+}
+
+// shareOf returns the share group held under id.
+func (s *shard) shareOf(id string) (*shareGroup, bool) {
+	g, ok := s.groups[id].(*shareGroup)
+	return g, ok
+}
+
+func (g *shareGroup) live() bool              { return g.s.groups[g.id] == group(g) }
+func (g *shareGroup) groupKind() GroupKind    { return KindShare }
+func (g *shareGroup) held() bool              { return true }
+func (g *shareGroup) settings() ShareSettings { return g.s.e.shareSettings(g.id) }
+
+func (g *shareGroup) listEntry() kmsg.ListGroupsResponseGroup {
+	lg := kmsg.NewListGroupsResponseGroup()
+	lg.Group, lg.ProtocolType, lg.GroupState, lg.GroupType = g.id, "share", g.g.State(), string(KindShare)
+	return lg
+}
+
+func (g *shareGroup) snapshot() GroupSnapshot {
+	snap := GroupSnapshot{Group: g.id, State: g.g.State(), ProtocolType: "share", Protocol: "simple", Generation: g.g.Epoch(), StateSince: g.since}
+	for _, id := range g.g.Members() {
+		snap.Members = append(snap.Members, Member{MemberID: id, Protocol: "share"})
+	}
+	return snap
+}
+
+func (g *shareGroup) unload(code int16, cause string) {
+	g.teardown()
+	if g.s.e.cfg.Events != nil {
+		ev := g.event(EventGroupUnloaded)
+		ev.Cause = cause
+		g.s.emit(ev)
+	}
+	g.s.drop(g.id, g)
+	delete(g.s.known, g.id)
+}
+
+func (g *shareGroup) teardown() {
+	stopTimer(g.sessionTimer)
+	stopTimer(g.lockTimer)
+	g.sessionTimer, g.lockTimer, g.lockAt = timerRef{}, timerRef{}, time.Time{}
+}
+
+// event returns an event about the group of kind k.
+func (g *shareGroup) event(k EventKind) Event {
+	return Event{Time: g.s.e.clock.Now(), Kind: k, Group: g.id, Generation: g.g.Epoch(), State: g.g.State(), ProtocolType: "share", Protocol: "simple"}
+}
+
+// noteState records when the group's state changed.
+func (g *shareGroup) noteState() {
+	if st := g.g.State(); st != g.lastState {
+		g.lastState, g.since = st, g.s.e.clock.Now()
+	}
+}
+
+// armSessionTimer arms the group's session timer at the earliest member
+// deadline; when it fires the expired members are removed and their
+// acquired records released.
+func (g *shareGroup) armSessionTimer() {
+	stopTimer(g.sessionTimer)
+	g.sessionTimer = timerRef{}
+	at, ok := g.g.NextDeadline()
+	if !ok {
+		return
+	}
+	d := max(at.Sub(g.s.e.clock.Now()), 0)
+	g.sessionTimer = g.s.arm(d, func(id uint64) {
+		if !g.live() || g.sessionTimer.id != id {
+			return
+		}
+		g.sessionTimer = timerRef{}
+		for _, m := range g.g.Expire(g.s.e.clock.Now()) {
+			g.s.e.log.Info("groupstate: share group member expired", "group", g.id, "member", m)
+			g.releaseMember(m)
+			if g.s.e.cfg.Events != nil {
+				ev := g.event(EventMemberExpired)
+				ev.Member, ev.Cause = &Member{MemberID: m}, "session_timeout"
+				g.s.emit(ev)
+			}
+		}
+		g.noteState()
+		g.armSessionTimer()
+	})
+}
+
+// releaseMember makes the records member acquired available again.
+func (g *shareGroup) releaseMember(member string) {
+	l := g.settings().limits()
+	for _, p := range g.parts {
+		p.ReleaseMember(member, l)
+	}
+}
+
+// armLockTimer arms the lock timer at the earliest acquisition-lock
+// deadline of any share-partition, if it is earlier than the armed one.
+func (g *shareGroup) armLockTimer() {
+	var next time.Time
+	for _, p := range g.parts {
+		if at, ok := p.NextDeadline(); ok && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+	}
+	if next.IsZero() || (!g.lockAt.IsZero() && !next.Before(g.lockAt)) {
+		return
+	}
+	stopTimer(g.lockTimer)
+	g.lockAt = next
+	d := max(next.Sub(g.s.e.clock.Now()), 0)
+	g.lockTimer = g.s.arm(d, func(id uint64) {
+		if !g.live() || g.lockTimer.id != id {
+			return
+		}
+		g.lockTimer, g.lockAt = timerRef{}, time.Time{}
+		now, l := g.s.e.clock.Now(), g.settings().limits()
+		released := 0
+		for _, p := range g.parts {
+			released += p.ExpireLocks(now, l)
+		}
+		if released > 0 {
+			g.s.e.shareMetrics.lockTimeouts.Add(int64(released))
+			g.s.e.log.Debug("groupstate: share acquisition locks timed out", "group", g.id, "records", released)
+		}
+		g.armLockTimer()
+	})
+}

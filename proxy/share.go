@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
+)
+
+// ShareService serves ShareFetch and ShareAcknowledge (KIP-932) for the
+// share groups kproxy serves itself (package shares). Its methods must
+// not block the caller: reply is called exactly once, from any
+// goroutine, possibly after MaxWaitMs.
+type ShareService interface {
+	ShareFetch(c ShareConn, req *kmsg.ShareFetchRequest, reply func(kmsg.Response))
+	ShareAcknowledge(c ShareConn, req *kmsg.ShareAcknowledgeRequest, reply func(kmsg.Response))
+	// Closed is called once when a connection that sent share requests
+	// closes: its share sessions end and their records are released,
+	// as when Kafka's broker loses a share consumer's connection.
+	Closed(conn uint64)
+}
+
+// ShareConn is the connection a share request arrived on.
+type ShareConn struct {
+	Client
+	Conn uint64 // the session's id, unique in the process
+	Node int32  // the broker the listener stands for; -1 for bootstrap
+}
+
+// routeShare serves a share-group request when kproxy serves share
+// groups: the membership APIs go to the coordinator, the data APIs to
+// the share service.
+func (s *session) routeShare(h codec.RequestHeader, start int64, total int) error {
+	if !codec.ServedShareVersion(h.Key, h.Version) {
+		return fmt.Errorf("%w: %s v%d: kproxy serves share groups at v1 only", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
+	}
+	if err := s.authGate(h); err != nil {
+		return err
+	}
+	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+		s.p.metrics.refused(refusedTooLarge)
+		return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
+			codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
+	}
+	frame, done, err := s.readFrame(total)
+	if err != nil {
+		return err
+	}
+	req := kmsg.RequestForKey(h.Key)
+	req.SetVersion(h.Version)
+	err = req.ReadFrom(frame[4+h.Len:])
+	done()
+	if err != nil {
+		return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
+	}
+	switch r := req.(type) {
+	case *kmsg.ShareFetchRequest:
+		return s.queueShare(h, start, func(c ShareConn, reply func(kmsg.Response)) { s.p.cfg.Shares.ShareFetch(c, r, reply) })
+	case *kmsg.ShareAcknowledgeRequest:
+		return s.queueShare(h, start, func(c ShareConn, reply func(kmsg.Response)) { s.p.cfg.Shares.ShareAcknowledge(c, r, reply) })
+	}
+	if s.p.cfg.Coordinator == nil {
+		return fmt.Errorf("%s: share groups are served but no coordinator is configured", kmsg.NameForKey(h.Key))
+	}
+	return s.queueCoordinator(h, start, req)
+}
+
+// queueShare queues the place of a share data request and hands it to
+// the share service.
+func (s *session) queueShare(h codec.RequestHeader, start int64, serve func(ShareConn, func(kmsg.Response))) error {
+	r := getReply()
+	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: r}); err != nil {
+		return err
+	}
+	s.usedShares.Store(true)
+	serve(ShareConn{Client: s.rc, Conn: s.id, Node: s.node}, r.deliver)
+	return nil
+}
+
+// sharesClosed tells the share service that this connection is gone.
+func (s *session) sharesClosed() {
+	if s.usedShares.Load() {
+		s.p.cfg.Shares.Closed(s.id)
+	}
+}
