@@ -34,13 +34,14 @@ func noShareCluster() []kfake.Opt {
 }
 
 // newShareStack starts kproxy serving share groups from the earliest
-// offset in front of a cluster without them.
+// offset in front of a cluster without them, with a 6 s member session
+// (Kafka's 45 s would make the tests that kill a member slow).
 func newShareStack(t *testing.T, opts ...stackOpt) *stack {
 	t.Helper()
 	base := func(c *kproxy.Config) {
 		c.Groups.ServeShares = true
 		c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
-			return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+			return groupstate.ShareSettings{AutoOffsetReset: "earliest", SessionTimeout: 6 * time.Second, HeartbeatInterval: time.Second}
 		}
 	}
 	return newStackOn(t, noShareCluster(), append([]stackOpt{base}, opts...)...)
@@ -287,4 +288,72 @@ func TestShareGroupsServed(t *testing.T) {
 			t.Errorf("counters %+v: want at least %d accepted, %d released and %d rejected", c, len(l.accepted), n/10, n/10)
 		}
 	})
+}
+
+// TestShareGroupsServedSurviveRestart: a member accepts the records of
+// its first polls and holds the next ones unacknowledged when kproxy
+// stops; after kproxy starts again (its share state reloaded from the
+// cluster), a new member of the group gets every other record, never one
+// whose accept was answered before the stop, and the records held at the
+// stop come back with their delivery count raised.
+func TestShareGroupsServedSurviveRestart(t *testing.T) {
+	s := newShareStack(t)
+	ctx := context.Background()
+	const n, partitions = 300, 3
+	topic, group := "restart-share", "restart-share-g"
+	s.produceEvenly(ctx, topic, partitions, n)
+
+	l := newShareLedger()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.kproxy.Addr()), kgo.ShareGroup(group), kgo.ConsumeTopics(topic), kgo.ShareMaxRecords(20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	held := map[string]bool{}
+	for len(l.accepted) < 60 && pctx.Err() == nil {
+		fs := cl.PollRecords(pctx, 20)
+		fs.EachRecord(func(r *kgo.Record) { l.deliver(r); r.Ack(kgo.AckAccept) })
+		if err := cl.FlushAcks(pctx); err != nil {
+			t.Fatalf("flushing acks: %v", err)
+		}
+		now := time.Now()
+		fs.EachRecord(func(r *kgo.Record) { l.accepted[string(r.Value)] = now })
+	}
+	for len(held) == 0 && pctx.Err() == nil {
+		fs := cl.PollRecords(pctx, 20)
+		fs.EachRecord(func(r *kgo.Record) { l.deliver(r); held[string(r.Value)] = true })
+	}
+	if pctx.Err() != nil {
+		t.Fatalf("first member: %d accepted, %d held before the deadline", len(l.accepted), len(held))
+	}
+	s.stop() // the member's records are neither acknowledged nor released
+	cl.Close()
+	// On fresh ports: a broker listener's port (the bootstrap port plus
+	// one plus the node id) may meanwhile be some connection's
+	// ephemeral port.
+	s.listen = "127.0.0.1:0"
+	s.start()
+
+	rest := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, n-len(l.accepted), 60*time.Second,
+		func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+	rest.mu.Lock()
+	defer rest.mu.Unlock()
+	for v, ds := range rest.deliveries {
+		if _, ok := l.accepted[v]; ok {
+			t.Errorf("record %s delivered after kproxy's restart though its accept was answered before", v)
+		}
+		if held[v] && ds[0] < 2 {
+			t.Errorf("record %s held at the stop came back with delivery count %d, want 2 or more", v, ds[0])
+		}
+	}
+	if got := len(rest.accepted) + len(l.accepted); got != n {
+		t.Fatalf("%d of %d records accepted (%d before the restart, %d after; errors %v)", got, n, len(l.accepted), len(rest.accepted), rest.errs)
+	}
+	for _, v := range rest.violations {
+		t.Error(v)
+	}
+	rest.mu.Unlock()
+	waitShareStarts(t, s, group, topic, partitions)
+	rest.mu.Lock()
 }

@@ -72,6 +72,7 @@ func (s *shard) deleteGroup(id string, set func(int16)) {
 		g.teardown()
 		s.drop(id, g)
 		s.emit(g.event(EventGroupDeleted))
+		s.tombstone(id)
 	}
 	if g, ok := s.classicOf(id); ok {
 		switch g.state {

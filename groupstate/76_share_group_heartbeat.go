@@ -73,6 +73,7 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 	}
 	for id := range before {
 		if _, still := after[id]; !still {
+			g.markDirty()
 			g.releaseMember(id)
 			if s.e.cfg.Events != nil {
 				ev := g.event(EventMemberLeft)
@@ -90,7 +91,17 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 	}
 	g.noteState()
 	g.armSessionTimer()
-	reply(resp)
+	if created || resp.ErrorCode == errNone && resp.MemberEpoch != r.MemberEpoch || len(before) != len(after) {
+		g.markDirty()
+	}
+	// A new epoch or assignment is answered once durable.
+	g.persistThen(func(code int16) {
+		if code != errNone {
+			fail(code, "")
+			return
+		}
+		reply(resp)
+	})
 }
 
 // shareWaitsForTopics reports whether a topic of names is missing from

@@ -101,6 +101,14 @@ type shareGroup struct {
 	lockAt       time.Time // when lockTimer fires; zero when unarmed
 	since        time.Time // when the group entered its state
 	lastState    string
+	// dirty, saving, cur and waitNext coalesce the group's writes
+	// (share_persist.go): dirty says the record changed since the last
+	// write started, saving that a write is in flight, cur holds its
+	// waiters and waitNext those of the next.
+	dirty    bool
+	saving   bool
+	cur      *saveBatch
+	waitNext []func(code int16)
 }
 
 func newShareGroup(s *shard, id string) *shareGroup {
@@ -135,6 +143,7 @@ func (g *shareGroup) snapshot() GroupSnapshot {
 
 func (g *shareGroup) unload(code int16, cause string) {
 	g.teardown()
+	g.failWaiters(code)
 	if g.s.e.cfg.Events != nil {
 		ev := g.event(EventGroupUnloaded)
 		ev.Cause = cause
@@ -145,6 +154,7 @@ func (g *shareGroup) unload(code int16, cause string) {
 }
 
 func (g *shareGroup) teardown() {
+	g.failWaiters(errCoordinatorNotAvailable)
 	stopTimer(g.sessionTimer)
 	stopTimer(g.lockTimer)
 	g.sessionTimer, g.lockTimer, g.lockAt = timerRef{}, timerRef{}, time.Time{}
@@ -178,7 +188,11 @@ func (g *shareGroup) armSessionTimer() {
 			return
 		}
 		g.sessionTimer = timerRef{}
-		for _, m := range g.g.Expire(g.s.e.clock.Now()) {
+		expired := g.g.Expire(g.s.e.clock.Now())
+		if len(expired) > 0 {
+			g.markDirty()
+		}
+		for _, m := range expired {
 			g.s.e.log.Info("groupstate: share group member expired", "group", g.id, "member", m)
 			g.releaseMember(m)
 			if g.s.e.cfg.Events != nil {
@@ -189,6 +203,7 @@ func (g *shareGroup) armSessionTimer() {
 		}
 		g.noteState()
 		g.armSessionTimer()
+		g.persistThen(nil)
 	})
 }
 
@@ -196,7 +211,9 @@ func (g *shareGroup) armSessionTimer() {
 func (g *shareGroup) releaseMember(member string) {
 	l := g.settings().limits()
 	for _, p := range g.parts {
-		p.ReleaseMember(member, l)
+		if p.ReleaseMember(member, l) > 0 {
+			g.markDirty()
+		}
 	}
 }
 
@@ -226,6 +243,8 @@ func (g *shareGroup) armLockTimer() {
 			released += p.ExpireLocks(now, l)
 		}
 		if released > 0 {
+			g.markDirty()
+			g.persistThen(nil)
 			g.s.e.shareMetrics.lockTimeouts.Add(int64(released))
 			g.s.e.log.Debug("groupstate: share acquisition locks timed out", "group", g.id, "records", released)
 		}

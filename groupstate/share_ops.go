@@ -52,6 +52,8 @@ type shareMetrics struct {
 	acquired     atomic.Int64 // records acquired (each delivery)
 	acked        [5]atomic.Int64
 	lockTimeouts atomic.Int64 // records whose lock timed out
+	writes       atomic.Int64 // share group records written
+	writeNanos   atomic.Int64 // time those writes took
 }
 
 // ShareCounters are the engine's share-group counters since its start.
@@ -61,11 +63,16 @@ type ShareCounters struct {
 	// reject, renew.
 	Acknowledged [5]int64
 	LockTimeouts int64
+	// Writes counts the share group records written to the store, and
+	// WriteTime the time they took.
+	Writes    int64
+	WriteTime time.Duration
 }
 
 // ShareCounters returns the engine's share-group counters.
 func (e *Engine) ShareCounters() ShareCounters {
-	c := ShareCounters{Acquired: e.shareMetrics.acquired.Load(), LockTimeouts: e.shareMetrics.lockTimeouts.Load()}
+	c := ShareCounters{Acquired: e.shareMetrics.acquired.Load(), LockTimeouts: e.shareMetrics.lockTimeouts.Load(),
+		Writes: e.shareMetrics.writes.Load(), WriteTime: time.Duration(e.shareMetrics.writeNanos.Load())}
 	for i := range c.Acknowledged {
 		c.Acknowledged[i] = e.shareMetrics.acked[i].Load()
 	}
@@ -112,6 +119,7 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 			code := p.Acknowledge(member, batches, now, l)
 			plan.AckCodes[tp] = code
 			if code == errNone {
+				g.markDirty()
 				for _, b := range batches {
 					countAcks(&e.shareMetrics, b)
 				}
@@ -125,7 +133,17 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 			}
 		}
 		g.armLockTimer()
-		done(plan)
+		// Acknowledgements are answered once durable.
+		g.persistThen(func(code int16) {
+			if code != errNone {
+				for tp := range plan.AckCodes {
+					if plan.AckCodes[tp] == errNone {
+						plan.AckCodes[tp] = code
+					}
+				}
+			}
+			done(plan)
+		})
 	})
 }
 
@@ -152,9 +170,12 @@ func (e *Engine) ShareInitialize(group string, starts map[ShareTP]int64, done fu
 		for tp, off := range starts {
 			if g.parts[tp] == nil {
 				g.parts[tp] = share.NewPartition(off)
+				g.markDirty()
 			}
 		}
-		done(errNone)
+		// A start is durable before records are acquired from it, so
+		// "latest" never moves after a restart.
+		g.persistThen(done)
 	})
 }
 
@@ -176,6 +197,7 @@ func (e *Engine) ShareAcquire(group, member string, fetched map[ShareTP]ShareFet
 				continue
 			}
 			out[tp] = got
+			g.markDirty()
 			var n int64
 			for _, a := range got {
 				n += a.Last - a.First + 1
@@ -186,7 +208,15 @@ func (e *Engine) ShareAcquire(group, member string, fetched map[ShareTP]ShareFet
 			}
 		}
 		g.armLockTimer()
-		done(out, errNone)
+		// Acquisitions are durable before the records are handed out,
+		// so that delivery counts survive a restart.
+		g.persistThen(func(code int16) {
+			if code != errNone {
+				done(nil, code)
+				return
+			}
+			done(out, errNone)
+		})
 	})
 }
 
@@ -198,10 +228,11 @@ func (e *Engine) ShareReleaseMember(group, member string, partitions []ShareTP) 
 	e.onShareGroup(group, func(int16) {}, func(g *shareGroup) {
 		l := g.settings().limits()
 		for _, tp := range partitions {
-			if p := g.parts[tp]; p != nil {
-				p.ReleaseMember(member, l)
+			if p := g.parts[tp]; p != nil && p.ReleaseMember(member, l) > 0 {
+				g.markDirty()
 			}
 		}
+		g.persistThen(nil)
 	})
 }
 
