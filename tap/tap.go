@@ -409,6 +409,9 @@ func (t *Tap) run() {
 // handle processes one queue item on the tap goroutine.
 func (t *Tap) handle(q queued) {
 	if q.flush != nil {
+		// Export what waits for a later event, so that a flush shows
+		// everything that happened before it.
+		t.rebalances.settle()
 		close(q.flush)
 		return
 	}
