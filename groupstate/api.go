@@ -172,13 +172,13 @@ type Member struct {
 // per group, from the goroutine of the loop that owns the group; the sink
 // must not block (buffer or drop).
 type Event struct {
-	Time         time.Time
-	Kind         EventKind
-	Group        string
+	Time  time.Time
+	Kind  EventKind
+	Group string
 	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
 	// SyncGroup) or GroupTypeConsumer (KIP-848); empty for an offset
 	// commit of a group kproxy holds no state for.
-	GroupType string
+	GroupType    string
 	Generation   int32  // the group's generation after the change
 	State        string // the group's state after the change
 	ProtocolType string
