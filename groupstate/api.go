@@ -172,13 +172,9 @@ type Member struct {
 // per group, from the goroutine of the loop that owns the group; the sink
 // must not block (buffer or drop).
 type Event struct {
-	Time  time.Time
-	Kind  EventKind
-	Group string
-	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
-	// SyncGroup) or GroupTypeConsumer (KIP-848); empty for an offset
-	// commit of a group kproxy holds no state for.
-	GroupType    string
+	Time         time.Time
+	Kind         EventKind
+	Group        string
 	Generation   int32  // the group's generation after the change
 	State        string // the group's state after the change
 	ProtocolType string
@@ -205,6 +201,10 @@ type Event struct {
 	// (group.initial.rebalance.delay.ms; each new member extends it, up
 	// to the rebalance timeout); zero otherwise.
 	InitialDelay time.Duration
+	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
+	// SyncGroup) or GroupTypeConsumer (KIP-848); empty for an offset
+	// commit of a group kproxy holds no state for.
+	GroupType string
 }
 
 // Group types, in Event.GroupType.
