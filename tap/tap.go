@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -124,7 +125,8 @@ type Tap struct {
 	registry *prometheus.Registry
 	inst     *instruments
 	hub      *hub
-	exporter string // the trace exporter in use, for logs and tests
+	exporter string       // the trace exporter in use, for logs and tests
+	target   exportTarget // where an OTLP exporter sends
 
 	queue   chan queued   // written by OnEvent/Flush, read by run
 	quit    chan struct{} // closed by Shutdown
@@ -193,11 +195,17 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 	}
 
 	// Traces.
-	exp, name, err := newSpanExporter(ctx, cfg)
+	exp, name, target, err := newSpanExporterTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	t.exporter = name
+	t.exporter, t.target = name, target
+	if exp != nil {
+		// Export failures reach kproxy's log, rate-limited, instead of
+		// the SDK's default (Go's log package, one line per failure).
+		// The handler is process-wide: the latest Tap's logger gets them.
+		otel.SetErrorHandler(newExportErrors(log, target))
+	}
 	if exp != nil {
 		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 		if cfg.SyncExport {
@@ -243,7 +251,14 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 
 	t.rebalances = newRebalanceTracker(t.tracer, t.inst, cfg.InstanceID)
 	go t.run()
-	log.Info("tap started", "trace_exporter", name)
+	startAttrs := []any{"trace_exporter", name}
+	if target.Endpoint != "" {
+		startAttrs = append(startAttrs, "endpoint", target.Endpoint, "protocol", target.Protocol)
+	}
+	log.Info("tap started", startAttrs...)
+	if target.Hint != "" {
+		log.Warn("tap: the traces endpoint's port does not match the OTLP protocol", "endpoint", target.Endpoint, "protocol", target.Protocol, "hint", target.Hint)
+	}
 	return t, nil
 }
 
@@ -329,6 +344,12 @@ func (t *Tap) TracerProvider() trace.TracerProvider {
 // TraceExporter names the trace exporter in use: "otlp-grpc",
 // "otlp-http", "console", "custom" or "none".
 func (t *Tap) TraceExporter() string { return t.exporter }
+
+// TraceTarget returns where an OTLP exporter sends spans (its URL or
+// host:port) and with which protocol; empty for other exporters.
+func (t *Tap) TraceTarget() (endpoint, protocol string) {
+	return t.target.Endpoint, t.target.Protocol
+}
 
 // Registry returns the private Prometheus registry behind /metrics.
 func (t *Tap) Registry() *prometheus.Registry { return t.registry }
