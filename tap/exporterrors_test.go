@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -159,5 +161,41 @@ func TestStartLineNamesTarget(t *testing.T) {
 				t.Errorf("hint lines %v, want hint=%v", hints, tc.hint)
 			}
 		})
+	}
+}
+
+// TestResourceAttributes: the resource names the service, its version,
+// the host and the process, and the standard variables override it.
+func TestResourceAttributes(t *testing.T) {
+	t.Setenv("OTEL_SERVICE_NAME", "")
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "")
+	res, err := newResource(context.Background(), Config{ServiceName: "kproxy", ServiceVersion: "v1.2.3", InstanceID: "web-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	got := attrMap(res.Attributes())
+	for k, want := range map[string]string{
+		"service.name": "kproxy", "service.version": "v1.2.3", "service.instance.id": "web-1",
+		"host.name": host, "process.pid": strconv.Itoa(os.Getpid()),
+	} {
+		if v := got[k].Emit(); v != want {
+			t.Errorf("%s = %q, want %q", k, v, want)
+		}
+	}
+
+	t.Setenv("OTEL_SERVICE_NAME", "kproxy-eu")
+	t.Setenv("OTEL_RESOURCE_ATTRIBUTES", "service.namespace=payments,deployment.environment.name=prod")
+	res, err = newResource(context.Background(), Config{ServiceName: "kproxy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = attrMap(res.Attributes())
+	for k, want := range map[string]string{
+		"service.name": "kproxy-eu", "service.namespace": "payments", "deployment.environment.name": "prod",
+	} {
+		if v := got[k].Emit(); v != want {
+			t.Errorf("from the environment: %s = %q, want %q", k, v, want)
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -262,15 +263,27 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 	return t, nil
 }
 
-// newResource describes this process to OpenTelemetry.
+// newResource describes this process to OpenTelemetry: service.name,
+// service.version (Config.ServiceVersion, else the module version the
+// binary was built from), service.instance.id, host.name, process.pid and
+// the SDK; OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (for example
+// service.namespace=payments) override them.
 func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 	attrs := []resource.Option{
 		resource.WithSchemaURL(semconv.SchemaURL),
 		resource.WithAttributes(semconv.ServiceName(cfg.ServiceName)),
 		resource.WithTelemetrySDK(),
+		resource.WithHost(),
+		resource.WithProcessPID(),
 	}
-	if cfg.ServiceVersion != "" {
-		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(cfg.ServiceVersion)))
+	version := cfg.ServiceVersion
+	if version == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			version = bi.Main.Version
+		}
+	}
+	if version != "" {
+		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(version)))
 	}
 	if cfg.InstanceID != "" {
 		attrs = append(attrs, resource.WithAttributes(semconv.ServiceInstanceID(cfg.InstanceID)))
