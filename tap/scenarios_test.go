@@ -105,6 +105,7 @@ func runTraceScenarios(t *testing.T, tp *Tap) {
 		if _, err := m1.Join(ctx); err != nil {
 			t.Fatal(err)
 		}
+		e.Group(g) // the session timer is armed after the answer
 		clk.Advance(11 * time.Second)
 		settle(t, e, tp, g)
 	}

@@ -61,6 +61,7 @@ const (
 	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
 	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
 	attrSupersededBy   = attribute.Key("kproxy.rebalance.superseded_by.cause")
+	attrUntraced       = attribute.Key("kproxy.rebalance.members_without_span")
 )
 
 // Rebalance outcomes, on the root span and the duration histogram.
@@ -82,6 +83,9 @@ const (
 	pendingAge = 5 * time.Second
 	pendingMax = 16
 )
+
+// maxMemberSpans bounds the reconcile_member spans of one rebalance.
+const maxMemberSpans = 256
 
 // Classic group states as the engine names them in Event.State.
 const (
@@ -133,6 +137,9 @@ type rebalance struct {
 	// members are the KIP-848 members' reconcile_member spans, by
 	// member id.
 	members map[string]*memberSpan
+	// untraced counts the members left without a span past
+	// maxMemberSpans.
+	untraced int
 	// initialDelay is the initial rebalance delay's child span, open
 	// until the join phase ends or the delay is over.
 	initialDelay    trace.Span
@@ -439,6 +446,16 @@ func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
 func (rt *rebalanceTracker) memberReconciling(rb *rebalance, ev groupstate.Event) {
 	m := ev.Member
 	ms := rb.members[m.MemberID]
+	if ms == nil && len(rb.members) >= maxMemberSpans {
+		// A very large group: the SDK's span queue (2048 by default)
+		// would drop spans. The rest of the members show only in the
+		// reconcile span's final "assignment" events.
+		rb.untraced++
+		if rb.phase != nil {
+			rb.phase.SetAttributes(attrUntraced.Int(rb.untraced))
+		}
+		return
+	}
 	if ms == nil {
 		parent := rb.phaseCtx
 		if parent == nil {

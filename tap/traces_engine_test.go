@@ -293,6 +293,9 @@ func TestEngineEmptiedGroupHasNoPhantomTrace(t *testing.T) {
 	if _, err := m1.Join(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The loop arms the session timer after it answered the JoinGroup:
+	// a snapshot, taken on the loop, waits for that.
+	e.Group(g)
 	clk.Advance(11 * time.Second) // past the 10s session
 	settle(t, e, tp, g)
 	if st := groupState(e, g); st != "Empty" {
