@@ -106,10 +106,11 @@ exporters:
 		t.Fatal(err)
 	}
 
-	// Jaeger stores asynchronously: poll until the six rebalances are in.
+	// Jaeger stores asynchronously: poll until the six rebalances are in
+	// and two answers in a row hold as many spans.
 	var spans []gotSpan
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	for prev := -1; ; {
 		spans = jaegerSpans(t, query, service)
 		roots := 0
 		for _, s := range spans {
@@ -117,11 +118,13 @@ exporters:
 				roots++
 			}
 		}
-		if roots >= 6 || time.Now().After(deadline) {
+		if (roots >= 6 && len(spans) == prev) || time.Now().After(deadline) {
 			break
 		}
+		prev = len(spans)
 		time.Sleep(200 * time.Millisecond)
 	}
+	t.Logf("jaeger returned %d spans of service %s", len(spans), service)
 	checkScenarioTraces(t, spans, service)
 }
 

@@ -3,6 +3,7 @@ package tap
 import (
 	"context"
 	"encoding/hex"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -132,7 +133,9 @@ func runTraceScenarios(t *testing.T, tp *Tap) {
 	}
 }
 
-// rootsNamed returns the root spans of group's rebalances by start time.
+// rootsNamed returns the root spans of group's rebalances by start time,
+// then end time (backends return traces in any order, and on the manual
+// clock consecutive rebalances may start at the same instant).
 func rootsNamed(spans []gotSpan, group string) []gotSpan {
 	var out []gotSpan
 	for _, s := range spans {
@@ -140,11 +143,12 @@ func rootsNamed(spans []gotSpan, group string) []gotSpan {
 			out = append(out, s)
 		}
 	}
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && out[j].Start.Before(out[j-1].Start); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].Start.Equal(out[j].Start) {
+			return out[i].Start.Before(out[j].Start)
 		}
-	}
+		return out[i].End.Before(out[j].End)
+	})
 	return out
 }
 
