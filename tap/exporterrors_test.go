@@ -179,7 +179,7 @@ func TestResourceAttributes(t *testing.T) {
 		"service.name": "kproxy", "service.version": "v1.2.3", "service.instance.id": "web-1",
 		"host.name": host, "process.pid": strconv.Itoa(os.Getpid()),
 	} {
-		if v := got[k].Emit(); v != want {
+		if v := got[k].String(); v != want {
 			t.Errorf("%s = %q, want %q", k, v, want)
 		}
 	}
@@ -194,7 +194,7 @@ func TestResourceAttributes(t *testing.T) {
 	for k, want := range map[string]string{
 		"service.name": "kproxy-eu", "service.namespace": "payments", "deployment.environment.name": "prod",
 	} {
-		if v := got[k].Emit(); v != want {
+		if v := got[k].String(); v != want {
 			t.Errorf("from the environment: %s = %q, want %q", k, v, want)
 		}
 	}

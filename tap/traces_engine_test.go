@@ -171,7 +171,7 @@ func metricsText(t *testing.T, tp *Tap) string {
 }
 
 func outcomeOf(s tracetest.SpanStub) string {
-	return attrMap(s.Attributes)["kproxy.rebalance.outcome"].Emit()
+	return attrMap(s.Attributes)["kproxy.rebalance.outcome"].String()
 }
 
 func eventsOf(s tracetest.SpanStub, name string) []sdktrace.Event { return eventsNamed(s, name) }
@@ -228,7 +228,7 @@ func TestEngineSupersededRebalance(t *testing.T) {
 	}
 	stamps := map[string]sdktrace.Event{}
 	for _, ev := range eventsOf(join, "member") {
-		stamps[attrMap(ev.Attributes)["messaging.client.id"].Emit()] = ev
+		stamps[attrMap(ev.Attributes)["messaging.client.id"].String()] = ev
 	}
 	if ev := stamps["client-m2"]; !ev.Time.Equal(t2) {
 		t.Errorf("m2's member event at %v, want its JoinGroup at %v", ev.Time, t2)
@@ -270,7 +270,7 @@ func TestEngineSupersededRebalance(t *testing.T) {
 		t.Errorf("new rebalance links %v, want one link to the superseded root", nw.Links)
 	}
 	joined := eventsOf(nw, "member_joined")
-	if len(joined) != 1 || attrMap(joined[0].Attributes)["messaging.client.id"].Emit() != "client-m3" {
+	if len(joined) != 1 || attrMap(joined[0].Attributes)["messaging.client.id"].String() != "client-m3" {
 		t.Errorf("new rebalance member_joined events %v, want m3's", joined)
 	}
 	wantAttr(t, "new", nw.Attributes, "kproxy.rebalance.cause", groupstate.CauseMemberJoined)
@@ -476,7 +476,7 @@ func TestEngineKIP848ReconciliationTrace(t *testing.T) {
 	per := map[string]tracetest.SpanStub{}
 	for _, s := range spans {
 		if s.Name == "reconcile_member" && s.Parent.SpanID() == rec.SpanContext.SpanID() {
-			per[attrMap(s.Attributes)["messaging.client.id"].Emit()] = s
+			per[attrMap(s.Attributes)["messaging.client.id"].String()] = s
 		}
 	}
 	sa, sb := per["client-a"], per["client-b"]
