@@ -148,9 +148,8 @@ type rebalance struct {
 
 // memberSpan is one KIP-848 member's reconciliation within a rebalance.
 type memberSpan struct {
-	span  trace.Span
-	state string // the member's last reported state
-	ended bool
+	span  trace.Span // nil once the member holds its target
+	state string     // the member's last reported state
 }
 
 // newRebalanceTracker returns a tracker creating spans with tracer.
@@ -187,7 +186,7 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			return
 		}
 	}
-	if rb != nil && !isMemberEvent(ev.Kind) && !supersedes(rb, ev) {
+	if rb != nil && !isMemberEvent(ev.Kind) && !supersedes(ev) {
 		rt.attachHeld(rb)
 	}
 	switch ev.Kind {
@@ -316,9 +315,9 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 	}
 }
 
-// supersedes reports whether ev starts a rebalance that replaces rb, so
-// that rb's held member events move to the new one.
-func supersedes(rb *rebalance, ev groupstate.Event) bool {
+// supersedes reports whether ev starts a rebalance that replaces the one
+// in progress, so that its held member events move to the new one.
+func supersedes(ev groupstate.Event) bool {
 	switch ev.Kind {
 	case groupstate.EventRebalanceStarted:
 		return true
@@ -503,7 +502,6 @@ func (rt *rebalanceTracker) memberReconciling(rb *rebalance, ev groupstate.Event
 	if m.State == "STABLE" && ms.span != nil {
 		ms.span.SetAttributes(attrMemberEpoch.Int64(int64(m.Epoch)))
 		ms.span.End(trace.WithTimestamp(ev.Time))
-		ms.ended = true
 		ms.span = nil
 	}
 }
