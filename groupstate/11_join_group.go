@@ -268,6 +268,7 @@ func (g *classicGroup) addMember(j *joinReq, id string) {
 		sessionTimeout:   j.session,
 		rebalanceTimeout: j.rebalance,
 		joinReply:        j.reply,
+		joinAt:           g.s.e.clock.Now(),
 		isNew:            true,
 	}
 	g.add(m, j.r.ProtocolType)

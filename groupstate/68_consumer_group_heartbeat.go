@@ -373,7 +373,9 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	// 5. Reconcile the member toward its target.
 	wasRevoking, revokingAt := m.State == memberUnrevoked, m.Epoch
 	next := reconcile(m.memberAssignment, g.targets[m.id], g.assignmentEpoch, owned, g.ownedByOther(m.id))
+	prev := m.memberAssignment
 	g.setAssignment(m, next)
+	g.emitReconciling(m, prev)
 	g.syncRebalanceTimer(m, revokingAt, wasRevoking)
 	// 6. Re-arm the session timer.
 	g.armSessionTimer(m)

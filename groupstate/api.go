@@ -71,6 +71,12 @@ const (
 	// of the group as converted, each with its Protocol. State,
 	// Generation and ProtocolType describe the new group.
 	EventGroupConverted
+	// EventMemberReconciling: a KIP-848 member's assignment changed on
+	// one of its heartbeats (it was asked to revoke partitions, it
+	// finished revoking, or it was given partitions). Member carries
+	// the member's epoch, state, assignment and the partitions it must
+	// still revoke; Generation is the group epoch.
+	EventMemberReconciling
 )
 
 // String returns the kind's snake_case name, used in logs, metrics and JSON.
@@ -108,6 +114,8 @@ func (k EventKind) String() string {
 		return "group_unloaded"
 	case EventGroupConverted:
 		return "group_converted"
+	case EventMemberReconciling:
+		return "member_reconciling"
 	}
 	return "unknown"
 }
@@ -147,6 +155,17 @@ type Member struct {
 	// Assignment is the member's assignment bytes for the current
 	// generation, as the leader sent it (nil before sync).
 	Assignment []byte
+	// JoinedAt is, in EventJoinCompleted, when the member's JoinGroup
+	// of this rebalance arrived (zero for a static member that did not
+	// rejoin).
+	JoinedAt time.Time
+	// Epoch, State and Revoking are set in EventMemberReconciling: the
+	// member epoch, the member's reconciliation state as Kafka names it
+	// (STABLE, UNREVOKED_PARTITIONS, UNRELEASED_PARTITIONS) and the
+	// partitions it must still revoke, encoded as Assignment is.
+	Epoch    int32
+	State    string
+	Revoking []byte
 }
 
 // Event is one state change in the engine. Events are delivered in order
@@ -177,7 +196,22 @@ type Event struct {
 	// Offsets is the number of partitions committed, for
 	// EventOffsetsCommitted.
 	Offsets int
+	// InitialDelay is, for EventRebalanceStarted of a group leaving
+	// Empty, the initial rebalance delay its join phase waits at least
+	// (group.initial.rebalance.delay.ms; each new member extends it, up
+	// to the rebalance timeout); zero otherwise.
+	InitialDelay time.Duration
+	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
+	// SyncGroup) or GroupTypeConsumer (KIP-848); empty for an offset
+	// commit of a group kproxy holds no state for.
+	GroupType string
 }
+
+// Group types, in Event.GroupType.
+const (
+	GroupTypeClassic  = "classic"
+	GroupTypeConsumer = "consumer"
+)
 
 // GroupSnapshot is a consistent copy of one group's state, taken on the
 // loop that owns it.

@@ -90,7 +90,10 @@ type classicMember struct {
 	syncReply func(kmsg.Response)
 	// isNew is set until the member's first join completes.
 	isNew bool
-	timer timerRef
+	// joinAt is when the member's latest JoinGroup was parked (for
+	// EventJoinCompleted).
+	joinAt time.Time
+	timer  timerRef
 	// sessionTimer says that timer is the session timer, armed to fire
 	// at sessionFireAt; sessionDeadline is when the session really ends,
 	// moved on by every heartbeat without re-arming (timers.go).
@@ -261,6 +264,7 @@ func (g *classicGroup) parkJoin(m *classicMember, reply func(kmsg.Response)) {
 		g.awaitingJoin++
 	}
 	m.joinReply = reply
+	m.joinAt = g.s.e.clock.Now()
 }
 
 // allJoined reports whether every member has a parked JoinGroup and no
@@ -410,6 +414,7 @@ func (g *classicGroup) event(kind EventKind) Event {
 		Time:         g.s.e.clock.Now(),
 		Kind:         kind,
 		Group:        g.id,
+		GroupType:    GroupTypeClassic,
 		Generation:   g.generation,
 		State:        g.state.String(),
 		ProtocolType: g.protocolType,

@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"time"
+
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -52,6 +54,9 @@ func (g *classicGroup) prepareRebalance(cause string, causer *classicMember) {
 		if causer != nil {
 			pm := causer.public(false)
 			ev.Member = &pm
+		}
+		if initial {
+			ev.InitialDelay = g.s.e.cfg.InitialRebalanceDelay
 		}
 		g.s.emit(ev)
 	}
@@ -144,6 +149,8 @@ func (g *classicGroup) completeJoin() {
 			}
 			g.awaitingJoin--
 			m.answerJoin(resp)
+		} else {
+			m.joinAt = time.Time{} // it did not rejoin in this round
 		}
 		g.rearmSession(m)
 		m.isNew = false
@@ -153,6 +160,9 @@ func (g *classicGroup) completeJoin() {
 	if g.s.e.cfg.Events != nil {
 		ev := g.event(EventJoinCompleted)
 		ev.Members = g.membersList(false)
+		for i := range ev.Members {
+			ev.Members[i].JoinedAt = g.members[ev.Members[i].MemberID].joinAt
+		}
 		g.s.emit(ev)
 	}
 	g.s.e.log.Debug("groupstate: join completed", "group", g.id, "generation", g.generation,

@@ -165,6 +165,7 @@ func (g *consumerGroup) event(kind EventKind) Event {
 		Time:         g.s.e.clock.Now(),
 		Kind:         kind,
 		Group:        g.id,
+		GroupType:    GroupTypeConsumer,
 		Generation:   g.epoch,
 		State:        g.stateName(),
 		ProtocolType: "consumer",
@@ -220,6 +221,39 @@ func (g *consumerGroup) emitMember(kind EventKind, m *consumerMember, cause stri
 	ev.Member = &pm
 	ev.Cause = cause
 	g.s.emit(ev)
+}
+
+// emitReconciling emits EventMemberReconciling when m's assignment
+// differs from prev (its state, epoch, assigned or pending partitions).
+func (g *consumerGroup) emitReconciling(m *consumerMember, prev memberAssignment) {
+	cur := m.memberAssignment
+	if g.s.e.cfg.Events == nil || (cur.State == prev.State && cur.Epoch == prev.Epoch &&
+		cur.Assigned.equal(prev.Assigned) && cur.Pending.equal(prev.Pending)) {
+		return
+	}
+	ev := g.event(EventMemberReconciling)
+	pm := g.public(m, true)
+	pm.Epoch, pm.State = cur.Epoch, cur.State.String()
+	if cur.Pending.size() > 0 {
+		pm.Revoking = g.partsAssignment(cur.Pending)
+	}
+	ev.Member = &pm
+	g.s.emit(ev)
+}
+
+// partsAssignment encodes ps as a consumer-protocol assignment with topic
+// names, as public encodes a member's assignment.
+func (g *consumerGroup) partsAssignment(ps partSet) []byte {
+	a := kmsg.NewConsumerMemberAssignment()
+	snap := g.s.e.topicsNow()
+	for _, t := range ps.sortedTopics() {
+		name := snap.byID[t]
+		if name == "" {
+			name = fmt.Sprintf("%x", t[:])
+		}
+		a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: name, Partitions: ps.sortedPartitions(t)})
+	}
+	return a.AppendTo(nil)
 }
 
 // bumpEpoch advances the group epoch, which makes the next heartbeat

@@ -229,7 +229,7 @@ func TestConsumerGroupScaleUpLeaveExpire(t *testing.T) {
 		t.Fatalf("first member: epoch %d owns %d, want epoch 1 owning 6", m1.epoch, m1.owned.size())
 	}
 	evs := kinds(h.takeEvents("g"))
-	want := []string{"group_created", "member_joined", "rebalance_started(member_joined)", "assignment_reconciled"}
+	want := []string{"group_created", "member_joined", "rebalance_started(member_joined)", "member_reconciling", "assignment_reconciled"}
 	if !slices.Equal(evs, want) {
 		t.Fatalf("events %v, want %v", evs, want)
 	}

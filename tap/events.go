@@ -55,6 +55,15 @@ type MemberInfo struct {
 	// AssignmentError says why a consumer assignment could not be
 	// decoded.
 	AssignmentError string `json:"assignment_error,omitempty"`
+	// Epoch, State and Revoking are set in member_reconciling events
+	// (KIP-848): the member epoch, its reconciliation state and the
+	// partitions it must still revoke.
+	Epoch    int32             `json:"epoch,omitempty"`
+	State    string            `json:"state,omitempty"`
+	Revoking []TopicPartitions `json:"revoking,omitempty"`
+	// JoinedAt is, in join_completed events, when the member's
+	// JoinGroup of this rebalance arrived.
+	JoinedAt *time.Time `json:"joined_at,omitempty"`
 }
 
 // TopicPartitions is one topic of an assignment.
@@ -97,6 +106,17 @@ func toMemberInfo(protocolType string, m groupstate.Member) MemberInfo {
 		ClientHost:      m.ClientHost,
 		Protocol:        m.Protocol,
 		AssignmentBytes: len(m.Assignment),
+		Epoch:           m.Epoch,
+		State:           m.State,
+	}
+	if !m.JoinedAt.IsZero() {
+		at := m.JoinedAt
+		mi.JoinedAt = &at
+	}
+	if len(m.Revoking) > 0 {
+		// Revoking is encoded as a consumer-protocol assignment
+		// whatever the group's protocol type says.
+		mi.Revoking, _ = decodeAssignment("consumer", m.Revoking)
 	}
 	tps, err := decodeAssignment(protocolType, m.Assignment)
 	if err != nil {

@@ -25,8 +25,10 @@ import (
 type receiver struct {
 	mu    sync.Mutex // guards spans and resources
 	spans []*tracepb.Span
-	attrs map[string]string // resource attributes seen
-	got   chan struct{}     // signalled on every export
+	// resourceSpans keeps every export whole, resources included.
+	resourceSpans []*tracepb.ResourceSpans
+	attrs         map[string]string // resource attributes seen
+	got           chan struct{}     // signalled on every export
 }
 
 func newReceiver() *receiver {
@@ -35,6 +37,7 @@ func newReceiver() *receiver {
 
 func (rc *receiver) add(req *coltracepb.ExportTraceServiceRequest) {
 	rc.mu.Lock()
+	rc.resourceSpans = append(rc.resourceSpans, req.GetResourceSpans()...)
 	for _, rs := range req.GetResourceSpans() {
 		for _, kv := range rs.GetResource().GetAttributes() {
 			rc.attrs[kv.GetKey()] = kv.GetValue().GetStringValue()

@@ -14,12 +14,14 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -124,7 +126,8 @@ type Tap struct {
 	registry *prometheus.Registry
 	inst     *instruments
 	hub      *hub
-	exporter string // the trace exporter in use, for logs and tests
+	exporter string       // the trace exporter in use, for logs and tests
+	target   exportTarget // where an OTLP exporter sends
 
 	queue   chan queued   // written by OnEvent/Flush, read by run
 	quit    chan struct{} // closed by Shutdown
@@ -193,11 +196,17 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 	}
 
 	// Traces.
-	exp, name, err := newSpanExporter(ctx, cfg)
+	exp, name, target, err := newSpanExporterTarget(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	t.exporter = name
+	t.exporter, t.target = name, target
+	if exp != nil {
+		// Export failures reach kproxy's log, rate-limited, instead of
+		// the SDK's default (Go's log package, one line per failure).
+		// The handler is process-wide: the latest Tap's logger gets them.
+		otel.SetErrorHandler(newExportErrors(log, target))
+	}
 	if exp != nil {
 		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
 		if cfg.SyncExport {
@@ -243,19 +252,38 @@ func New(ctx context.Context, cfg Config) (*Tap, error) {
 
 	t.rebalances = newRebalanceTracker(t.tracer, t.inst, cfg.InstanceID)
 	go t.run()
-	log.Info("tap started", "trace_exporter", name)
+	startAttrs := []any{"trace_exporter", name}
+	if target.Endpoint != "" {
+		startAttrs = append(startAttrs, "endpoint", target.Endpoint, "protocol", target.Protocol)
+	}
+	log.Info("tap started", startAttrs...)
+	if target.Hint != "" {
+		log.Warn("tap: the traces endpoint's port does not match the OTLP protocol", "endpoint", target.Endpoint, "protocol", target.Protocol, "hint", target.Hint)
+	}
 	return t, nil
 }
 
-// newResource describes this process to OpenTelemetry.
+// newResource describes this process to OpenTelemetry: service.name,
+// service.version (Config.ServiceVersion, else the module version the
+// binary was built from), service.instance.id, host.name, process.pid and
+// the SDK; OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (for example
+// service.namespace=payments) override them.
 func newResource(ctx context.Context, cfg Config) (*resource.Resource, error) {
 	attrs := []resource.Option{
 		resource.WithSchemaURL(semconv.SchemaURL),
 		resource.WithAttributes(semconv.ServiceName(cfg.ServiceName)),
 		resource.WithTelemetrySDK(),
+		resource.WithHost(),
+		resource.WithProcessPID(),
 	}
-	if cfg.ServiceVersion != "" {
-		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(cfg.ServiceVersion)))
+	version := cfg.ServiceVersion
+	if version == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			version = bi.Main.Version
+		}
+	}
+	if version != "" {
+		attrs = append(attrs, resource.WithAttributes(semconv.ServiceVersion(version)))
 	}
 	if cfg.InstanceID != "" {
 		attrs = append(attrs, resource.WithAttributes(semconv.ServiceInstanceID(cfg.InstanceID)))
@@ -329,6 +357,12 @@ func (t *Tap) TracerProvider() trace.TracerProvider {
 // TraceExporter names the trace exporter in use: "otlp-grpc",
 // "otlp-http", "console", "custom" or "none".
 func (t *Tap) TraceExporter() string { return t.exporter }
+
+// TraceTarget returns where an OTLP exporter sends spans (its URL or
+// host:port) and with which protocol; empty for other exporters.
+func (t *Tap) TraceTarget() (endpoint, protocol string) {
+	return t.target.Endpoint, t.target.Protocol
+}
 
 // Registry returns the private Prometheus registry behind /metrics.
 func (t *Tap) Registry() *prometheus.Registry { return t.registry }
@@ -409,6 +443,9 @@ func (t *Tap) run() {
 // handle processes one queue item on the tap goroutine.
 func (t *Tap) handle(q queued) {
 	if q.flush != nil {
+		// Export what waits for a later event, so that a flush shows
+		// everything that happened before it.
+		t.rebalances.settle()
 		close(q.flush)
 		return
 	}

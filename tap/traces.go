@@ -20,11 +20,24 @@ import (
 const (
 	spanJoin = "join"
 	spanSync = "sync"
+	// spanReconcile is the phase of a KIP-848 rebalance: from the group
+	// epoch's bump until every member holds its target (there is no
+	// JoinGroup or SyncGroup round).
+	spanReconcile = "reconcile"
+	// spanMember is one KIP-848 member's part of a reconciliation, a
+	// child of the reconcile span.
+	spanMember = "reconcile_member"
+	// spanInitialDelay is the initial rebalance delay of a classic
+	// group leaving Empty, a child of the join span.
+	spanInitialDelay = "initial_delay"
 
 	attrGeneration     = attribute.Key("kproxy.group.generation")
 	attrPrevGeneration = attribute.Key("kproxy.group.previous_generation")
+	attrEpoch          = attribute.Key("kproxy.group.epoch")
+	attrPrevEpoch      = attribute.Key("kproxy.group.previous_epoch")
 	attrProtocolType   = attribute.Key("kproxy.group.protocol_type")
 	attrProtocol       = attribute.Key("kproxy.group.protocol")
+	attrAssignor       = attribute.Key("kproxy.group.assignor")
 	attrLeader         = attribute.Key("kproxy.group.leader")
 	attrMemberCount    = attribute.Key("kproxy.group.member_count")
 	attrMemberID       = attribute.Key("kproxy.member.id")
@@ -38,6 +51,17 @@ const (
 	attrPartitions     = attribute.Key("kproxy.member.assigned_partitions")
 	attrTopics         = attribute.Key("kproxy.member.assigned_topics")
 	attrAssignmentSize = attribute.Key("kproxy.member.assignment_bytes")
+	attrRevoking       = attribute.Key("kproxy.member.revoking_partitions")
+	attrRevokingTopics = attribute.Key("kproxy.member.revoking_topics")
+	attrMemberEpoch    = attribute.Key("kproxy.member.epoch")
+	attrMemberState    = attribute.Key("kproxy.member.state")
+	attrJoinWait       = attribute.Key("kproxy.member.join_wait_ms")
+	attrLastToJoin     = attribute.Key("kproxy.member.last_to_join")
+	attrLastMember     = attribute.Key("kproxy.rebalance.last_member.id")
+	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
+	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
+	attrSupersededBy   = attribute.Key("kproxy.rebalance.superseded_by.cause")
+	attrUntraced       = attribute.Key("kproxy.rebalance.members_without_span")
 )
 
 // Rebalance outcomes, on the root span and the duration histogram.
@@ -60,6 +84,15 @@ const (
 	pendingMax = 16
 )
 
+// maxMemberSpans bounds the reconcile_member spans of one rebalance.
+const maxMemberSpans = 256
+
+// Classic group states as the engine names them in Event.State.
+const (
+	statePreparing = "PreparingRebalance"
+	stateEmpty     = "Empty"
+)
+
 // rebalanceTracker turns engine events into one trace per rebalance. It is
 // owned by the tap goroutine: no method may be called from elsewhere.
 type rebalanceTracker struct {
@@ -75,10 +108,48 @@ type rebalanceTracker struct {
 type rebalance struct {
 	ctx       context.Context // carries the root span
 	root      trace.Span
-	phase     trace.Span // the join or sync child span
+	phase     trace.Span // the join, sync or reconcile child span
+	phaseCtx  context.Context
 	phaseName string
 	start     time.Time
 	cause     string
+	kind      string // groupstate.GroupTypeClassic or GroupTypeConsumer
+
+	// held are member events that arrived during this rebalance and are
+	// not yet attached: the next event of the group says whether they
+	// belong here or caused the rebalance that supersedes this one.
+	held []groupstate.Event
+	// supersededAt is set when the engine aborted this rebalance to
+	// start another (a classic group's EventRebalanceAborted whose state
+	// is PreparingRebalance): the next EventRebalanceStarted supersedes
+	// it.
+	supersededAt time.Time
+	// prev is the rebalance this one superseded, still open until this
+	// one proves to be more than the group emptying at the instant it
+	// started (then prev ends group_empty and this one is dropped);
+	// prevEnd is when prev was superseded, moved the member events this
+	// one took from prev.
+	prev    *rebalance
+	prevEnd time.Time
+	moved   []groupstate.Event
+	// extra counts events this rebalance received besides moved ones.
+	extra int
+	// members are the KIP-848 members' reconcile_member spans, by
+	// member id.
+	members map[string]*memberSpan
+	// untraced counts the members left without a span past
+	// maxMemberSpans.
+	untraced int
+	// initialDelay is the initial rebalance delay's child span, open
+	// until the join phase ends or the delay is over.
+	initialDelay    trace.Span
+	initialDelayEnd time.Time
+}
+
+// memberSpan is one KIP-848 member's reconciliation within a rebalance.
+type memberSpan struct {
+	span  trace.Span // nil once the member holds its target
+	state string     // the member's last reported state
 }
 
 // newRebalanceTracker returns a tracker creating spans with tracer.
@@ -92,6 +163,17 @@ func newRebalanceTracker(tracer trace.Tracer, inst *instruments, owner string) *
 	}
 }
 
+// isMemberEvent reports whether kind is about one member joining or
+// leaving the group.
+func isMemberEvent(kind groupstate.EventKind) bool {
+	switch kind {
+	case groupstate.EventMemberJoined, groupstate.EventMemberLeft,
+		groupstate.EventMemberExpired, groupstate.EventMemberFenced:
+		return true
+	}
+	return false
+}
+
 // handle updates the traces for one event.
 func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 	rt.handled++
@@ -99,20 +181,39 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		rt.sweep(ev.Time)
 	}
 	rb := rt.open[ev.Group]
+	if rb != nil && rb.prev != nil {
+		if rt.collapse(rb, ev) {
+			return
+		}
+	}
+	if rb != nil && !isMemberEvent(ev.Kind) && !supersedes(ev) {
+		rt.attachHeld(rb)
+	}
 	switch ev.Kind {
 	case groupstate.EventRebalanceStarted:
-		var links []trace.Link
-		if rb != nil {
-			// The group went back to PreparingRebalance before the
-			// previous rebalance finished: end it and link the new one.
-			links = append(links, trace.Link{SpanContext: rb.root.SpanContext()})
-			rt.finish(ev.Group, rb, ev.Time, outcomeSuperseded, "")
+		if rb == nil {
+			rt.start(ev, nil)
+			return
 		}
-		rt.start(ev, links)
+		// The group went back to PreparingRebalance (classic) or its
+		// epoch was bumped again (KIP-848) before this rebalance
+		// finished: the new one links to it and takes the member
+		// events that caused it. This one ends as superseded once the
+		// new one is known to be real (see collapse).
+		end := rb.supersededAt
+		if end.IsZero() {
+			end = ev.Time
+		}
+		held := rb.held
+		rb.held = nil
+		rt.pending[ev.Group] = append(rt.pending[ev.Group], held...)
+		nrb := rt.start(ev, []trace.Link{{SpanContext: rb.root.SpanContext()}})
+		nrb.prev, nrb.prevEnd, nrb.moved = rb, end, held
 	case groupstate.EventMemberJoined, groupstate.EventMemberLeft,
 		groupstate.EventMemberExpired, groupstate.EventMemberFenced:
 		if rb != nil {
-			rb.root.AddEvent(ev.Kind.String(), trace.WithTimestamp(ev.Time), trace.WithAttributes(memberEventAttrs(ev)...))
+			rb.held = append(rb.held, ev)
+			rb.extra++
 			return
 		}
 		p := append(rt.pending[ev.Group], ev)
@@ -124,33 +225,8 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		if rb == nil {
 			return
 		}
-		rb.root.SetAttributes(
-			attrGeneration.Int64(int64(ev.Generation)),
-			attrProtocol.String(ev.Protocol),
-			attrLeader.String(ev.Leader),
-			attrMemberCount.Int(len(ev.Members)),
-		)
-		if ev.ProtocolType != "" {
-			rb.root.SetAttributes(attrProtocolType.String(ev.ProtocolType))
-		}
-		if rb.phase != nil {
-			rb.phase.SetAttributes(attrMemberCount.Int(len(ev.Members)), attrGeneration.Int64(int64(ev.Generation)))
-			for i := range ev.Members {
-				m := &ev.Members[i]
-				attrs := append(memberAttrs(m), attrIsLeader.Bool(m.MemberID == ev.Leader))
-				rb.phase.AddEvent("member", trace.WithTimestamp(ev.Time), trace.WithAttributes(attrs...))
-			}
-			rb.phase.End(trace.WithTimestamp(ev.Time))
-		}
-		_, rb.phase = rt.tracer.Start(rb.ctx, spanSync,
-			trace.WithTimestamp(ev.Time),
-			trace.WithAttributes(
-				semconv.MessagingSystemKafka,
-				semconv.MessagingConsumerGroupName(ev.Group),
-				semconv.MessagingOperationName("sync_group"),
-				attrGeneration.Int64(int64(ev.Generation)),
-			))
-		rb.phaseName = spanSync
+		rb.extra++
+		rt.joinCompleted(rb, ev)
 	case groupstate.EventSyncCompleted:
 		if rb == nil {
 			return
@@ -164,6 +240,12 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			}
 		}
 		rt.finish(ev.Group, rb, ev.Time, outcomeCompleted, "")
+	case groupstate.EventMemberReconciling:
+		if rb == nil || ev.Member == nil {
+			return
+		}
+		rb.extra++
+		rt.memberReconciling(rb, ev)
 	case groupstate.EventAssignmentReconciled:
 		// A KIP-848 group has no join or sync round: its rebalance ends
 		// when every member holds its target at the new group epoch.
@@ -171,11 +253,14 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			return
 		}
 		rb.root.SetAttributes(
-			attrGeneration.Int64(int64(ev.Generation)),
-			attrProtocol.String(ev.Protocol),
+			attrEpoch.Int64(int64(ev.Generation)),
 			attrMemberCount.Int(len(ev.Members)),
 		)
+		if ev.Protocol != "" {
+			rb.root.SetAttributes(attrAssignor.String(ev.Protocol))
+		}
 		if rb.phase != nil {
+			rb.phase.SetAttributes(attrMemberCount.Int(len(ev.Members)))
 			for i := range ev.Members {
 				m := &ev.Members[i]
 				attrs := memberAttrs(m)
@@ -185,12 +270,24 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		}
 		rt.finish(ev.Group, rb, ev.Time, outcomeCompleted, "")
 	case groupstate.EventRebalanceAborted:
-		if rb != nil {
+		if rb == nil {
+			return
+		}
+		switch ev.State {
+		case statePreparing:
+			// A classic group aborts a rebalance to start the next
+			// one: EventRebalanceStarted follows.
+			rb.supersededAt = ev.Time
+			rb.root.SetAttributes(attrSupersededBy.String(causeOrUnknown(ev.Cause)))
+		case stateEmpty:
+			// No member rejoined: the group is empty.
+			rt.finish(ev.Group, rb, ev.Time, outcomeEmpty, "")
+		default:
 			rt.finish(ev.Group, rb, ev.Time, outcomeAborted, "rebalance aborted: "+causeOrUnknown(ev.Cause))
 		}
 	case groupstate.EventGroupEmpty:
 		if rb != nil {
-			rt.finish(ev.Group, rb, ev.Time, outcomeEmpty, "group became empty during the rebalance")
+			rt.finish(ev.Group, rb, ev.Time, outcomeEmpty, "")
 		}
 		delete(rt.pending, ev.Group)
 	case groupstate.EventGroupDeleted:
@@ -218,20 +315,238 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 	}
 }
 
-// start opens the root and join spans of a rebalance.
-func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) {
+// supersedes reports whether ev starts a rebalance that replaces the one
+// in progress, so that its held member events move to the new one.
+func supersedes(ev groupstate.Event) bool {
+	switch ev.Kind {
+	case groupstate.EventRebalanceStarted:
+		return true
+	case groupstate.EventRebalanceAborted:
+		return ev.State == statePreparing
+	}
+	return false
+}
+
+// collapse settles a rebalance that superseded another (rb.prev) on the
+// first event after its start. When the group empties at the instant rb
+// started and nothing else happened in rb, rb was only the engine's
+// bookkeeping on the way to Empty: rb's spans are dropped unended (the SDK
+// exports ended spans only), and prev ends with outcome group_empty,
+// keeping its member events. Otherwise prev ends as superseded. It
+// reports whether ev was consumed.
+func (rt *rebalanceTracker) collapse(rb *rebalance, ev groupstate.Event) bool {
+	prev := rb.prev
+	rb.prev = nil
+	emptied := ev.Kind == groupstate.EventGroupEmpty ||
+		(ev.Kind == groupstate.EventRebalanceAborted && ev.State == stateEmpty)
+	if emptied && ev.Time.Equal(rb.start) && rb.extra == 0 {
+		prev.held = append(prev.held, rb.moved...)
+		rt.attachHeld(prev)
+		rt.open[ev.Group] = prev
+		rt.finish(ev.Group, prev, ev.Time, outcomeEmpty, "")
+		if ev.Kind == groupstate.EventGroupEmpty {
+			delete(rt.pending, ev.Group)
+		}
+		return true
+	}
+	rt.endSuperseded(prev, rb.prevEnd)
+	return false
+}
+
+// endSuperseded ends prev, which a newer rebalance replaced at at.
+func (rt *rebalanceTracker) endSuperseded(prev *rebalance, at time.Time) {
+	rt.attachHeld(prev)
+	rt.end(prev, at, outcomeSuperseded, "")
+}
+
+// attachHeld adds rb's held member events to its root span.
+func (rt *rebalanceTracker) attachHeld(rb *rebalance) {
+	for _, h := range rb.held {
+		rb.root.AddEvent(h.Kind.String(), trace.WithTimestamp(h.Time), trace.WithAttributes(memberEventAttrs(h)...))
+	}
+	rb.held = nil
+}
+
+// settle attaches every held event and ends every superseded rebalance
+// still waiting for its successor's first event: before a flush or at
+// shutdown, when no further event may come soon.
+func (rt *rebalanceTracker) settle() {
+	for _, rb := range rt.open {
+		if rb.prev != nil {
+			rt.endSuperseded(rb.prev, rb.prevEnd)
+			rb.prev = nil
+		}
+		rt.attachHeld(rb)
+	}
+}
+
+// joinCompleted ends a classic rebalance's join phase and opens its sync
+// phase. Each member's "member" event is stamped when its JoinGroup
+// arrived, so the member the group waited for stands out.
+func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
+	rb.root.SetAttributes(
+		attrGeneration.Int64(int64(ev.Generation)),
+		attrProtocol.String(ev.Protocol),
+		attrLeader.String(ev.Leader),
+		attrMemberCount.Int(len(ev.Members)),
+	)
+	if ev.ProtocolType != "" {
+		rb.root.SetAttributes(attrProtocolType.String(ev.ProtocolType))
+	}
+	if rb.phase != nil {
+		rb.phase.SetAttributes(attrMemberCount.Int(len(ev.Members)), attrGeneration.Int64(int64(ev.Generation)))
+		last := -1
+		for i := range ev.Members {
+			at := ev.Members[i].JoinedAt
+			if !at.IsZero() && !at.Before(rb.start) && !at.After(ev.Time) &&
+				(last < 0 || at.After(ev.Members[last].JoinedAt)) {
+				last = i
+			}
+		}
+		for i := range ev.Members {
+			m := &ev.Members[i]
+			attrs := append(memberAttrs(m), attrIsLeader.Bool(m.MemberID == ev.Leader))
+			at := ev.Time
+			if j := m.JoinedAt; !j.IsZero() && !j.After(ev.Time) {
+				at = j
+				if !j.Before(rb.start) {
+					attrs = append(attrs, attrJoinWait.Int64(j.Sub(rb.start).Milliseconds()))
+				}
+			}
+			if i == last {
+				attrs = append(attrs, attrLastToJoin.Bool(true))
+			}
+			rb.phase.AddEvent("member", trace.WithTimestamp(at), trace.WithAttributes(attrs...))
+		}
+		if last >= 0 {
+			rb.phase.SetAttributes(attrLastMember.String(ev.Members[last].MemberID))
+			if c := ev.Members[last].ClientID; c != "" {
+				rb.phase.SetAttributes(attrLastClient.String(c))
+			}
+		}
+		rt.endInitialDelay(rb, ev.Time)
+		rb.phase.End(trace.WithTimestamp(ev.Time))
+	}
+	rb.phaseCtx, rb.phase = rt.tracer.Start(rb.ctx, spanSync,
+		trace.WithTimestamp(ev.Time),
+		trace.WithAttributes(
+			semconv.MessagingSystemKafka,
+			semconv.MessagingConsumerGroupName(ev.Group),
+			semconv.MessagingOperationName("sync_group"),
+			attrGeneration.Int64(int64(ev.Generation)),
+		))
+	rb.phaseName = spanSync
+}
+
+// memberReconciling records one KIP-848 member's step: asked to revoke,
+// done revoking, waiting for partitions others still hold, or holding
+// its target. Each member has its own child span of the reconcile span,
+// from the start of the rebalance until it holds its target.
+func (rt *rebalanceTracker) memberReconciling(rb *rebalance, ev groupstate.Event) {
+	m := ev.Member
+	ms := rb.members[m.MemberID]
+	if ms == nil && len(rb.members) >= maxMemberSpans {
+		// A very large group: the SDK's span queue (2048 by default)
+		// would drop spans. The rest of the members show only in the
+		// reconcile span's final "assignment" events.
+		rb.untraced++
+		if rb.phase != nil {
+			rb.phase.SetAttributes(attrUntraced.Int(rb.untraced))
+		}
+		return
+	}
+	if ms == nil {
+		parent := rb.phaseCtx
+		if parent == nil {
+			parent = rb.ctx
+		}
+		attrs := append(memberAttrs(m), semconv.MessagingConsumerGroupName(ev.Group))
+		_, sp := rt.tracer.Start(parent, spanMember,
+			trace.WithTimestamp(rb.start),
+			trace.WithAttributes(attrs...))
+		ms = &memberSpan{span: sp}
+		if rb.members == nil {
+			rb.members = map[string]*memberSpan{}
+		}
+		rb.members[m.MemberID] = ms
+	}
+	wasRevoking := ms.state == "UNREVOKED_PARTITIONS"
+	ms.state = m.State
+	attrs := []attribute.KeyValue{attrMemberEpoch.Int64(int64(m.Epoch)), attrMemberState.String(m.State)}
+	var name string
+	switch {
+	case len(m.Revoking) > 0:
+		name = "revoke_requested"
+		if tps, err := decodeAssignment("consumer", m.Revoking); err == nil {
+			n, topics := countParts(tps)
+			attrs = append(attrs, attrRevoking.Int(n), attrRevokingTopics.String(topics))
+		}
+	case m.State == "UNRELEASED_PARTITIONS":
+		name = "waiting_for_partitions"
+	default:
+		name = "assigned"
+	}
+	if wasRevoking && len(m.Revoking) == 0 {
+		if ms.span != nil {
+			ms.span.AddEvent("revoked", trace.WithTimestamp(ev.Time), trace.WithAttributes(attrMemberEpoch.Int64(int64(m.Epoch))))
+		}
+	}
+	attrs = append(attrs, assignmentAttrs("consumer", m.Assignment)...)
+	target := ms.span
+	if target == nil {
+		target = rb.phase
+	}
+	if target != nil {
+		target.AddEvent(name, trace.WithTimestamp(ev.Time), trace.WithAttributes(attrs...))
+	}
+	if m.State == "STABLE" && ms.span != nil {
+		ms.span.SetAttributes(attrMemberEpoch.Int64(int64(m.Epoch)))
+		ms.span.End(trace.WithTimestamp(ev.Time))
+		ms.span = nil
+	}
+}
+
+// countParts counts the partitions of tps and lists their topics.
+func countParts(tps []TopicPartitions) (int, string) {
+	n := 0
+	topics := make([]string, 0, len(tps))
+	for _, tp := range tps {
+		n += len(tp.Partitions)
+		topics = append(topics, tp.Topic)
+	}
+	return n, strings.Join(topics, ",")
+}
+
+// start opens the root and phase spans of a rebalance and returns it.
+func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *rebalance {
+	kind := ev.GroupType
+	if kind == "" {
+		kind = groupstate.GroupTypeClassic
+	}
 	attrs := []attribute.KeyValue{
 		semconv.MessagingSystemKafka,
 		semconv.MessagingConsumerGroupName(ev.Group),
 		semconv.MessagingOperationName("rebalance"),
 		attrCause.String(causeOrUnknown(ev.Cause)),
-		attrPrevGeneration.Int64(int64(ev.Generation)),
+		attrGroupKind.String(kind),
+	}
+	if kind == groupstate.GroupTypeConsumer {
+		// The event carries the bumped group epoch.
+		attrs = append(attrs, attrEpoch.Int64(int64(ev.Generation)), attrPrevEpoch.Int64(int64(ev.Generation)-1))
+		if ev.Protocol != "" {
+			attrs = append(attrs, attrAssignor.String(ev.Protocol))
+		}
+	} else {
+		attrs = append(attrs, attrPrevGeneration.Int64(int64(ev.Generation)))
 	}
 	if ev.ProtocolType != "" {
 		attrs = append(attrs, attrProtocolType.String(ev.ProtocolType))
 	}
 	if rt.owner != "" {
 		attrs = append(attrs, attrOwner.String(rt.owner))
+	}
+	if ev.InitialDelay > 0 {
+		attrs = append(attrs, attrInitialDelay.Int64(ev.InitialDelay.Milliseconds()))
 	}
 	if m := ev.Member; m != nil {
 		attrs = append(attrs, attrCauseMember.String(m.MemberID))
@@ -268,31 +583,80 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) {
 	for _, p := range early {
 		root.AddEvent(p.Kind.String(), trace.WithTimestamp(p.Time), trace.WithAttributes(memberEventAttrs(p)...))
 	}
-	_, join := rt.tracer.Start(ctx, spanJoin,
+	rb := &rebalance{
+		ctx:   ctx,
+		root:  root,
+		start: ev.Time,
+		cause: ev.Cause,
+		kind:  kind,
+	}
+	phaseAttrs := []attribute.KeyValue{
+		semconv.MessagingSystemKafka,
+		semconv.MessagingConsumerGroupName(ev.Group),
+	}
+	if kind == groupstate.GroupTypeConsumer {
+		rb.phaseName = spanReconcile
+		phaseAttrs = append(phaseAttrs, attrEpoch.Int64(int64(ev.Generation)))
+	} else {
+		rb.phaseName = spanJoin
+		phaseAttrs = append(phaseAttrs, semconv.MessagingOperationName("join_group"))
+	}
+	rb.phaseCtx, rb.phase = rt.tracer.Start(ctx, rb.phaseName,
 		trace.WithTimestamp(ev.Time),
-		trace.WithAttributes(
-			semconv.MessagingSystemKafka,
-			semconv.MessagingConsumerGroupName(ev.Group),
-			semconv.MessagingOperationName("join_group"),
-		))
-	rt.open[ev.Group] = &rebalance{
-		ctx:       ctx,
-		root:      root,
-		phase:     join,
-		phaseName: spanJoin,
-		start:     ev.Time,
-		cause:     ev.Cause,
+		trace.WithAttributes(phaseAttrs...))
+	if ev.InitialDelay > 0 {
+		rb.phase.SetAttributes(attrInitialDelay.Int64(ev.InitialDelay.Milliseconds()))
+		_, rb.initialDelay = rt.tracer.Start(rb.phaseCtx, spanInitialDelay,
+			trace.WithTimestamp(ev.Time),
+			trace.WithAttributes(semconv.MessagingConsumerGroupName(ev.Group), attrInitialDelay.Int64(ev.InitialDelay.Milliseconds())))
+		rb.initialDelayEnd = ev.Time.Add(ev.InitialDelay)
+	}
+	rt.open[ev.Group] = rb
+	return rb
+}
+
+// endInitialDelay ends the initial delay's span at the end of the delay,
+// or at at when the join phase ends sooner.
+func (rt *rebalanceTracker) endInitialDelay(rb *rebalance, at time.Time) {
+	if rb.initialDelay == nil {
+		return
+	}
+	end := rb.initialDelayEnd
+	if at.Before(end) {
+		end = at
+	}
+	rb.initialDelay.End(trace.WithTimestamp(end))
+	rb.initialDelay = nil
+}
+
+// finish ends a rebalance's spans with its outcome, records its duration
+// and forgets it.
+func (rt *rebalanceTracker) finish(group string, rb *rebalance, at time.Time, outcome, errMsg string) {
+	rt.attachHeld(rb)
+	rt.end(rb, at, outcome, errMsg)
+	if rt.open[group] == rb {
+		delete(rt.open, group)
 	}
 }
 
-// finish ends a rebalance's spans with its outcome and records its
-// duration. A non-empty errMsg marks the spans as failed.
-func (rt *rebalanceTracker) finish(group string, rb *rebalance, at time.Time, outcome, errMsg string) {
+// end ends rb's spans with its outcome and records its duration. A
+// non-empty errMsg marks the spans as failed. A rebalance that ended
+// because its group emptied at the instant it started waited for nothing:
+// it is traced but not counted in the duration histogram.
+func (rt *rebalanceTracker) end(rb *rebalance, at time.Time, outcome, errMsg string) {
+	rt.endInitialDelay(rb, at)
+	for _, ms := range rb.members {
+		if ms.span != nil {
+			ms.span.End(trace.WithTimestamp(at))
+			ms.span = nil
+		}
+	}
 	if rb.phase != nil {
 		if errMsg != "" {
 			rb.phase.SetStatus(codes.Error, errMsg)
 		}
 		rb.phase.End(trace.WithTimestamp(at))
+		rb.phase = nil
 	}
 	rb.root.SetAttributes(attrOutcome.String(outcome))
 	if errMsg != "" {
@@ -301,10 +665,10 @@ func (rt *rebalanceTracker) finish(group string, rb *rebalance, at time.Time, ou
 		rb.root.SetStatus(codes.Ok, "")
 	}
 	rb.root.End(trace.WithTimestamp(at))
-	if d := at.Sub(rb.start); d >= 0 {
+	d := at.Sub(rb.start)
+	if d > 0 || (d == 0 && outcome != outcomeEmpty) {
 		rt.inst.recordDuration(d, rb.cause, outcome)
 	}
-	delete(rt.open, group)
 }
 
 // sweep forgets pending member events too old to be attached to a
@@ -319,6 +683,7 @@ func (rt *rebalanceTracker) sweep(now time.Time) {
 
 // closeAll ends every rebalance still open; used at shutdown.
 func (rt *rebalanceTracker) closeAll() {
+	rt.settle()
 	now := time.Now()
 	for g, rb := range rt.open {
 		rt.finish(g, rb, now, outcomeShutdown, "kproxy shut down during the rebalance")

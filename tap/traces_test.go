@@ -2,6 +2,7 @@ package tap
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -205,11 +206,12 @@ func TestTraceOfAbortedAndEmptiedRebalances(t *testing.T) {
 	for _, tc := range []struct {
 		kind    groupstate.EventKind
 		outcome string
+		failed  bool // an emptied group is no failure: its member events say why
 	}{
-		{groupstate.EventRebalanceAborted, "aborted"},
-		{groupstate.EventGroupEmpty, "group_empty"},
-		{groupstate.EventGroupUnloaded, "unloaded"},
-		{groupstate.EventGroupConverted, "converted"},
+		{groupstate.EventRebalanceAborted, "aborted", true},
+		{groupstate.EventGroupEmpty, "group_empty", false},
+		{groupstate.EventGroupUnloaded, "unloaded", true},
+		{groupstate.EventGroupConverted, "converted", true},
 	} {
 		t.Run(tc.outcome, func(t *testing.T) {
 			tp, exp := newTestTap(t, Config{})
@@ -226,8 +228,11 @@ func TestTraceOfAbortedAndEmptiedRebalances(t *testing.T) {
 				t.Fatalf("spans %v, want root and join only", names(exp.GetSpans()))
 			}
 			root := by["rebalance g"][0]
-			if root.Status.Code != codes.Error || root.Status.Description == "" {
+			if tc.failed && (root.Status.Code != codes.Error || root.Status.Description == "") {
 				t.Errorf("root status %+v, want Error with a description", root.Status)
+			}
+			if !tc.failed && root.Status.Code != codes.Unset {
+				t.Errorf("root status %+v, want Unset", root.Status)
 			}
 			wantAttr(t, "root", root.Attributes, "kproxy.rebalance.outcome", tc.outcome)
 			if !by["join"][0].EndTime.Equal(root.EndTime) {
@@ -331,9 +336,11 @@ func TestTraceOfKIP848Rebalance(t *testing.T) {
 	s := newSeq("g848")
 	m1 := member("m1")
 	ev := s.at(0, groupstate.EventRebalanceStarted)
-	ev.Generation, ev.Cause, ev.Member = 3, groupstate.CauseMemberJoined, &m1
+	ev.GroupType = groupstate.GroupTypeConsumer
+	ev.Generation, ev.Cause, ev.Member = 4, groupstate.CauseMemberJoined, &m1
 	tp.OnEvent(ev)
 	ev = s.at(40*time.Millisecond, groupstate.EventAssignmentReconciled)
+	ev.GroupType = groupstate.GroupTypeConsumer
 	ev.Generation, ev.Protocol, ev.Members = 4, "uniform", []groupstate.Member{m1}
 	tp.OnEvent(ev)
 	flush(t, tp)
@@ -348,10 +355,91 @@ func TestTraceOfKIP848Rebalance(t *testing.T) {
 		t.Fatalf("no root span among %d spans: the rebalance never ended", len(spans))
 	}
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.cause", "member_joined")
-	wantAttr(t, "root", root.Attributes, "kproxy.group.generation", "4")
-	wantAttr(t, "root", root.Attributes, "kproxy.group.protocol", "uniform")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.kind", "consumer")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.previous_epoch", "3")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.epoch", "4")
+	wantAttr(t, "root", root.Attributes, "kproxy.group.assignor", "uniform")
 	wantAttr(t, "root", root.Attributes, "kproxy.rebalance.outcome", "completed")
 	if d := root.EndTime.Sub(root.StartTime); d != 40*time.Millisecond {
 		t.Errorf("root lasted %v, want 40ms", d)
 	}
+}
+
+// TestLastMemberLeavingEndsOneTrace: when the last member leaves, the
+// engine starts a rebalance and empties the group at the same instant.
+// That ends in one trace with outcome group_empty, whether a rebalance
+// was in progress (KIP-848 here: it ends group_empty, with no second
+// trace) or not (classic here: a short trace, not counted in the
+// duration histogram).
+func TestLastMemberLeavingEndsOneTrace(t *testing.T) {
+	t.Run("during a KIP-848 rebalance", func(t *testing.T) {
+		tp, exp := newTestTap(t, Config{})
+		s := newSeq("k")
+		m1 := member("m1")
+		ev := s.at(0, groupstate.EventRebalanceStarted)
+		ev.GroupType, ev.Generation, ev.Cause = groupstate.GroupTypeConsumer, 2, groupstate.CauseSubscriptionChanged
+		tp.OnEvent(ev)
+		ev = s.at(time.Second, groupstate.EventMemberLeft)
+		ev.GroupType, ev.Generation, ev.Member = groupstate.GroupTypeConsumer, 2, &m1
+		tp.OnEvent(ev)
+		ev = s.at(0, groupstate.EventRebalanceStarted)
+		ev.GroupType, ev.Generation, ev.Cause, ev.Member = groupstate.GroupTypeConsumer, 3, groupstate.CauseMemberLeft, &m1
+		tp.OnEvent(ev)
+		ev = s.at(0, groupstate.EventGroupEmpty)
+		ev.GroupType, ev.Generation = groupstate.GroupTypeConsumer, 3
+		tp.OnEvent(ev)
+		flush(t, tp)
+		roots := rootsOf(exp.GetSpans(), "k")
+		if len(roots) != 1 {
+			t.Fatalf("%d traces, want 1: %v", len(roots), names(exp.GetSpans()))
+		}
+		wantAttr(t, "root", roots[0].Attributes, "kproxy.rebalance.outcome", "group_empty")
+		wantAttr(t, "root", roots[0].Attributes, "kproxy.rebalance.cause", groupstate.CauseSubscriptionChanged)
+		if len(eventsNamed(roots[0], "member_left")) != 1 {
+			t.Errorf("member_left not in the trace: %v", roots[0].Events)
+		}
+		if d := roots[0].EndTime.Sub(roots[0].StartTime); d != time.Second {
+			t.Errorf("trace lasted %v, want 1s", d)
+		}
+		body := metricsText(t, tp)
+		if want := `kproxy_rebalance_duration_seconds_count{kproxy_rebalance_cause="subscription_changed",kproxy_rebalance_outcome="group_empty"} 1`; !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(body, "rebalance_duration_seconds_count"))
+		}
+		if strings.Contains(grepLines(body, "rebalance_duration_seconds_count"), "member_left") {
+			t.Errorf("/metrics has a sample of the rebalance that never was:\n%s", grepLines(body, "rebalance_duration_seconds_count"))
+		}
+	})
+	t.Run("from a Stable classic group", func(t *testing.T) {
+		tp, exp := newTestTap(t, Config{})
+		s := newSeq("c")
+		m1 := member("m1")
+		ev := s.at(0, groupstate.EventMemberLeft)
+		ev.Generation, ev.Member = 5, &m1
+		tp.OnEvent(ev)
+		ev = s.at(0, groupstate.EventRebalanceStarted)
+		ev.GroupType, ev.Generation, ev.Cause, ev.Member = groupstate.GroupTypeClassic, 5, groupstate.CauseMemberLeft, &m1
+		ev.State = "PreparingRebalance"
+		tp.OnEvent(ev)
+		ev = s.at(0, groupstate.EventRebalanceAborted)
+		ev.GroupType, ev.Generation, ev.State = groupstate.GroupTypeClassic, 6, "Empty"
+		tp.OnEvent(ev)
+		ev = s.at(0, groupstate.EventGroupEmpty)
+		ev.GroupType, ev.Generation, ev.State = groupstate.GroupTypeClassic, 6, "Empty"
+		tp.OnEvent(ev)
+		flush(t, tp)
+		roots := rootsOf(exp.GetSpans(), "c")
+		if len(roots) != 1 {
+			t.Fatalf("%d traces, want 1: %v", len(roots), names(exp.GetSpans()))
+		}
+		wantAttr(t, "root", roots[0].Attributes, "kproxy.rebalance.outcome", "group_empty")
+		if roots[0].Status.Code != codes.Unset {
+			t.Errorf("status %v, want Unset: the group emptying is no failure", roots[0].Status)
+		}
+		if len(eventsNamed(roots[0], "member_left")) != 1 {
+			t.Errorf("member_left not in the trace: %v", roots[0].Events)
+		}
+		if body := metricsText(t, tp); strings.Contains(body, "kproxy_rebalance_duration_seconds_count") {
+			t.Errorf("/metrics counts a rebalance that waited for nothing:\n%s", grepLines(body, "rebalance_duration_seconds_count"))
+		}
+	})
 }

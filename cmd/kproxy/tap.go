@@ -219,6 +219,17 @@ func formatEvent(ev tap.StreamEvent) string {
 		}
 	case "offsets_committed":
 		fmt.Fprintf(&b, "  partitions=%d", ev.Offsets)
+	case "member_reconciling":
+		if m := ev.Member; m != nil {
+			count := func(tps []tap.TopicPartitions) int {
+				n := 0
+				for _, tp := range tps {
+					n += len(tp.Partitions)
+				}
+				return n
+			}
+			fmt.Fprintf(&b, "  epoch=%d state=%s assigned=%d revoking=%d", m.Epoch, m.State, count(m.Assignment), count(m.Revoking))
+		}
 	}
 	return b.String()
 }

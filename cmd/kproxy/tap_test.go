@@ -186,3 +186,14 @@ func TestTapCommandResumesAfterDrop(t *testing.T) {
 		t.Errorf("stderr lacks the loss notice: %q", errOut.String())
 	}
 }
+
+func TestFormatMemberReconciling(t *testing.T) {
+	ev := tap.StreamEvent{Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Kind: "member_reconciling", Group: "g848", Generation: 2,
+		Member: &tap.MemberInfo{MemberID: "a", ClientID: "client-a", Epoch: 1, State: "UNREVOKED_PARTITIONS",
+			Assignment: []tap.TopicPartitions{{Topic: "payments", Partitions: []int32{0, 1}}},
+			Revoking:   []tap.TopicPartitions{{Topic: "payments", Partitions: []int32{2, 3}}}}}
+	got := formatEvent(ev)
+	if want := "epoch=1 state=UNREVOKED_PARTITIONS assigned=2 revoking=2"; !strings.Contains(got, want) {
+		t.Errorf("formatEvent = %q, want it to contain %q", got, want)
+	}
+}

@@ -32,7 +32,11 @@ func wireTelemetry(ctx context.Context, w *Server, tcfg tap.Config, log *slog.Lo
 	w.events = append(w.events, t.OnEvent)
 	w.closers = append(w.closers, t.Shutdown)
 	if exp := t.TraceExporter(); exp != "" && exp != "none" {
-		log.Info("rebalance traces enabled", "exporter", exp)
+		attrs := []any{"exporter", exp}
+		if endpoint, protocol := t.TraceTarget(); endpoint != "" {
+			attrs = append(attrs, "endpoint", endpoint, "protocol", protocol)
+		}
+		log.Info("rebalance traces enabled", attrs...)
 	}
 	return nil
 }
