@@ -121,6 +121,22 @@ func groupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
 		resp := kmsg.NewPtrShareGroupHeartbeatResponse()
 		resp.ErrorCode = code
 		return resp
+	case *kmsg.DescribeShareGroupOffsetsRequest:
+		resp := kmsg.NewPtrDescribeShareGroupOffsetsResponse()
+		for _, g := range r.Groups {
+			rg := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
+			rg.GroupID, rg.ErrorCode = g.GroupID, code
+			resp.Groups = append(resp.Groups, rg)
+		}
+		return resp
+	case *kmsg.AlterShareGroupOffsetsRequest:
+		resp := kmsg.NewPtrAlterShareGroupOffsetsResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.DeleteShareGroupOffsetsRequest:
+		resp := kmsg.NewPtrDeleteShareGroupOffsetsResponse()
+		resp.ErrorCode = code
+		return resp
 	case *kmsg.ShareGroupDescribeRequest:
 		resp := kmsg.NewPtrShareGroupDescribeResponse()
 		for _, g := range r.GroupIDs {

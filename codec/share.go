@@ -22,6 +22,9 @@ var shareServed = []struct{ key, min, max int16 }{
 	{KeyShareGroupDescribe, 1, 1},
 	{KeyShareFetch, 1, 1},
 	{KeyShareAcknowledge, 1, 1},
+	{KeyDescribeShareGroupOffsets, 0, 0},
+	{KeyAlterShareGroupOffsets, 0, 0},
+	{KeyDeleteShareGroupOffsets, 0, 0},
 }
 
 // IsServedShareKey reports whether kproxy serves key itself when it
@@ -31,11 +34,15 @@ func IsServedShareKey(key int16) bool {
 }
 
 // IsShareCoordinatorKey reports whether key is a share-group API the
-// coordinator engine serves when kproxy serves share groups (membership
-// and description); ShareFetch and ShareAcknowledge go to the share
+// coordinator engine serves when kproxy serves share groups (membership,
+// description and offsets); ShareFetch and ShareAcknowledge go to the share
 // service.
 func IsShareCoordinatorKey(key int16) bool {
-	return key == KeyShareGroupHeartbeat || key == KeyShareGroupDescribe
+	switch key {
+	case KeyShareGroupHeartbeat, KeyShareGroupDescribe, KeyDescribeShareGroupOffsets, KeyAlterShareGroupOffsets, KeyDeleteShareGroupOffsets:
+		return true
+	}
+	return false
 }
 
 // ServedShareVersion reports whether version of key is one kproxy serves.

@@ -361,6 +361,12 @@ func (e *Engine) Handle(rc RequestContext, req kmsg.Request, reply func(kmsg.Res
 		e.onGroup(r.GroupID, req, once, func(s *shard) { s.shareHeartbeat(rc, r, once, false) })
 	case *kmsg.ShareGroupDescribeRequest:
 		e.shareGroupDescribe(r, once)
+	case *kmsg.DescribeShareGroupOffsetsRequest:
+		e.describeShareGroupOffsets(r, once)
+	case *kmsg.AlterShareGroupOffsetsRequest:
+		e.onGroup(r.GroupID, req, once, func(s *shard) { s.alterShareGroupOffsets(r, once) })
+	case *kmsg.DeleteShareGroupOffsetsRequest:
+		e.onGroup(r.GroupID, req, once, func(s *shard) { s.deleteShareGroupOffsets(r, once) })
 	default:
 		e.log.Error("groupstate: request not served by the engine", "api_key", req.Key(), "version", version)
 		once(errorResponse(req, errUnsupportedVersion))
