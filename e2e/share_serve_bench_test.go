@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/kproxy"
+)
+
+// BenchmarkShareServe measures share groups served by kproxy against the
+// same consumers of a cluster that serves them itself, in one run: a
+// franz-go share consumer (implicit acknowledgement) reads a prefilled
+// topic of three partitions directly from the cluster that serves share
+// groups, and through an in-process kproxy serving them
+// (--share-groups serve, --groups local) in front of a cluster that does
+// not; records per second and ShareFetch p50/p99, with kproxy's ratio to
+// direct. The paths run twice, in alternating order.
+//
+// The direct cluster is $KPROXY_BENCH_SHARE_DIRECT (Kafka 4.2+), the
+// served one $KPROXY_BENCH_SHARE_SERVED (say Kafka 4.1.1 or 3.6.2); each
+// defaults to an in-memory cluster of three (the served one with its
+// share APIs hidden). $KPROXY_BENCH_SHARE_RECORDS records of 100 bytes
+// (default 20000). It runs its work once whatever b.N is:
+//
+//	KPROXY_BENCH_SHARE_DIRECT=127.0.0.1:9092 KPROXY_BENCH_SHARE_SERVED=127.0.0.1:9192 \
+//	    go test -run '^$' -bench BenchmarkShareServe -benchtime 1x ./e2e
+func BenchmarkShareServe(b *testing.B) {
+	n := 20000
+	if s := os.Getenv("KPROXY_BENCH_SHARE_RECORDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v <= 0 {
+			b.Fatalf("KPROXY_BENCH_SHARE_RECORDS=%q: want a positive number", s)
+		}
+		n = v
+	}
+	brokersOf := func(env string, hide bool) []string {
+		if s := os.Getenv(env); s != "" {
+			return strings.Split(s, ",")
+		}
+		var opts = noShareCluster()
+		if !hide {
+			opts = nil
+		}
+		c, err := kproxy.NewDevCluster(3, 0, testLogger(), opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(c.Close)
+		return c.ListenAddrs()
+	}
+	direct, served := brokersOf("KPROXY_BENCH_SHARE_DIRECT", false), brokersOf("KPROXY_BENCH_SHARE_SERVED", true)
+	cfg := benchKproxyConfig(served, kproxy.GroupsLocal, kproxy.FleetConfig{})
+	cfg.Groups.ServeShares = true
+	cfg.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+		return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+	}
+	k := startBenchKproxyConfig(b, cfg)
+
+	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
+	ctx := context.Background()
+	topic := "share-serve-bench-" + run
+	value := []byte(strings.Repeat("x", 100))
+	prefill := func(brokers []string) *kgo.Client {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(cl.Close)
+		if resp, err := kadm.NewClient(cl).CreateTopic(ctx, 3, -1, nil, topic); err != nil || resp.Err != nil {
+			b.Fatalf("creating %s: %v %v", topic, err, resp.Err)
+		}
+		recs := make([]*kgo.Record, n)
+		for i := range recs {
+			recs[i] = &kgo.Record{Topic: topic, Value: value}
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			b.Fatalf("producing: %v", err)
+		}
+		return cl
+	}
+	dcl := prefill(direct)
+	prefill(served)
+
+	type pathStats struct {
+		name    string
+		addr    string
+		elapsed time.Duration
+		lat     []time.Duration
+	}
+	paths := []*pathStats{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}}
+	for round, order := range [][]int{{0, 1}, {1, 0}} {
+		for _, i := range order {
+			p := paths[i]
+			group := fmt.Sprintf("share-serve-bench-%s-%s-%d", run, p.name, round)
+			if p.name == "direct" {
+				setShareReset(ctx, b, dcl, group)
+			}
+			took, lat := shareReadAll(ctx, b, p.addr, group, topic, n)
+			p.elapsed += took
+			p.lat = append(p.lat, lat...)
+		}
+	}
+	d := paths[0]
+	dRate := float64(2*n) / d.elapsed.Seconds()
+	d50, d99 := p50p99(d.lat)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir")
+	for _, p := range paths {
+		rate := float64(2*n) / p.elapsed.Seconds()
+		p50, p99 := p50p99(p.lat)
+		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99))
+		b.ReportMetric(rate, p.name+"-records/s")
+		b.ReportMetric(ms(p50), p.name+"-fetch-p50-ms")
+		b.ReportMetric(ms(p99), p.name+"-fetch-p99-ms")
+	}
+	c := k.Engine().ShareCounters()
+	b.Logf("share groups served, %d records twice per path; kproxy wrote %d share records (mean %.2f ms):\n%s",
+		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), sb.String())
+}
