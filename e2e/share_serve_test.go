@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -459,4 +461,148 @@ func TestShareGroupsServedSurviveRestart(t *testing.T) {
 	rest.mu.Unlock()
 	waitShareStarts(t, s, group, topic, partitions)
 	rest.mu.Lock()
+}
+
+// killableDialer dials for one client until kill, which cuts every
+// connection it made and refuses new ones: to kproxy the client is gone
+// as a SIGKILLed process is.
+type killableDialer struct {
+	mu     sync.Mutex
+	conns  []net.Conn
+	killed bool
+}
+
+func (d *killableDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.killed {
+		return nil, errors.New("killed")
+	}
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err == nil {
+		d.conns = append(d.conns, c)
+	}
+	return c, err
+}
+
+func (d *killableDialer) kill() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.killed = true
+	for _, c := range d.conns {
+		c.Close()
+	}
+}
+
+// TestShareGroupsServedMemberKilled: a member that acquired records and
+// dies without a word (its connections cut, no acknowledgement, no
+// leave) loses them: another member of the group gets every record, the
+// dead member's with their delivery count raised, once its connections'
+// share sessions end and its session times out.
+func TestShareGroupsServedMemberKilled(t *testing.T) {
+	s := newShareStack(t)
+	ctx := context.Background()
+	const n, partitions = 300, 3
+	topic, group := "killed-share", "killed-share-g"
+	s.produceEvenly(ctx, topic, partitions, n)
+
+	d := &killableDialer{}
+	a, err := kgo.NewClient(kgo.SeedBrokers(s.kproxy.Addr()), kgo.ShareGroup(group), kgo.ConsumeTopics(topic), kgo.Dialer(d.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	held := map[string]bool{}
+	for len(held) < n/3 && pctx.Err() == nil {
+		a.PollRecords(pctx, 0).EachRecord(func(r *kgo.Record) { held[string(r.Value)] = true })
+	}
+	if len(held) == 0 {
+		t.Fatal("the first member got no record")
+	}
+	d.kill()
+
+	start := time.Now()
+	l := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, n, 60*time.Second, func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+	t.Logf("the dead member held %d records; the other accepted all %d after %v", len(held), n, time.Since(start))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.accepted) != n {
+		t.Fatalf("%d of %d records accepted after the member died (errors %v)", len(l.accepted), n, l.errs)
+	}
+	for v := range held {
+		if ds := l.deliveries[v]; len(ds) == 0 || ds[0] < 2 {
+			t.Errorf("record %s held by the dead member was delivered with counts %v, want 2 or more", v, ds)
+		}
+	}
+	for _, v := range l.violations {
+		t.Error(v)
+	}
+}
+
+// TestShareGroupsServedReadCommitted: with share.isolation.level
+// read_committed a share group gets the records of committed
+// transactions and never one of an aborted transaction (Kafka archives
+// them at acquisition); with read_uncommitted it gets both.
+func TestShareGroupsServedReadCommitted(t *testing.T) {
+	for _, committed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("read_committed=%v", committed), func(t *testing.T) {
+			s := newShareStack(t, func(c *kproxy.Config) {
+				c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+					return groupstate.ShareSettings{AutoOffsetReset: "earliest", ReadCommitted: committed}
+				}
+			})
+			ctx := context.Background()
+			topic, group := "txn-share", "txn-share-g"
+			if _, err := kadm.NewClient(directClient(t, s)).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+				t.Fatal(err)
+			}
+			p, err := kgo.NewClient(kgo.SeedBrokers(s.kproxy.Addr()), kgo.DefaultProduceTopic(topic), kgo.TransactionalID("txn-share-p"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			const txns, per = 10, 10
+			for i := range txns {
+				if err := p.BeginTransaction(); err != nil {
+					t.Fatal(err)
+				}
+				for j := range per {
+					v := fmt.Sprintf("c-%d-%d", i, j)
+					if i%2 == 1 {
+						v = fmt.Sprintf("a-%d-%d", i, j)
+					}
+					if err := p.ProduceSync(ctx, &kgo.Record{Value: []byte(v)}).FirstErr(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := p.EndTransaction(ctx, kgo.TransactionEndTry(i%2 == 0)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := txns / 2 * per // committed records
+			if !committed {
+				want = txns * per
+			}
+			l := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, want, 30*time.Second, func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			aborted := 0
+			for v := range l.deliveries {
+				if strings.HasPrefix(v, "a-") {
+					aborted++
+				}
+			}
+			if committed && aborted > 0 {
+				t.Errorf("read_committed delivered %d records of aborted transactions", aborted)
+			}
+			if len(l.accepted) != want {
+				t.Fatalf("accepted %d of %d records (errors %v)", len(l.accepted), want, l.errs)
+			}
+			l.mu.Unlock()
+			waitShareStarts(t, s, group, topic, 1)
+			l.mu.Lock()
+		})
+	}
 }
