@@ -606,3 +606,40 @@ func TestShareGroupsServedReadCommitted(t *testing.T) {
 		})
 	}
 }
+
+// TestShareGroupsServedLogStartMoves: records deleted from under a
+// share-partition's start (retention, DeleteRecords) are skipped: the
+// share-partition moves to the log's new start, as Kafka's does.
+func TestShareGroupsServedLogStartMoves(t *testing.T) {
+	s := newShareStack(t)
+	ctx := context.Background()
+	topic, group := "deleted-share", "deleted-share-g"
+	s.produceEvenly(ctx, topic, 1, 10)
+	first := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, 10, 20*time.Second, func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+	first.mu.Lock()
+	accepted := len(first.accepted)
+	first.mu.Unlock()
+	if accepted != 10 {
+		t.Fatalf("first member accepted %d of 10 records", accepted)
+	}
+	s.produceRange(ctx, topic, 10, 100)
+	adm := kadm.NewClient(directClient(t, s))
+	offs := kadm.Offsets{}
+	offs.Add(kadm.Offset{Topic: topic, Partition: 0, At: 80})
+	if resp, err := adm.DeleteRecords(ctx, offs); err != nil || resp.Error() != nil {
+		t.Fatalf("DeleteRecords: %v %v", err, resp.Error())
+	}
+	rest := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, 20, 20*time.Second,
+		func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+	rest.mu.Lock()
+	for v := range rest.deliveries {
+		if i, _ := strconv.Atoi(v); i < 80 {
+			t.Errorf("record %s below the log's new start was delivered", v)
+		}
+	}
+	if len(rest.accepted) != 20 {
+		t.Errorf("accepted %d of the 20 records left in the log", len(rest.accepted))
+	}
+	rest.mu.Unlock()
+	waitShareStarts(t, s, group, topic, 1)
+}

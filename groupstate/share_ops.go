@@ -220,6 +220,21 @@ func (e *Engine) ShareAcquire(group, member string, fetched map[ShareTP]ShareFet
 	})
 }
 
+// ShareAdvance moves the start of share-partitions up to their log's
+// start, after records were deleted from the log (a fetch answered
+// OFFSET_OUT_OF_RANGE): Kafka's SharePartition does the same.
+func (e *Engine) ShareAdvance(group string, logStarts map[ShareTP]int64) {
+	e.onShareGroup(group, func(int16) {}, func(g *shareGroup) {
+		for tp, start := range logStarts {
+			if p := g.parts[tp]; p != nil && start > p.StartOffset() {
+				p.AdvanceStart(start)
+				g.markDirty()
+			}
+		}
+		g.persistThen(nil)
+	})
+}
+
 // ShareReleaseMember makes the records member holds in partitions of
 // group available again: its share session with the broker that leads
 // them closed (ShareFetch or ShareAcknowledge at epoch -1, or its

@@ -523,6 +523,7 @@ func (s *Service) fetchAndAcquire(c proxy.ShareConn, group, member string, req *
 	}
 	fetched := make(map[groupstate.ShareTP]groupstate.ShareFetched)
 	data := make(map[groupstate.ShareTP]got)
+	behind := make(map[groupstate.ShareTP]int64)
 	for _, t := range fr.Topics {
 		id := t.TopicID
 		if id == ([16]byte{}) {
@@ -536,7 +537,13 @@ func (s *Service) fetchAndAcquire(c proxy.ShareConn, group, member string, req *
 			p := &t.Partitions[i]
 			tp := groupstate.ShareTP{TopicID: id, Partition: p.Partition}
 			if p.ErrorCode != 0 {
-				if p.ErrorCode != kerr.OffsetOutOfRange.Code {
+				switch {
+				case p.ErrorCode == kerr.OffsetOutOfRange.Code && p.LogStartOffset > plan.Offsets[tp]:
+					// Records were deleted under the share-partition's
+					// start: it moves to the log's start, and the next
+					// fetch reads from there.
+					behind[tp] = p.LogStartOffset
+				case p.ErrorCode != kerr.OffsetOutOfRange.Code:
 					out.partition(tp).ErrorCode = p.ErrorCode
 				}
 				continue
@@ -552,6 +559,9 @@ func (s *Service) fetchAndAcquire(c proxy.ShareConn, group, member string, req *
 			fetched[tp] = groupstate.ShareFetched{FetchOffset: plan.Offsets[tp], Batches: sum}
 			data[tp] = got{p.RecordBatches, bs}
 		}
+	}
+	if len(behind) > 0 {
+		s.cfg.Engine.ShareAdvance(group, behind)
 	}
 	if len(fetched) == 0 {
 		return false
