@@ -186,7 +186,14 @@ func TestFleetUnloadWaitsOnlyForItsPartition(t *testing.T) {
 			if r := (<-stuckAnswer).(*kmsg.OffsetCommitResponse); r.Topics[0].Partitions[0].ErrorCode != 0 {
 				t.Fatalf("the stuck commit answered %+v once it returned", r)
 			}
-			f.locks[pStuck].Lock() // a claim of it gets it now
+			// A claim of it gets the lock now.
+			deadline = time.Now().Add(5 * time.Second)
+			for !f.locks[pStuck].TryLock() {
+				if time.Now().After(deadline) {
+					t.Fatalf("partition %d's lock still held after its store call returned", pStuck)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 			f.locks[pStuck].Unlock()
 			<-done
 			t.Logf("%s: the other partition was unloaded after %v", how, freed.Round(time.Millisecond))
