@@ -362,16 +362,39 @@ func (s *shard) convertToConsumer(c *classicGroup, by string) (*consumerGroup, e
 		if owned == nil {
 			return nil, fmt.Errorf("member %s: the assignment does not decode", m.id)
 		}
-		assigned := namedToParts(owned, snap)
-		if assigned.size() == 0 {
-			// A group caught in CompletingRebalance has voided its
-			// assignments, but cooperative members still hold what
-			// their subscription lists as owned: count it, so that no
-			// partition gets a second owner. (Kafka takes only the
-			// assignment here.)
-			assigned = ownedFromSubscription(sub, snap)
+		convs = append(convs, conv{m: m, sub: sub, assigned: namedToParts(owned, snap)})
+	}
+	// What a member holds is its last assignment plus what it reported
+	// owning at its last JoinGroup (consumer protocol v1+). The two
+	// differ in the middle of a rebalance: a cooperative member keeps
+	// its partitions until it has synced the generation that takes them
+	// away (KIP-429), so when the leader has synced a generation that
+	// moves a partition off a follower still to sync, the follower's
+	// assignment no longer lists it while the follower still consumes
+	// it; and a generation whose leader never synced voided the
+	// assignments (prepareRebalance). Counted by assignment alone, such
+	// a partition looked free and went at once to the joining KIP-848
+	// member: two owners. Kafka's ConsumerGroup.fromClassicGroup takes
+	// the assignment only. A partition a member reported owning that
+	// another member's assignment gives is left to the assignment (the
+	// report is older); a member that no longer owns what it reported
+	// says so at its next JoinGroup, which reconciliation then frees.
+	given := partSet{}
+	for _, cv := range convs {
+		for t, ps := range cv.assigned {
+			for p := range ps {
+				given.add(t, p)
+			}
 		}
-		convs = append(convs, conv{m: m, sub: sub, assigned: assigned})
+	}
+	for i := range convs {
+		for t, ps := range ownedFromSubscription(convs[i].sub, snap) {
+			for p := range ps {
+				if !given.has(t, p) {
+					convs[i].assigned.add(t, p)
+				}
+			}
+		}
 	}
 	// The classic group ends here: its parked requests rejoin.
 	for _, id := range c.order {
