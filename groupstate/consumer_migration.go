@@ -38,7 +38,9 @@ import (
 //     group epoch with the targets as assignments, then rebalances.
 //     When instead a static member rejoins with the classic protocol in
 //     place of the last KIP-848 member (validateOnlineDowngradeWithReplacedMemberId),
-//     the group becomes that classic group without a rebalance.
+//     the group becomes that classic group without a rebalance (unless
+//     another member has not reconciled to its target yet:
+//     reconciledBesides).
 //
 // Policy: group.consumer.migration.policy (Config.ConsumerMigrationPolicy).
 
@@ -622,7 +624,7 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 	// joining member keeps the replaced member's target; the classic
 	// group's heartbeats take over the timers).
 	if replacesStatic && g.canDowngrade() {
-		g.convertToClassic(m, false)
+		g.convertToClassic(m, !g.reconciledBesides(m))
 		g.persistThen(func(code int16) {
 			if code != errNone {
 				reply(joinError(code, m.id))
@@ -857,6 +859,28 @@ func (g *consumerGroup) canDowngrade() bool {
 	if max := g.s.e.cfg.MaxGroupSize; max > 0 && n > max {
 		g.s.e.log.Info("groupstate: consumer group not downgraded: larger than group.max.size", "group", g.id)
 		return false
+	}
+	return true
+}
+
+// reconciledBesides reports whether every member but m holds exactly its
+// target at the group epoch. A static replacement downgrades without a
+// rebalance only then: the classic group takes the targets as the
+// members' assignments, and a classic member still waiting for a
+// partition of its target (released meanwhile, as the replaced member's
+// were) would otherwise never be told of it: its heartbeats at its
+// generation go on succeeding and the partition stays without an owner
+// until the next rebalance. Kafka's convertToClassicGroup always skips
+// the rebalance here; a rebalance costs one round, an unowned partition
+// stops consumption.
+func (g *consumerGroup) reconciledBesides(m *consumerMember) bool {
+	for id, o := range g.members {
+		if o == m {
+			continue
+		}
+		if o.State != memberStable || o.Epoch != g.epoch || !o.Assigned.equal(g.targets[id]) {
+			return false
+		}
 	}
 	return true
 }

@@ -708,3 +708,51 @@ func TestUpgradeKeepsPartitionsBeingRevoked(t *testing.T) {
 	}
 	h.settleMixed("g", 4, []*classicClient{a, b, c}, []*client{x})
 }
+
+// TestStaticReplacementDowngradeRebalancesUnreconciledGroup: a classic
+// member of a consumer group waits for partitions its target holds and a
+// static KIP-848 member still owns; that member restarts speaking the
+// classic protocol (it owns nothing now) and its JoinGroup downgrades the
+// group. The classic group takes the targets as assignments, so the
+// waiting member is listed with partitions its client never got: unless
+// it is made to rejoin, its heartbeats go on succeeding and those
+// partitions have no owner. The downgrade must start a rebalance then.
+func TestStaticReplacementDowngradeRebalancesUnreconciledGroup(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	s := &client{id: "s"}
+	s.applyResp(h.consumerResp(staticConsumerJoin("g", "s", "is", "t"), errNone))
+	if s.owned.size() != 4 {
+		t.Fatalf("the only member owns %v", s.owned)
+	}
+	// A classic member joins (KIP-394 round trip first); its target
+	// is held by s, so it gets nothing yet.
+	id := h.do(jr{group: "g", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse).MemberID
+	jresp := h.do(jr{group: "g", member: id, version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if jresp.ErrorCode != errNone {
+		t.Fatalf("classic join: %s", errName(jresp.ErrorCode))
+	}
+	u := &classicClient{id: id, gen: jresp.Generation}
+	sr := syncReq("g", u.id, u.gen, nil)
+	pt, name := "consumer", "cooperative-sticky"
+	sr.ProtocolType, sr.Protocol = &pt, &name
+	if r := h.do(sr).(*kmsg.SyncGroupResponse); r.ErrorCode != errNone || len(partsOf(t, r.MemberAssignment)) != 0 {
+		t.Fatalf("classic sync: %s %v", errName(r.ErrorCode), r.MemberAssignment)
+	}
+	if code := h.heartbeat("g", u.id, u.gen); code != errNone {
+		t.Fatalf("heartbeat of the waiting classic member: %s", errName(code))
+	}
+	// s restarts as a classic static member: the group downgrades.
+	h.takeEvents("g")
+	rj := h.do(jr{group: "g", instance: "is", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if rj.ErrorCode != errNone {
+		t.Fatalf("static classic join in place of s: %s", errName(rj.ErrorCode))
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool { return ev.Kind == EventGroupConverted && ev.Cause == CauseConvertedToClassic }) {
+		t.Fatalf("no downgrade: %v", kinds(evs))
+	}
+	// The waiting member must learn that it is to rejoin.
+	if code := h.heartbeat("g", u.id, u.gen); code != errRebalanceInProgress {
+		t.Fatalf("heartbeat of the classic member whose partitions nobody owns after the downgrade: %s, want REBALANCE_IN_PROGRESS", errName(code))
+	}
+}
