@@ -8,12 +8,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
@@ -120,17 +123,35 @@ func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
 	if m := os.Getenv("KPROXY_ROLL_MODE"); m != "" && m != string(mode) {
 		t.Skipf("KPROXY_ROLL_MODE=%s", m)
 	}
-	s := kip848Stack(t, func(c *kproxy.Config) {
+	opts := []stackOpt{func(c *kproxy.Config) {
 		c.Groups.Mode = mode
 		c.Groups.Fleet.Name = "owners-" + string(mode)
-	})
+	}}
+	if os.Getenv("KPROXY_ROLL_ENGINE_DEFAULTS") != "" {
+		// The engine's own KIP-848 session (45 s) and heartbeat (5 s),
+		// and Kafka's initial rebalance delay (3 s).
+		opts = append(opts, engineOpt(func(c *groupstate.Config) {
+			c.ConsumerSessionTimeout, c.ConsumerHeartbeatInterval = 0, 0
+			c.InitialRebalanceDelay = 3 * time.Second
+		}))
+	}
+	s := kip848Stack(t, opts...)
 	const topic, parts = "owners", 6
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s.produce(ctx, topic, parts, 60)
 	stop := s.flow(ctx, topic, 60)
 	defer stop()
-	rounds := rollRepeat(t, 8)
+	rollOwned(t, topic, parts, rollRepeat(t, 8), func(_ int, name string, cfg memberCfg) *member {
+		return s.startMember(name, cfg)
+	}, func(group string) string { return describeOwners(ctx, s.client(), group) })
+}
+
+// rollOwned runs rounds of the rolls of
+// TestMigrationRollsKeepEveryPartitionOwned on topic (parts partitions,
+// records flowing): start starts a member (i is its slot, 0-2), describe
+// says what kproxy holds of a group when a check fails.
+func rollOwned(t *testing.T, topic string, parts, rounds int, start func(i int, name string, cfg memberCfg) *member, describe func(group string) string) {
 	var steps, slow int
 	var worst time.Duration
 	failures := 0
@@ -147,7 +168,7 @@ func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
 			cfg := func(opts []kgo.Opt) memberCfg {
 				return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts, autoCommit: os.Getenv("KPROXY_ROLL_AUTOCOMMIT") != ""}
 			}
-			running := []*member{s.startMember("a", cfg(kind.opts)), s.startMember("b", cfg(kind.opts)), s.startMember("c", cfg(kind.opts))}
+			running := []*member{start(0, "a", cfg(kind.opts)), start(1, "b", cfg(kind.opts)), start(2, "c", cfg(kind.opts))}
 			plan := []rollStep{
 				{0, "a2", cfg(k848Opts)}, {1, "b2", cfg(k848Opts)}, {2, "c2", cfg(k848Opts)},
 				{0, "a3", cfg(kind.opts)}, {1, "b3", cfg(kind.opts)}, {2, "c3", cfg(kind.opts)},
@@ -165,7 +186,7 @@ func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
 				}
 				if bad != "" {
 					failures++
-					t.Errorf("%s %s: %s after %v; kproxy: %s", group, what, bad, took.Round(time.Millisecond), describeOwners(ctx, s.client(), group))
+					t.Errorf("%s %s: %s after %v; kproxy: %s", group, what, bad, took.Round(time.Millisecond), describe(group))
 					return false
 				}
 				own.check()
@@ -177,7 +198,7 @@ func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
 					break
 				}
 				running[st.from].leave()
-				running[st.from] = s.startMember(st.to, st.cfg)
+				running[st.from] = start(st.from, st.to, st.cfg)
 				ok = check("after " + st.to + " replaced a member")
 			}
 			for _, m := range running {
@@ -186,6 +207,60 @@ func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
 		}
 	}
 	t.Logf("%d rounds, %d steady points, %d failed, %d took over 5 s, slowest %v", rounds, steps, failures, slow, worst.Round(time.Millisecond))
+}
+
+// TestMigrationRollsKeepEveryPartitionOwnedFleet is
+// TestMigrationRollsKeepEveryPartitionOwned with the members spread over a
+// fleet of two `kproxy serve` processes (members a, c on one, b on the
+// other; the group's owner is either), KPROXY_ROLL_REPEAT rounds, 4 by
+// default.
+func TestMigrationRollsKeepEveryPartitionOwnedFleet(t *testing.T) {
+	if m := os.Getenv("KPROXY_ROLL_MODE"); m != "" && m != "fleet" {
+		t.Skipf("KPROXY_ROLL_MODE=%s", m)
+	}
+	const topic, parts = "owners", 6
+	// KIP-848 members heartbeat every 500 ms (the cluster's setting,
+	// which kproxy reads), so a roll is not paced by 5 s heartbeats.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(parts, topic),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond), kfake.AllowAutoTopicCreation(),
+		kfake.BrokerConfigs(map[string]string{"group.consumer.heartbeat.interval.ms": "500", "group.consumer.min.heartbeat.interval.ms": "500"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	procs := []*kproxyProc{startKproxy(t, "A", brokers, fleetArgs...), startKproxy(t, "B", brokers, fleetArgs...)}
+	waitFleetSettled(t, procs, 30*time.Second)
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // records flow during the rolls
+		defer wg.Done()
+		for n := 0; ctx.Err() == nil; n++ {
+			if err := prod.ProduceSync(ctx, &kgo.Record{Value: []byte(itoa(n))}).FirstErr(); err != nil && ctx.Err() == nil {
+				t.Errorf("produce: %v", err)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(procs[0].addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rollOwned(t, topic, parts, rollRepeat(t, 4), func(i int, name string, cfg memberCfg) *member {
+		return startMemberAt(t, procs[i%2].addr, name, cfg)
+	}, func(group string) string { return describeOwners(ctx, cl, group) })
 }
 
 // describeOwners renders what kproxy says of group's members and their
