@@ -110,7 +110,8 @@ type rollStep struct {
 // KPROXY_ROLL_DEFAULTS=1 gives the classic members franz-go's default
 // session (45 s) and heartbeat (3 s), and KPROXY_ROLL_AUTOCOMMIT=1 runs
 // the members as plain consumers (autocommit, rebalances not held by
-// the poll loop).
+// the poll loop), KPROXY_ROLL_SURGE=1 starts each new instance a second
+// before its old one stops.
 func TestMigrationRollsKeepEveryPartitionOwned(t *testing.T) {
 	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
 		t.Run(string(mode), func(t *testing.T) { testMigrationRollsOwned(t, mode) })
@@ -155,6 +156,7 @@ func rollOwned(t *testing.T, topic string, parts, rounds int, start func(i int, 
 	var steps, slow int
 	var worst time.Duration
 	failures := 0
+	surge := os.Getenv("KPROXY_ROLL_SURGE") != ""
 	for round := range rounds {
 		for _, kind := range []struct {
 			name string
@@ -197,8 +199,16 @@ func rollOwned(t *testing.T, topic string, parts, rounds int, start func(i int, 
 				if !ok {
 					break
 				}
-				running[st.from].leave()
-				running[st.from] = start(st.from, st.to, st.cfg)
+				if surge {
+					// The new instance first, then the old one stops.
+					old := running[st.from]
+					running[st.from] = start(st.from, st.to, st.cfg)
+					time.Sleep(time.Second)
+					old.leave()
+				} else {
+					running[st.from].leave()
+					running[st.from] = start(st.from, st.to, st.cfg)
+				}
 				ok = check("after " + st.to + " replaced a member")
 			}
 			for _, m := range running {
