@@ -13,9 +13,9 @@ import (
 
 // kip848Stack is a stack whose engine runs KIP-848 groups with short
 // timeouts, so that a killed member expires within seconds.
-func kip848Stack(t *testing.T) *stack {
+func kip848Stack(t *testing.T, opts ...stackOpt) *stack {
 	t.Helper()
-	s := newStack(t, kip848Opts)
+	s := newStack(t, append([]stackOpt{kip848Opts}, opts...)...)
 	// The client only speaks KIP-848 if the proxy advertises
 	// ConsumerGroupHeartbeat v1; without it franz-go silently falls back
 	// to the classic protocol, which would make this test meaningless.

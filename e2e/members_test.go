@@ -63,6 +63,10 @@ type memberCfg struct {
 	// session, when set, is the session timeout of a sarama member
 	// (franz-go members take theirs from opts).
 	session time.Duration
+	// autoCommit runs the member as a plain franz-go consumer: offsets
+	// committed by the client's own autocommit, rebalances not held
+	// back by the poll loop.
+	autoCommit bool
 }
 
 func (s *stack) startMember(name string, mc memberCfg) *member {
@@ -81,8 +85,6 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 		kgo.ConsumerGroup(mc.group),
 		kgo.ConsumeTopics(mc.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.DisableAutoCommit(),
-		kgo.BlockRebalanceOnPoll(),
 		kgo.SessionTimeout(3 * time.Second),
 		kgo.HeartbeatInterval(300 * time.Millisecond),
 		kgo.RebalanceTimeout(10 * time.Second),
@@ -104,6 +106,9 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 			mc.own.released(name, l[mc.topic])
 		}),
 	}, mc.opts...)
+	if !mc.autoCommit {
+		opts = append(opts, kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())
+	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -119,6 +124,9 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 			recs := fs.Records()
 			for _, r := range recs {
 				mc.recs.add(string(r.Value))
+			}
+			if mc.autoCommit {
+				continue
 			}
 			if len(recs) > 0 {
 				// The records count as consumed before their commit

@@ -38,7 +38,9 @@ import (
 //     group epoch with the targets as assignments, then rebalances.
 //     When instead a static member rejoins with the classic protocol in
 //     place of the last KIP-848 member (validateOnlineDowngradeWithReplacedMemberId),
-//     the group becomes that classic group without a rebalance.
+//     the group becomes that classic group without a rebalance (unless
+//     another member has not reconciled to its target yet:
+//     reconciledBesides).
 //
 // Policy: group.consumer.migration.policy (Config.ConsumerMigrationPolicy).
 
@@ -362,16 +364,39 @@ func (s *shard) convertToConsumer(c *classicGroup, by string) (*consumerGroup, e
 		if owned == nil {
 			return nil, fmt.Errorf("member %s: the assignment does not decode", m.id)
 		}
-		assigned := namedToParts(owned, snap)
-		if assigned.size() == 0 {
-			// A group caught in CompletingRebalance has voided its
-			// assignments, but cooperative members still hold what
-			// their subscription lists as owned: count it, so that no
-			// partition gets a second owner. (Kafka takes only the
-			// assignment here.)
-			assigned = ownedFromSubscription(sub, snap)
+		convs = append(convs, conv{m: m, sub: sub, assigned: namedToParts(owned, snap)})
+	}
+	// What a member holds is its last assignment plus what it reported
+	// owning at its last JoinGroup (consumer protocol v1+). The two
+	// differ in the middle of a rebalance: a cooperative member keeps
+	// its partitions until it has synced the generation that takes them
+	// away (KIP-429), so when the leader has synced a generation that
+	// moves a partition off a follower still to sync, the follower's
+	// assignment no longer lists it while the follower still consumes
+	// it; and a generation whose leader never synced voided the
+	// assignments (prepareRebalance). Counted by assignment alone, such
+	// a partition looked free and went at once to the joining KIP-848
+	// member: two owners. Kafka's ConsumerGroup.fromClassicGroup takes
+	// the assignment only. A partition a member reported owning that
+	// another member's assignment gives is left to the assignment (the
+	// report is older); a member that no longer owns what it reported
+	// says so at its next JoinGroup, which reconciliation then frees.
+	given := partSet{}
+	for _, cv := range convs {
+		for t, ps := range cv.assigned {
+			for p := range ps {
+				given.add(t, p)
+			}
 		}
-		convs = append(convs, conv{m: m, sub: sub, assigned: assigned})
+	}
+	for i := range convs {
+		for t, ps := range ownedFromSubscription(convs[i].sub, snap) {
+			for p := range ps {
+				if !given.has(t, p) {
+					convs[i].assigned.add(t, p)
+				}
+			}
+		}
 	}
 	// The classic group ends here: its parked requests rejoin.
 	for _, id := range c.order {
@@ -599,7 +624,7 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 	// joining member keeps the replaced member's target; the classic
 	// group's heartbeats take over the timers).
 	if replacesStatic && g.canDowngrade() {
-		g.convertToClassic(m, false)
+		g.convertToClassic(m, !g.reconciledBesides(m))
 		g.persistThen(func(code int16) {
 			if code != errNone {
 				reply(joinError(code, m.id))
@@ -834,6 +859,28 @@ func (g *consumerGroup) canDowngrade() bool {
 	if max := g.s.e.cfg.MaxGroupSize; max > 0 && n > max {
 		g.s.e.log.Info("groupstate: consumer group not downgraded: larger than group.max.size", "group", g.id)
 		return false
+	}
+	return true
+}
+
+// reconciledBesides reports whether every member but m holds exactly its
+// target at the group epoch. A static replacement downgrades without a
+// rebalance only then: the classic group takes the targets as the
+// members' assignments, and a classic member still waiting for a
+// partition of its target (released meanwhile, as the replaced member's
+// were) would otherwise never be told of it: its heartbeats at its
+// generation go on succeeding and the partition stays without an owner
+// until the next rebalance. Kafka's convertToClassicGroup always skips
+// the rebalance here; a rebalance costs one round, an unowned partition
+// stops consumption.
+func (g *consumerGroup) reconciledBesides(m *consumerMember) bool {
+	for id, o := range g.members {
+		if o == m {
+			continue
+		}
+		if o.State != memberStable || o.Epoch != g.epoch || !o.Assigned.equal(g.targets[id]) {
+			return false
+		}
 	}
 	return true
 }

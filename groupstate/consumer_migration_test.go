@@ -657,3 +657,102 @@ func TestUpgradeWaitsForUnknownTopics(t *testing.T) {
 		t.Fatalf("after the upgrade: %d classic, %d consumer members, the classic ones holding %d partitions of t, want 2, 1 and 4", c, k, held)
 	}
 }
+
+// TestUpgradeKeepsPartitionsBeingRevoked converts a cooperative classic
+// group in the middle of its two-round rebalance (KIP-429): the leader
+// synced a generation that takes a partition from a follower (given to
+// nobody until the follower revokes it), but the follower has not synced
+// it yet and still owns that partition. The KIP-848 member that converts
+// the group must not get it before the follower gave it up: the
+// conversion counts what each member reported owning at its last
+// JoinGroup, not only its last assignment.
+func TestUpgradeKeepsPartitionsBeingRevoked(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	cls := h.classicGroupOf("g", []int32{0, 1}, []int32{2, 3})
+	a, b := cls[0], cls[1] // a leads
+	// A third classic member joins: a rebalance. Every member rejoins
+	// reporting what it owns.
+	newID := h.do(jr{group: "g", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse).MemberID
+	cJoin := h.send(jr{group: "g", member: newID, version: 9, protocols: coopProtocol(nil)}.req())
+	aJoin := h.send(jr{group: "g", member: a.id, version: 9, protocols: coopProtocol(a.owned)}.req())
+	bJoin := h.send(jr{group: "g", member: b.id, version: 9, protocols: coopProtocol(b.owned)}.req())
+	var gen int32
+	for _, c := range []*call{aJoin, bJoin, cJoin} {
+		r := joinResp(t, c, errNone)
+		gen = r.Generation
+		if r.LeaderID != a.id {
+			t.Fatalf("leader %s, want %s", r.LeaderID, a.id)
+		}
+	}
+	// The leader's cooperative assignment: 1 and 3 leave their owners
+	// and go to nobody this round. Only the leader syncs.
+	sr := syncReq("g", a.id, gen, map[string][]byte{a.id: assignment("t", 0), b.id: assignment("t", 2), newID: assignment("t")})
+	if r := h.do(sr).(*kmsg.SyncGroupResponse); r.ErrorCode != errNone {
+		t.Fatalf("leader sync: %s", errName(r.ErrorCode))
+	} else {
+		a.owned, a.gen = partsOf(t, r.MemberAssignment), gen // revokes 1 at once
+	}
+	// b still owns 2 and 3: its SyncGroup has not been sent. A KIP-848
+	// member converts the group now.
+	x := h.join("g", "x", "t")
+	if x.owned.has(h.topicID("t"), 3) || x.owned.has(h.topicID("t"), 2) {
+		t.Fatalf("the KIP-848 member got %v while %s still owns [2 3]", x.owned, b.id)
+	}
+	// b and the new member joined gen and never synced it: their
+	// SyncGroup now gets REBALANCE_IN_PROGRESS, and they rejoin.
+	b.gen = gen
+	c := &classicClient{id: newID, gen: gen}
+	sr = syncReq("g", b.id, gen, nil)
+	if r := h.do(sr).(*kmsg.SyncGroupResponse); r.ErrorCode != errRebalanceInProgress {
+		t.Fatalf("b's sync of the generation the conversion ended: %s", errName(r.ErrorCode))
+	}
+	h.settleMixed("g", 4, []*classicClient{a, b, c}, []*client{x})
+}
+
+// TestStaticReplacementDowngradeRebalancesUnreconciledGroup: a classic
+// member of a consumer group waits for partitions its target holds and a
+// static KIP-848 member still owns; that member restarts speaking the
+// classic protocol (it owns nothing now) and its JoinGroup downgrades the
+// group. The classic group takes the targets as assignments, so the
+// waiting member is listed with partitions its client never got: unless
+// it is made to rejoin, its heartbeats go on succeeding and those
+// partitions have no owner. The downgrade must start a rebalance then.
+func TestStaticReplacementDowngradeRebalancesUnreconciledGroup(t *testing.T) {
+	h := newConsumerHarness(t, map[string]int32{"t": 4})
+	s := &client{id: "s"}
+	s.applyResp(h.consumerResp(staticConsumerJoin("g", "s", "is", "t"), errNone))
+	if s.owned.size() != 4 {
+		t.Fatalf("the only member owns %v", s.owned)
+	}
+	// A classic member joins (KIP-394 round trip first); its target
+	// is held by s, so it gets nothing yet.
+	id := h.do(jr{group: "g", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse).MemberID
+	jresp := h.do(jr{group: "g", member: id, version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if jresp.ErrorCode != errNone {
+		t.Fatalf("classic join: %s", errName(jresp.ErrorCode))
+	}
+	u := &classicClient{id: id, gen: jresp.Generation}
+	sr := syncReq("g", u.id, u.gen, nil)
+	pt, name := "consumer", "cooperative-sticky"
+	sr.ProtocolType, sr.Protocol = &pt, &name
+	if r := h.do(sr).(*kmsg.SyncGroupResponse); r.ErrorCode != errNone || len(partsOf(t, r.MemberAssignment)) != 0 {
+		t.Fatalf("classic sync: %s %v", errName(r.ErrorCode), r.MemberAssignment)
+	}
+	if code := h.heartbeat("g", u.id, u.gen); code != errNone {
+		t.Fatalf("heartbeat of the waiting classic member: %s", errName(code))
+	}
+	// s restarts as a classic static member: the group downgrades.
+	h.takeEvents("g")
+	rj := h.do(jr{group: "g", instance: "is", version: 9, protocols: coopProtocol(nil)}.req()).(*kmsg.JoinGroupResponse)
+	if rj.ErrorCode != errNone {
+		t.Fatalf("static classic join in place of s: %s", errName(rj.ErrorCode))
+	}
+	evs := h.takeEvents("g")
+	if !slices.ContainsFunc(evs, func(ev Event) bool { return ev.Kind == EventGroupConverted && ev.Cause == CauseConvertedToClassic }) {
+		t.Fatalf("no downgrade: %v", kinds(evs))
+	}
+	// The waiting member must learn that it is to rejoin.
+	if code := h.heartbeat("g", u.id, u.gen); code != errRebalanceInProgress {
+		t.Fatalf("heartbeat of the classic member whose partitions nobody owns after the downgrade: %s, want REBALANCE_IN_PROGRESS", errName(code))
+	}
+}

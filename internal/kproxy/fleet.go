@@ -43,9 +43,12 @@ type fleetRuntime struct {
 	// read on every group request.
 	serving []atomic.Bool
 	// locks[p] serializes the claim, release and drop of partition p
-	// between the member loop's callbacks (claims of different
-	// partitions run in parallel).
+	// between the member loop's callbacks and the unloads they start
+	// (the work of different partitions runs in parallel).
 	locks []sync.Mutex
+	// unloading counts the unloads of lost partitions still running
+	// (onLost); the member's closer waits for them.
+	unloading sync.WaitGroup
 	// moves counts ownership changes seen here (claims, releases,
 	// losses); fenced counts partitions dropped because a newer owner
 	// fenced this one. Both also feed the metrics below.
@@ -219,6 +222,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		err := m.Leave(ctx)
 		stop()
 		<-done
+		f.unloading.Wait()
 		return err
 	})
 	var dialer proxy.Dialer // nil: plaintext
@@ -409,30 +413,53 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 
 // onRevoked hands partitions over: stop serving, unload their groups
 // (parked requests get NOT_COORDINATOR), let the in-flight transaction
-// finish, then give them up.
+// finish, then give them up. Each partition is handed over on a
+// goroutine of its own, so a partition whose store call is stuck (its
+// unload waits for it, up to the engine's store timeout) holds up no
+// other partition's hand-over; onRevoked returns once all are done.
 func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
+	var wg sync.WaitGroup
 	for _, p := range lost {
-		f.locks[p].Lock()
-		f.serving[p].Store(false)
-		f.engine.Unload(f.matcher(p))
-		f.store.Release(ctx, p)
-		f.locks[p].Unlock()
-		f.moved(ctx, "released")
-		f.log.Debug("fleet: partition handed over", "partition", p)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.locks[p].Lock()
+			defer f.locks[p].Unlock()
+			f.serving[p].Store(false)
+			start := time.Now()
+			f.engine.Unload(f.matcher(p))
+			f.store.Release(ctx, p)
+			f.moved(ctx, "released")
+			f.log.Debug("fleet: partition handed over", "partition", p, "took", time.Since(start))
+		}()
 	}
+	wg.Wait()
 	if len(lost) > 0 {
 		f.log.Info("fleet: partitions handed over", "count", len(lost))
 	}
 }
 
-// onLost drops partitions at once, writing nothing.
+// onLost drops partitions at once, writing nothing. Their groups are
+// unloaded in the background, one goroutine per partition: an unload
+// waits for the store calls of its own partition's groups only, and
+// neither the member loop nor another partition waits for it. A later
+// claim of the same partition waits for its unload (locks[p], taken
+// here before onLost returns).
 func (f *fleetRuntime) onLost(lost []int32) {
 	for _, p := range lost {
 		f.serving[p].Store(false)
 	}
 	for _, p := range lost {
 		f.store.Drop(p)
-		f.engine.Unload(f.matcher(p))
+		f.locks[p].Lock()
+		f.unloading.Add(1)
+		go func() {
+			defer f.unloading.Done()
+			defer f.locks[p].Unlock()
+			start := time.Now()
+			f.engine.Unload(f.matcher(p))
+			f.log.Debug("fleet: groups of a lost partition unloaded", "partition", p, "took", time.Since(start))
+		}()
 		f.moved(context.Background(), "lost")
 		f.log.Warn("fleet: partition lost", "partition", p)
 	}
