@@ -571,7 +571,16 @@ func (s *Service) fetchAndAcquire(c proxy.ShareConn, group, member string, req *
 		code int16
 	}
 	ch := make(chan acq, 1)
-	s.cfg.Engine.ShareAcquire(group, member, fetched, int(req.MaxRecords), share.AcquireMode(req.ShareAcquireMode), int(req.BatchSize),
+	// MaxRecords and BatchSize (v1+) are the client's max.poll.records;
+	// a client that sends none gets Java's default of 500.
+	maxRecords, batchSize := int(req.MaxRecords), int(req.BatchSize)
+	if maxRecords <= 0 {
+		maxRecords = 500
+	}
+	if batchSize <= 0 {
+		batchSize = maxRecords
+	}
+	s.cfg.Engine.ShareAcquire(group, member, fetched, maxRecords, share.AcquireMode(req.ShareAcquireMode), batchSize,
 		func(m map[groupstate.ShareTP][]share.Acquired, code int16) { ch <- acq{m, code} })
 	a := <-ch
 	any := false
