@@ -643,3 +643,50 @@ func TestShareGroupsServedLogStartMoves(t *testing.T) {
 	rest.mu.Unlock()
 	waitShareStarts(t, s, group, topic, 1)
 }
+
+// TestShareGroupsAuto: --share-groups auto serves share groups in front of
+// a cluster that lacks them and forwards them to a cluster that serves
+// them; a share consumer reads every record either way.
+func TestShareGroupsAuto(t *testing.T) {
+	for _, lacks := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cluster_lacks_shares=%v", lacks), func(t *testing.T) {
+			var clusterOpts []kfake.Opt
+			if lacks {
+				clusterOpts = noShareCluster()
+			}
+			s := newStackOn(t, clusterOpts, func(c *kproxy.Config) { c.Groups.SharesAuto = true })
+			ctx := context.Background()
+			topic, group := "auto-share", "auto-share-g"
+			if !lacks {
+				setShareReset(ctx, t, directClient(t, s), group)
+			}
+			// Produced once the member has joined and fetched: kproxy's
+			// groups start at the log's end by default.
+			done := make(chan *shareLedger, 1)
+			if _, err := kadm.NewClient(directClient(t, s)).CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				done <- consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, 50, 30*time.Second, func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for lacks && time.Now().Before(deadline) {
+				if st, ok := s.engine.ShareStates(group); ok && len(st) == 1 {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			s.produceRange(ctx, topic, 0, 50)
+			l := <-done
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if len(l.accepted) != 50 {
+				t.Fatalf("accepted %d of 50 records (errors %v)", len(l.accepted), l.errs)
+			}
+			_, served := s.engine.ShareStates(group)
+			if served != lacks {
+				t.Errorf("kproxy served the share group: %v, want %v", served, lacks)
+			}
+		})
+	}
+}

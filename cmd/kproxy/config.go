@@ -118,7 +118,8 @@ type logConfig struct {
 type groupsConfig struct {
 	Mode string `yaml:"mode"` // distributed, local or forward
 	// Shares says who serves share groups (KIP-932): forward (the
-	// cluster) or serve (kproxy, --groups local only).
+	// cluster), serve (kproxy, --groups local only) or auto (serve where
+	// the cluster lacks them and groups are local).
 	Shares                string        `yaml:"shares"`
 	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
 	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
@@ -268,13 +269,13 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, fmt.Errorf("groups.mode %q: want distributed, local or forward", c.Groups.Mode))
 	}
 	switch c.Groups.Shares {
-	case "forward":
+	case "forward", "auto":
 	case "serve":
 		if c.Groups.Mode != "local" {
 			errs = append(errs, fmt.Errorf("groups.shares serve needs groups.mode local (a fleet does not serve share groups yet), not %q", c.Groups.Mode))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("groups.shares %q: want forward or serve", c.Groups.Shares))
+		errs = append(errs, fmt.Errorf("groups.shares %q: want forward, serve or auto", c.Groups.Shares))
 	}
 	if fl := c.Groups.Fleet; c.Groups.Mode == "distributed" {
 		if fl.Role != "owner" && fl.Role != "relay" {
@@ -404,7 +405,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.groupsMode, "groups", "distributed", "distributed: the kproxies in front of the cluster serve consumer groups, one owner per group; local: this kproxy alone serves the groups of its clients; forward: the brokers do")
-	fs.StringVar(&f.sharesMode, "share-groups", "forward", "forward: the cluster serves share groups (KIP-932); serve: kproxy serves them itself, for clusters that lack them (with --groups local; docs/share-groups.md)")
+	fs.StringVar(&f.sharesMode, "share-groups", "forward", "forward: the cluster serves share groups (KIP-932); serve: kproxy serves them itself, for clusters that lack them (with --groups local; docs/share-groups.md); auto: serve where the cluster lacks them and groups are local, else forward")
 	fs.StringVar(&f.fleet.PeerListen, "peer-listen", "", "where other kproxies of the fleet reach this one, HOST:PORT (default: the listen host, an ephemeral port)")
 	fs.StringVar(&f.fleet.PeerAdvertise, "peer-advertise", "", "peer address told to the other kproxies, when it differs from --peer-listen")
 	fs.StringVar(&f.fleet.Name, "fleet-name", "", "keeps fleets in front of one cluster apart (fleet group __kproxy_fleet.NAME, groups topic __kproxy_groups.NAME)")

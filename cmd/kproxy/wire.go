@@ -53,6 +53,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 		Groups: kproxy.GroupsConfig{
 			Mode:           kproxy.GroupsMode(cfg.Groups.Mode),
 			ServeShares:    cfg.Groups.Shares == "serve",
+			SharesAuto:     cfg.Groups.Shares == "auto",
 			Engine:         engineConfig(cfg),
 			SettingSources: cfg.sources,
 			// Not reading the cluster at all would hide its values from

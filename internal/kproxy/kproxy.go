@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
@@ -96,6 +97,11 @@ type GroupsConfig struct {
 	// (package shares); only in local mode. Otherwise the cluster
 	// serves them and kproxy forwards their requests.
 	ServeShares bool
+	// SharesAuto, with ServeShares false, serves share groups when the
+	// cluster lacks them (its brokers do not advertise
+	// ShareGroupHeartbeat) and the mode is local; else they are
+	// forwarded. It is decided once, at start.
+	SharesAuto bool
 	// Engine configures the coordinator engine (local and distributed).
 	// Start sets Store and Owns; Logger defaults to Logger; Events, when
 	// set, receives every event after tap's sink.
@@ -298,6 +304,18 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		w.close(context.Background())
 		return nil, err
 	}
+	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode == GroupsLocal {
+		serve, err := clusterLacksShares(ctx, cl)
+		switch {
+		case err != nil:
+			log.Warn("share groups: cannot tell whether the cluster serves them; forwarding them", "err", err)
+		case serve:
+			log.Info("share groups: the cluster does not serve them (no ShareGroupHeartbeat in its ApiVersions); kproxy serves them")
+			cfg.Groups.ServeShares = true
+		default:
+			log.Info("share groups: the cluster serves them; kproxy forwards them")
+		}
+	}
 	if cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsLocal {
 		w.close(context.Background())
 		return nil, fmt.Errorf("serving share groups needs groups mode local, not %q (a fleet does not serve share groups yet)", cfg.Groups.Mode)
@@ -358,6 +376,27 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
 	}
 	return w, nil
+}
+
+// clusterLacksShares reports whether the cluster's brokers do not
+// advertise ShareGroupHeartbeat (Kafka before 4.0, or 4.x with share
+// groups not enabled).
+func clusterLacksShares(ctx context.Context, cl *kgo.Client) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return false, fmt.Errorf("ApiVersions: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return false, fmt.Errorf("ApiVersions: %w", err)
+	}
+	for _, k := range resp.ApiKeys {
+		if k.ApiKey == 76 { // ShareGroupHeartbeat
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // startWatcher starts the takeover loop of the forward watcher, if
