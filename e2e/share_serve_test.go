@@ -690,3 +690,59 @@ func TestShareGroupsAuto(t *testing.T) {
 		})
 	}
 }
+
+// TestShareGroupsServedTopicGrows: partitions added to a topic a share
+// group reads start at the log's start, as Kafka starts them, whatever
+// share.auto.offset.reset says (latest here): records written to them
+// before the group's members see them are delivered.
+func TestShareGroupsServedTopicGrows(t *testing.T) {
+	s := newShareStack(t, func(c *kproxy.Config) {
+		c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+			return groupstate.ShareSettings{AutoOffsetReset: "latest", HeartbeatInterval: time.Second}
+		}
+	})
+	ctx := context.Background()
+	topic, group := "grow-share", "grow-share-g"
+	adm := kadm.NewClient(directClient(t, s))
+	if _, err := adm.CreateTopic(ctx, 1, 1, nil, topic); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *shareLedger, 1)
+	go func() {
+		done <- consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, 90, 60*time.Second, func(string, int32) kgo.AckStatus { return kgo.AckAccept })
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if st, ok := s.engine.ShareStates(group); ok && len(st) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the member did not start reading the topic")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	prod := s.client(kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
+	s.produceWith(ctx, prod, 0, 30)
+	if _, err := adm.CreatePartitions(ctx, 2, topic); err != nil {
+		t.Fatal(err)
+	}
+	// Records on all three partitions before the member sees the new ones.
+	prod2 := s.client(kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MetadataMinAge(10*time.Millisecond))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		md, err := kadm.NewClient(prod2).Metadata(ctx, topic)
+		if err == nil && len(md.Topics[topic].Partitions) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the topic has not grown to 3 partitions: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	prod2.ForceMetadataRefresh()
+	s.produceWith(ctx, prod2, 30, 90)
+	l := <-done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.accepted) != 90 {
+		t.Fatalf("accepted %d of 90 records (errors %v)", len(l.accepted), l.errs)
+	}
+}

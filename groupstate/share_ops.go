@@ -41,6 +41,11 @@ type SharePlan struct {
 	Offsets map[ShareTP]int64
 	// Uninitialized lists the partitions that have no start offset yet.
 	Uninitialized []ShareTP
+	// FromLogStart holds the uninitialized partitions of topics the
+	// group already reads: partitions added to a topic start at the
+	// log's start, as Kafka's coordinator starts them (only a topic new
+	// to the group takes share.auto.offset.reset).
+	FromLogStart map[ShareTP]bool
 	// Settings are the group's settings (isolation level, reset policy,
 	// lock duration).
 	Settings ShareSettings
@@ -130,6 +135,12 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 				plan.Offsets[tp] = p.FetchOffset()
 			} else {
 				plan.Uninitialized = append(plan.Uninitialized, tp)
+				if g.readsTopic(tp.TopicID) {
+					if plan.FromLogStart == nil {
+						plan.FromLogStart = make(map[ShareTP]bool)
+					}
+					plan.FromLogStart[tp] = true
+				}
 			}
 		}
 		g.armLockTimer()
@@ -145,6 +156,16 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 			done(plan)
 		})
 	})
+}
+
+// readsTopic reports whether g has share state for a partition of topic.
+func (g *shareGroup) readsTopic(topic [16]byte) bool {
+	for tp := range g.parts {
+		if tp.TopicID == topic {
+			return true
+		}
+	}
+	return false
 }
 
 // countAcks adds the records of b to the counters by type.

@@ -405,25 +405,38 @@ func (s *Service) initialize(group string, plan groupstate.SharePlan) error {
 		topics = append(topics, name)
 	}
 	adm := kadm.NewClient(s.admin)
-	var listed kadm.ListedOffsets
-	var err error
-	if plan.Settings.AutoOffsetReset == "earliest" {
-		listed, err = adm.ListStartOffsets(ctx, topics...)
-	} else {
-		listed, err = adm.ListEndOffsets(ctx, topics...)
-	}
+	earliest, err := adm.ListStartOffsets(ctx, topics...)
 	if err != nil {
-		return fmt.Errorf("listing offsets of %v: %w", topics, err)
+		return fmt.Errorf("listing start offsets of %v: %w", topics, err)
 	}
+	latest := earliest
+	if plan.Settings.AutoOffsetReset != "earliest" {
+		if latest, err = adm.ListEndOffsets(ctx, topics...); err != nil {
+			return fmt.Errorf("listing end offsets of %v: %w", topics, err)
+		}
+	}
+	// A topic new to the group starts all its partitions at once, at
+	// share.auto.offset.reset, as Kafka's coordinator initializes a
+	// topic's share-partitions when it first assigns them: so a
+	// partition fetched later by another member does not start later.
+	// A partition added to a topic the group reads starts at the log's
+	// start.
 	starts := make(map[groupstate.ShareTP]int64)
 	for name, tps := range byName {
-		for _, tp := range tps {
-			lo, ok := listed.Lookup(name, tp.Partition)
-			if !ok || lo.Err != nil {
-				continue
+		if plan.FromLogStart[tps[0]] { // the group reads the topic already
+			for _, tp := range tps {
+				if lo, ok := earliest.Lookup(name, tp.Partition); ok && lo.Err == nil {
+					starts[tp] = lo.Offset
+				}
 			}
-			starts[tp] = lo.Offset
+			continue
 		}
+		id := tps[0].TopicID
+		latest.Each(func(lo kadm.ListedOffset) {
+			if lo.Topic == name && lo.Err == nil {
+				starts[groupstate.ShareTP{TopicID: id, Partition: lo.Partition}] = lo.Offset
+			}
+		})
 	}
 	done := make(chan int16, 1)
 	s.cfg.Engine.ShareInitialize(group, starts, func(code int16) { done <- code })
