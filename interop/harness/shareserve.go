@@ -267,7 +267,7 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 		label = "through kproxy " + strings.Join(shareServeArgs, " ")
 	}
 	// Directly against a broker without share groups the consumers are
-	// expected to read nothing; they are given this long to show it.
+	// expected to fail and read nothing (the row is then XFAIL).
 	lacks := s.path == "direct" && !s.h.brokerHas(shareGroups)
 	topic, group := s.topic, s.group
 	if err := s.h.createTopic(ctx, topic, kindPartitions); err != nil {
