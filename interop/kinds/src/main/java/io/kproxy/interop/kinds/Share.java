@@ -29,8 +29,9 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * acknowledges each record itself: REJECT when the value ends in 7,
  * RELEASE on the first delivery when it ends in 3, ACCEPT otherwise, then
  * commitSync; for each record of a partition whose acknowledgement was
- * answered without error it prints "ACK ms partition offset TYPE value"
- * (ms: wall clock after commitSync returned), otherwise "ERROR ack ...".
+ * answered without error it prints "ACK ms partition offset type value"
+ * (type: accept, release or reject; ms: wall clock after commitSync
+ * returned), otherwise "ERROR ack ...".
  * REC lines then end with the wall-clock ms of the poll's return.
  */
 public final class Share {
