@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -210,9 +211,28 @@ func franzCommit(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, em *em
 // the records of the one before (franz-go's default); after a batch it
 // holds holdMS before polling again, so the harness can kill it holding
 // acquired records. It runs until killed or ctx ends.
-func franzShare(ctx context.Context, o options, holdMS int) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(o.bootstrap), kgo.ClientID(o.member),
-		kgo.ShareGroup(o.group), kgo.ConsumeTopics(o.topic))
+//
+// With explicit, each record gets the ack of shareAckFor, the batch's
+// acks are flushed (ShareAcknowledge) before the next poll, and each
+// record of a partition whose acks were answered without error is
+// printed "ACK ms partition offset STATUS value" (ms: wall clock after
+// the flush); REC lines then end with the poll's wall-clock ms.
+func franzShare(ctx context.Context, o options, holdMS int, explicit bool) error {
+	// results is written by franz-go's ack callback and read after
+	// FlushAcks returns, both under resultsMu.
+	var (
+		resultsMu sync.Mutex
+		results   kgo.ShareAckResults
+	)
+	opts := []kgo.Opt{kgo.SeedBrokers(o.bootstrap), kgo.ClientID(o.member), kgo.ShareGroup(o.group), kgo.ConsumeTopics(o.topic)}
+	if explicit {
+		opts = append(opts, kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
+			resultsMu.Lock()
+			results = append(results, rs...)
+			resultsMu.Unlock()
+		}))
+	}
+	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return err
 	}
@@ -221,23 +241,65 @@ func franzShare(ctx context.Context, o options, holdMS int) error {
 	batches := 0
 	for ctx.Err() == nil {
 		fs := cl.PollFetches(ctx)
+		polled := time.Now().UnixMilli()
 		var b strings.Builder
 		fs.EachError(func(_ string, _ int32, err error) {
 			if ctx.Err() == nil {
 				fmt.Fprintf(&b, "ERROR %v\n", err)
 			}
 		})
-		n := 0
+		var recs []*kgo.Record
 		fs.EachRecord(func(r *kgo.Record) {
-			n++
-			fmt.Fprintf(&b, "REC %d %d %d %s\n", r.Partition, r.Offset, r.DeliveryCount(), r.Value)
+			recs = append(recs, r)
+			fmt.Fprintf(&b, "REC %d %d %d %s", r.Partition, r.Offset, r.DeliveryCount(), r.Value)
+			if explicit {
+				fmt.Fprintf(&b, " %d", polled)
+			}
+			b.WriteString("\n")
 		})
-		if n > 0 {
+		if len(recs) > 0 {
 			batches++
 			fmt.Fprintf(&b, "BATCH %d\n", batches)
 		}
 		os.Stdout.WriteString(b.String())
-		if n > 0 && holdMS > 0 {
+		if explicit && len(recs) > 0 {
+			statuses := make([]kgo.AckStatus, len(recs))
+			for i, r := range recs {
+				statuses[i] = shareAckFor(string(r.Value), r.DeliveryCount())
+				r.Ack(statuses[i])
+			}
+			resultsMu.Lock()
+			results = results[:0]
+			resultsMu.Unlock()
+			fctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			err := cl.FlushAcks(fctx)
+			cancel()
+			now := time.Now().UnixMilli()
+			b.Reset()
+			resultsMu.Lock()
+			answered := map[int32]error{}
+			for _, r := range results {
+				if prev, ok := answered[r.Partition]; !ok || prev == nil {
+					answered[r.Partition] = r.Err
+				}
+			}
+			resultsMu.Unlock()
+			for i, r := range recs {
+				perr, ok := answered[r.Partition]
+				switch {
+				case err != nil:
+					fmt.Fprintf(&b, "ERROR ack p%d %d: flushing: %v\n", r.Partition, r.Offset, err)
+				case !ok:
+					fmt.Fprintf(&b, "ERROR ack p%d %d: no result for the partition\n", r.Partition, r.Offset)
+				case perr != nil:
+					fmt.Fprintf(&b, "ERROR ack p%d %d: %v\n", r.Partition, r.Offset, perr)
+				default:
+					fmt.Fprintf(&b, "ACK %d %d %d %s %s\n", now, r.Partition, r.Offset, ackName(statuses[i]), r.Value)
+				}
+			}
+			os.Stdout.WriteString(b.String())
+		}
+		if len(recs) > 0 && holdMS > 0 {
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Duration(holdMS) * time.Millisecond):
@@ -245,4 +307,31 @@ func franzShare(ctx context.Context, o options, holdMS int) error {
 		}
 	}
 	return nil
+}
+
+// shareAckFor is the explicit ack of a record with value v on its
+// delivery'th delivery: reject values ending in 7, release those ending
+// in 3 on their first delivery, accept the rest (the Java Share
+// program's rule).
+func shareAckFor(v string, delivery int32) kgo.AckStatus {
+	switch {
+	case strings.HasSuffix(v, "7"):
+		return kgo.AckReject
+	case strings.HasSuffix(v, "3") && delivery == 1:
+		return kgo.AckRelease
+	}
+	return kgo.AckAccept
+}
+
+// ackName names s as the Java client's AcknowledgeType does.
+func ackName(s kgo.AckStatus) string {
+	switch s {
+	case kgo.AckAccept:
+		return "ACCEPT"
+	case kgo.AckRelease:
+		return "RELEASE"
+	case kgo.AckReject:
+		return "REJECT"
+	}
+	return s.String()
 }

@@ -39,8 +39,9 @@ type options struct {
 	instanceID  string
 	sessionMS   int
 	heartbeatMS int
-	intervalMS  int // produce: pause between records (0: one batch)
-	holdMS      int // share: pause after each batch before the next poll
+	intervalMS  int    // produce: pause between records (0: one batch)
+	holdMS      int    // share: pause after each batch before the next poll
+	ack         string // share: implicit (franz-go's default) or explicit
 }
 
 // emitter writes JSON lines to stdout; mu serialises writers because some
@@ -116,6 +117,7 @@ func main() {
 	flag.IntVar(&o.heartbeatMS, "heartbeat-ms", 1000, "heartbeat interval in ms")
 	flag.IntVar(&o.intervalMS, "interval-ms", 0, "produce (franz only): send records one at a time, this many ms apart, so records keep flowing while the harness injects a fault")
 	flag.IntVar(&o.holdMS, "hold-ms", 0, "share (franz only): hold each batch this many ms before polling again")
+	flag.StringVar(&o.ack, "ack", "implicit", "share (franz only): implicit, or explicit: reject values ending in 7, release those ending in 3 on their first delivery, accept the rest, flush each batch's acks and print ACK lines")
 	flag.Parse()
 
 	em := &emitter{member: o.member}
@@ -133,7 +135,7 @@ func main() {
 	case "franz/consume":
 		err = franzConsume(ctx, o, em)
 	case "franz/share":
-		err = franzShare(ctx, o, o.holdMS)
+		err = franzShare(ctx, o, o.holdMS, o.ack == "explicit")
 	case "sarama/produce":
 		err = saramaProduce(o)
 	case "sarama/consume":

@@ -68,6 +68,7 @@ const (
 // the kproxy path with the direct one.
 type kindOutcome struct {
 	firstError string        // on a broker without the kind: the client's first error
+	shareRead  int           // share-serve rows, directly: records the consumers read
 	takeover   time.Duration // streams rows: kill → the survivor has every count
 }
 
@@ -177,6 +178,9 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 	}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fail("log dir: %v", err)
+	}
+	if s.r.shareServe {
+		return s.runShareServe(ctx, bin, basePort, prior)
 	}
 	need := shareGroups
 	if s.r.kind == "streams" {

@@ -203,6 +203,12 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "java-share", kind: "share", tools: []string{"env", "KPROXY_CACHE=" + cacheDir, "bash", filepath.Join(h.root, "interop/kafka.sh"), "tools"},
 			brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
 		{name: "go-franz-share", kind: "share", client: goc("franz"), brokerGroupTraffic: "share groups are the cluster's: kproxy forwards them"},
+		// shareserve.go: share groups served by kproxy itself
+		// (--share-groups serve) in front of a cluster without them;
+		// directly the consumers are expected to fail.
+		{name: "java-share-serve", kind: "share", shareServe: true, needs: shareGroups},
+		{name: "java41-share-serve", kind: "share", shareServe: true, needs: shareGroups, kindsLib: "interop/java/target/lib"},
+		{name: "franz-share-serve", kind: "share", shareServe: true, needs: shareGroups, client: goc("franz")},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
 		// The same word count on the classic protocol, and Kafka
 		// Connect's workers and sink group (connect.go): kproxy's

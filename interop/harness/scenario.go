@@ -68,6 +68,14 @@ type row struct {
 	// "" = streams (KIP-1071, the cluster's), "classic" (kproxy's
 	// engine serves it; kinds.go).
 	groupProtocol string
+	// shareServe: a share row through a kproxy of its own that serves
+	// share groups (--share-groups serve), with explicit
+	// acknowledgement and a per-delivery ledger (shareserve.go).
+	// kindsLib, when set, is the jar directory (from the repository
+	// root) the Java Share program runs with instead of its own
+	// kafka-clients 4.4.0.
+	shareServe bool
+	kindsLib   string
 	// connect: the row runs Kafka Connect in distributed mode, two
 	// workers and FileStream connectors, one worker killed (connect.go).
 	connect bool

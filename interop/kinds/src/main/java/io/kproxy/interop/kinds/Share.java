@@ -6,10 +6,13 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 
+import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.ConsumerRecords;
 import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.serialization.StringDeserializer;
 
 /**
@@ -21,6 +24,15 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * that the harness can kill it while it holds acquired records. Errors are
  * printed as "ERROR class: message" and the program goes on polling, as an
  * application would; it runs until killed or --seconds pass.
+ *
+ * <p>With --ack explicit (share.acknowledgement.mode=explicit) it
+ * acknowledges each record itself: REJECT when the value ends in 7,
+ * RELEASE on the first delivery when it ends in 3, ACCEPT otherwise, then
+ * commitSync; for each record of a partition whose acknowledgement was
+ * answered without error it prints "ACK ms partition offset type value"
+ * (type: accept, release or reject; ms: wall clock after commitSync
+ * returned), otherwise "ERROR ack ...".
+ * REC lines then end with the wall-clock ms of the poll's return.
  */
 public final class Share {
     public static void main(String[] argv) {
@@ -31,6 +43,10 @@ public final class Share {
         p.put(ConsumerConfig.CLIENT_ID_CONFIG, a.getOrDefault("name", "share"));
         p.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
         p.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, StringDeserializer.class.getName());
+        boolean explicit = "explicit".equals(a.getOrDefault("ack", "implicit"));
+        if (explicit) {
+            p.put("share.acknowledgement.mode", "explicit");
+        }
         long hold = Long.parseLong(a.getOrDefault("hold-ms", "0"));
         long until = System.currentTimeMillis() + 1000L * Long.parseLong(a.getOrDefault("seconds", "120"));
         int batches = 0;
@@ -49,18 +65,75 @@ public final class Share {
                 if (recs.isEmpty()) {
                     continue;
                 }
+                long polled = System.currentTimeMillis();
                 StringBuilder b = new StringBuilder();
                 for (ConsumerRecord<String, String> r : recs) {
                     b.append("REC ").append(r.partition()).append(' ').append(r.offset()).append(' ')
-                        .append(r.deliveryCount().orElse((short) 0)).append(' ').append(r.value()).append('\n');
+                        .append(r.deliveryCount().orElse((short) 0)).append(' ').append(r.value());
+                    if (explicit) {
+                        b.append(' ').append(polled);
+                    }
+                    b.append('\n');
                 }
                 b.append("BATCH ").append(++batches);
                 System.out.println(b);
                 System.out.flush();
+                if (explicit) {
+                    acknowledge(c, recs);
+                }
                 sleep(hold);
             }
         }
         System.out.println("DONE");
+    }
+
+    /** The ack type of --ack explicit for a record (see the class comment). */
+    static AcknowledgeType ackType(ConsumerRecord<String, String> r) {
+        String v = r.value() == null ? "" : r.value();
+        if (v.endsWith("7")) {
+            return AcknowledgeType.REJECT;
+        }
+        if (v.endsWith("3") && r.deliveryCount().orElse((short) 0) == 1) {
+            return AcknowledgeType.RELEASE;
+        }
+        return AcknowledgeType.ACCEPT;
+    }
+
+    /** Acknowledges recs one by one, commits, and prints the outcome. */
+    static void acknowledge(KafkaShareConsumer<String, String> c, ConsumerRecords<String, String> recs) {
+        Map<ConsumerRecord<String, String>, AcknowledgeType> types = new java.util.LinkedHashMap<>();
+        for (ConsumerRecord<String, String> r : recs) {
+            AcknowledgeType t = ackType(r);
+            c.acknowledge(r, t);
+            types.put(r, t);
+        }
+        Map<TopicIdPartition, java.util.Optional<KafkaException>> res;
+        try {
+            res = c.commitSync();
+        } catch (RuntimeException e) {
+            System.out.println("ERROR ack " + e.getClass().getName() + ": " + e.getMessage());
+            return;
+        }
+        long now = System.currentTimeMillis();
+        Map<String, String> answered = new HashMap<>(); // "topic-partition" -> "" or its error
+        for (Map.Entry<TopicIdPartition, java.util.Optional<KafkaException>> e : res.entrySet()) {
+            answered.put(e.getKey().topic() + "-" + e.getKey().partition(),
+                e.getValue().map(x -> x.getClass().getName() + ": " + x.getMessage()).orElse(""));
+        }
+        StringBuilder b = new StringBuilder();
+        for (Map.Entry<ConsumerRecord<String, String>, AcknowledgeType> e : types.entrySet()) {
+            ConsumerRecord<String, String> r = e.getKey();
+            String tp = r.topic() + "-" + r.partition();
+            String err = answered.getOrDefault(tp, "no result for the partition");
+            if (!err.isEmpty()) {
+                b.append("ERROR ack ").append(tp).append(' ').append(r.offset()).append(' ').append(err).append('\n');
+            } else {
+                b.append("ACK ").append(now).append(' ').append(r.partition()).append(' ').append(r.offset()).append(' ')
+                    .append(e.getValue()).append(' ').append(r.value()).append('\n');
+            }
+        }
+        System.out.print(b);
+        System.out.flush();
     }
 
     static void sleep(long ms) {
