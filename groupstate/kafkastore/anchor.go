@@ -301,7 +301,10 @@ func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 	for _, a := range all {
 		a.mu.Lock()
 		a.forgotten = true
-		if a.state == anchorIn {
+		// An anchor in the group, or one whose JoinGroup the cluster
+		// answered before its sync failed (it is a member there until
+		// it leaves or its session ends).
+		if a.state == anchorIn || (a.state == anchorOut && a.memberID != "") {
 			held[a.group] = a.memberID
 		}
 		a.mu.Unlock()
@@ -908,6 +911,15 @@ func (as *anchorSet) join(a *anchor) error {
 	sreq := me.Sync(want.ProtocolType, protocol, assignments)
 	sresp, err := as.request(ctx, a.group, sreq, func(r kmsg.Response) int16 { return r.(*kmsg.SyncGroupResponse).ErrorCode })
 	if err != nil {
+		// The cluster holds the member its JoinGroup made: remember it,
+		// so that a kproxy closing now (the likeliest cause: its clients
+		// closed under the sync) makes it leave rather than wait out its
+		// session in the cluster's group.
+		a.mu.Lock()
+		if a.state == anchorJoining && prev != anchorIn {
+			a.memberID, a.gen = jr.MemberID, jr.Generation
+		}
+		a.mu.Unlock()
 		return fail(fmt.Errorf("anchor sync of group %q: %w", a.group, err))
 	}
 	switch code := sresp.(*kmsg.SyncGroupResponse).ErrorCode; classic.OutcomeOf(code) {
