@@ -211,9 +211,11 @@ func (g *shareGroup) armSessionTimer() {
 func (g *shareGroup) releaseMember(member string) {
 	l := g.settings().limits()
 	for _, p := range g.parts {
+		before := p.ArchivedAtLimit()
 		if p.ReleaseMember(member, l) > 0 {
 			g.markDirty()
 		}
+		g.s.e.shareMetrics.countArchived(p, before)
 	}
 }
 
@@ -240,7 +242,9 @@ func (g *shareGroup) armLockTimer() {
 		now, l := g.s.e.clock.Now(), g.settings().limits()
 		released := 0
 		for _, p := range g.parts {
+			before := p.ArchivedAtLimit()
 			released += p.ExpireLocks(now, l)
+			g.s.e.shareMetrics.countArchived(p, before)
 		}
 		if released > 0 {
 			g.markDirty()

@@ -241,8 +241,19 @@ func TestShareLocksMembersAndReload(t *testing.T) {
 	if len(got) != 1 || got[0].First != 20 || got[0].DeliveryCount != 2 {
 		t.Fatalf("b after a expired: %+v", got)
 	}
-	if c := h.e.ShareCounters(); c.LockTimeouts < 10 || c.Writes == 0 {
+	// Delivered: 0-19, 10-19 twice more, 20-29 twice (60, 30 of them
+	// again); 10-19 archived at
+	// the limit, 20-29 released by the expiry (not at the limit).
+	c := h.e.ShareCounters()
+	if c.LockTimeouts < 10 || c.Writes == 0 {
 		t.Errorf("counters %+v", c)
+	}
+	if c.Acquired != 60 || c.Redeliveries != 30 || c.ArchivedAtLimit != 10 ||
+		c.Acknowledged[share.AckAccept] != 10 || c.Acknowledged[share.AckRelease] != 20 {
+		t.Errorf("counters %+v, want 60 acquired, 30 redelivered, 10 archived at the limit, 10 accepted, 20 released", c)
+	}
+	if gs := h.e.ShareGroupStats(); len(gs) != 1 || gs[0].Group != "g" || gs[0].Partitions != 1 || gs[0].Acquired != 10 {
+		t.Errorf("group stats %+v, want g with 1 share-partition and 10 records locked", gs)
 	}
 
 	// A new engine over the same store: b's acquired records are
