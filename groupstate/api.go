@@ -225,4 +225,7 @@ type GroupSnapshot struct {
 	Members      []Member
 	// StateSince is when the group entered its current state.
 	StateSince time.Time
+	// Kind is the kind of group (KindClassic, KindConsumer, KindShare),
+	// set by Engine.Groups and Engine.Group.
+	Kind GroupKind
 }

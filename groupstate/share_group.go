@@ -1,6 +1,7 @@
 package groupstate
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -133,12 +134,34 @@ func (g *shareGroup) listEntry() kmsg.ListGroupsResponseGroup {
 	return lg
 }
 
+// snapshot describes the group with its members' client ids, hosts,
+// epochs and assignments (encoded as a consumer-protocol assignment with
+// topic names, as consumer groups' are; a topic the cache no longer
+// knows is named by its id in hex).
 func (g *shareGroup) snapshot() GroupSnapshot {
 	snap := GroupSnapshot{Group: g.id, State: g.g.State(), ProtocolType: "share", Protocol: "simple", Generation: g.g.Epoch(), StateSince: g.since}
-	for _, id := range g.g.Members() {
-		snap.Members = append(snap.Members, Member{MemberID: id, Protocol: "share"})
-	}
+	snap.Members = g.members()
 	return snap
+}
+
+// members lists the members as Describe shows them, sorted by id.
+func (g *shareGroup) members() []Member {
+	d := kmsg.NewShareGroupDescribeResponseGroup()
+	g.g.Describe(&d, shareTopics{g.s.e.topicsNow()})
+	out := make([]Member, 0, len(d.Members))
+	for _, dm := range d.Members {
+		a := kmsg.NewConsumerMemberAssignment()
+		for _, t := range dm.Assignment.TopicPartitions {
+			name := t.Topic
+			if name == "" {
+				name = fmt.Sprintf("%x", t.TopicID[:])
+			}
+			a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: name, Partitions: t.Partitions})
+		}
+		out = append(out, Member{MemberID: dm.MemberID, ClientID: dm.ClientID, ClientHost: dm.ClientHost, Protocol: "share",
+			Epoch: dm.MemberEpoch, Assignment: a.AppendTo(nil)})
+	}
+	return out
 }
 
 func (g *shareGroup) unload(code int16, cause string) {

@@ -289,7 +289,10 @@ func (e *Engine) ShareReleaseMember(group, member string, partitions []ShareTP) 
 
 // ShareStats is one share-partition's state, for the admin API.
 type ShareStats struct {
-	TP          ShareTP
+	TP ShareTP
+	// Topic is the topic's name in the engine's topic cache, "" when
+	// the cache does not know the id (the topic was deleted).
+	Topic       string
 	StartOffset int64
 	share.Stats
 }
@@ -310,8 +313,9 @@ func (e *Engine) ShareStates(group string) ([]ShareStats, bool) {
 			return
 		}
 		out := make([]ShareStats, 0, len(g.parts))
+		topics := e.topicsNow()
 		for tp, p := range g.parts {
-			out = append(out, ShareStats{TP: tp, StartOffset: p.StartOffset(), Stats: p.Stats()})
+			out = append(out, ShareStats{TP: tp, Topic: topics.byID[tp.TopicID], StartOffset: p.StartOffset(), Stats: p.Stats()})
 		}
 		ch <- res{out, true}
 	}) {

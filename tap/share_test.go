@@ -2,6 +2,8 @@ package tap
 
 import (
 	"context"
+	"encoding/json"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/share"
+	"github.com/kproxy/kproxy/tap/internal/groupdriver"
 )
 
 // shareHeartbeat sends a ShareGroupHeartbeat of member (epoch 0 with
@@ -101,10 +104,11 @@ func shareEngineTap(t *testing.T) (*groupstate.Engine, *Tap, *groupstate.MemoryS
 	store := groupstate.NewMemoryStore()
 	store.SetTopic("jobs", 2)
 	e, err := groupstate.New(groupstate.Config{
-		Store:  store,
-		Events: tp.OnEvent,
-		Shards: 1,
-		Clock:  clk,
+		Store:                 store,
+		Events:                tp.OnEvent,
+		Shards:                1,
+		Clock:                 clk,
+		InitialRebalanceDelay: -1,
 		ShareSettings: func(string) groupstate.ShareSettings {
 			return groupstate.ShareSettings{LockDuration: 5 * time.Second, DeliveryLimit: 2}
 		},
@@ -189,4 +193,83 @@ func attrLine(body, prefix string) string {
 		}
 	}
 	return ""
+}
+
+// TestShareAdminAPI: /api/groups lists a share group with its kind and
+// epoch; /api/groups/{id} shows its members with their assignments and
+// its share-partitions' start offsets and records by state. A classic
+// group keeps its shape, with its kind.
+func TestShareAdminAPI(t *testing.T) {
+	e, tp, store, _ := shareEngineTap(t)
+	const g = "queue"
+	shareHeartbeat(t, e, g, "member-a", "client-a", 0, "jobs")
+	shareHeartbeat(t, e, g, "member-b", "client-b", 0, "jobs")
+	shareHeartbeat(t, e, g, "member-a", "client-a", 1) // moves to epoch 2's target
+	part := groupstate.ShareTP{TopicID: shareTopicID(t, store, "jobs"), Partition: 0}
+	shareDeliver(t, e, g, "member-a", part, 10, nil)
+	shareDeliver(t, e, g, "member-a", part, 15, []share.AckBatch{{First: 0, Last: 3, Types: []share.AckType{share.AckAccept}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := groupdriver.Rebalance(ctx, newMember(e, "classic-group", "m1")); err != nil {
+		t.Fatal(err)
+	}
+
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{Tap: tp, Groups: e}))
+	defer srv.Close()
+	code, body := get(t, srv, "/api/groups")
+	var list []GroupSummary
+	if err := json.Unmarshal([]byte(body), &list); code != 200 || err != nil {
+		t.Fatalf("/api/groups: %d %v %s", code, err, body)
+	}
+	byID := map[string]GroupSummary{}
+	for _, s := range list {
+		byID[s.Group] = s
+	}
+	if s := byID[g]; s.Kind != "share" || s.ProtocolType != "share" || s.Members != 2 || s.Generation != 2 || s.State != "Stable" {
+		t.Errorf("share group in /api/groups: %+v", s)
+	}
+	if s := byID["classic-group"]; s.Kind != "classic" || s.Members != 1 {
+		t.Errorf("classic group in /api/groups: %+v", s)
+	}
+
+	code, body = get(t, srv, "/api/groups/"+g)
+	var d GroupDetail
+	if err := json.Unmarshal([]byte(body), &d); code != 200 || err != nil {
+		t.Fatalf("/api/groups/%s: %d %v %s", g, code, err, body)
+	}
+	if d.Kind != "share" || len(d.Members) != 2 {
+		t.Fatalf("detail %+v", d)
+	}
+	parts := 0
+	for _, m := range d.Members {
+		if m.ClientID == "" || m.Epoch != 2 {
+			t.Errorf("member %+v lacks its client id or epoch", m)
+		}
+		for _, a := range m.Assignment {
+			if a.Topic != "jobs" {
+				t.Errorf("member %s assigned %+v", m.MemberID, a)
+			}
+			parts += len(a.Partitions)
+		}
+	}
+	if parts != 2 {
+		t.Errorf("members hold %d partitions of jobs, want 2: %+v", parts, d.Members)
+	}
+	// 0-3 accepted: the start moved to 4; 4-14 locked by member-a.
+	want := SharePartition{Topic: "jobs", Partition: 0, StartOffset: 4, InFlight: 11, Acquired: 11}
+	if len(d.SharePartitions) != 1 {
+		t.Fatalf("share_partitions %+v", d.SharePartitions)
+	}
+	got := d.SharePartitions[0]
+	want.TopicID = got.TopicID
+	if got != want || len(got.TopicID) != 32 {
+		t.Errorf("share partition %+v, want %+v", got, want)
+	}
+	if !strings.Contains(body, `"share_partitions"`) || !strings.Contains(body, `"start_offset": 4`) {
+		t.Errorf("JSON lacks share_partitions: %s", body)
+	}
+	_, body = get(t, srv, "/api/groups/classic-group")
+	if strings.Contains(body, "share_partitions") || !strings.Contains(body, `"kind": "classic"`) {
+		t.Errorf("classic group detail: %s", body)
+	}
 }
