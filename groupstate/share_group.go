@@ -185,7 +185,64 @@ func (g *shareGroup) teardown() {
 
 // event returns an event about the group of kind k.
 func (g *shareGroup) event(k EventKind) Event {
-	return Event{Time: g.s.e.clock.Now(), Kind: k, Group: g.id, Generation: g.g.Epoch(), State: g.g.State(), ProtocolType: "share", Protocol: "simple"}
+	return Event{Time: g.s.e.clock.Now(), Kind: k, Group: g.id, GroupType: GroupTypeShare, Generation: g.g.Epoch(), State: g.g.State(), ProtocolType: "share", Protocol: "simple"}
+}
+
+// emitEpoch emits the events of an assignment change, which tap traces
+// as it traces a KIP-848 reconciliation: EventRebalanceStarted when the
+// group epoch moved past prevEpoch (with cause and the member that
+// caused it), then EventGroupEmpty when no member is left, or
+// EventAssignmentReconciled (every member with its target) once the
+// target assignment moved past prevAssigned and caught up with the
+// epoch. A member joining or changing its subscription gets both at once;
+// after a member left or expired the target is recomputed at the next
+// heartbeat of another member (share.Group), which emits the second.
+// Runs on the loop after the group changed.
+func (g *shareGroup) emitEpoch(cause string, by *Member, prevEpoch, prevAssigned int32) {
+	if g.s.e.cfg.Events == nil {
+		return
+	}
+	if g.g.Epoch() > prevEpoch {
+		ev := g.event(EventRebalanceStarted)
+		ev.Cause, ev.Member = cause, by
+		g.s.emit(ev)
+		if g.g.Empty() {
+			g.s.emit(g.event(EventGroupEmpty))
+			return
+		}
+	}
+	if a := g.g.AssignmentEpoch(); a > prevAssigned && a == g.g.Epoch() && !g.g.Empty() {
+		ev := g.event(EventAssignmentReconciled)
+		topics := g.s.e.topicsNow()
+		ev.Members = g.members()
+		for i := range ev.Members {
+			ev.Members[i].Assignment = encodeShareAssignment(g.g.Target(ev.Members[i].MemberID), topics)
+		}
+		g.s.emit(ev)
+	}
+}
+
+// encodeShareAssignment encodes tps (sorted by topic id) as a
+// consumer-protocol assignment with topic names, a topic the cache does
+// not know named by its id in hex.
+func encodeShareAssignment(tps []share.TopicPartition, topics *topicSnapshot) []byte {
+	a := kmsg.NewConsumerMemberAssignment()
+	for _, tp := range tps {
+		if n := len(a.Topics); n > 0 && a.Topics[n-1].Topic == topicName(topics, tp.TopicID) {
+			a.Topics[n-1].Partitions = append(a.Topics[n-1].Partitions, tp.Partition)
+			continue
+		}
+		a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: topicName(topics, tp.TopicID), Partitions: []int32{tp.Partition}})
+	}
+	return a.AppendTo(nil)
+}
+
+// topicName names id from the topic cache, or by its id in hex.
+func topicName(topics *topicSnapshot, id [16]byte) string {
+	if n := topics.byID[id]; n != "" {
+		return n
+	}
+	return fmt.Sprintf("%x", id[:])
 }
 
 // noteState records when the group's state changed.
@@ -211,6 +268,7 @@ func (g *shareGroup) armSessionTimer() {
 			return
 		}
 		g.sessionTimer = timerRef{}
+		prevEpoch, prevAssigned := g.g.Epoch(), g.g.AssignmentEpoch()
 		expired := g.g.Expire(g.s.e.clock.Now())
 		if len(expired) > 0 {
 			g.markDirty()
@@ -223,6 +281,9 @@ func (g *shareGroup) armSessionTimer() {
 				ev.Member, ev.Cause = &Member{MemberID: m}, "session_timeout"
 				g.s.emit(ev)
 			}
+		}
+		if len(expired) > 0 {
+			g.emitEpoch(CauseMemberExpired, &Member{MemberID: expired[0]}, prevEpoch, prevAssigned)
 		}
 		g.noteState()
 		g.armSessionTimer()

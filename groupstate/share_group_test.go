@@ -285,3 +285,82 @@ func memberEpochOf(t *testing.T, h *harness, group, member string) int32 {
 	t.Fatalf("%s is not a member of %s", member, group)
 	return 0
 }
+
+// TestShareEpochEvents: each group epoch bump of a share group emits
+// EventRebalanceStarted with its cause, and the target computed for it
+// EventAssignmentReconciled with every member's target; a leave's target
+// comes with the next heartbeat, and the last member's expiry empties
+// the group.
+func TestShareEpochEvents(t *testing.T) {
+	h := &consumerHarness{newHarness(t, shareSettingsForTest)}
+	h.store.SetTopic("t", 2)
+	h.refresh()
+	type step struct {
+		kind    EventKind
+		cause   string
+		epoch   int32
+		members int
+	}
+	check := func(what string, want ...step) []Event {
+		t.Helper()
+		var got []Event
+		for _, ev := range h.takeEvents("g") {
+			if ev.Kind == EventRebalanceStarted || ev.Kind == EventAssignmentReconciled || ev.Kind == EventGroupEmpty {
+				got = append(got, ev)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: events %+v, want %+v", what, got, want)
+		}
+		for i, w := range want {
+			ev := got[i]
+			if ev.Kind != w.kind || ev.Cause != w.cause || ev.Generation != w.epoch || len(ev.Members) != w.members || ev.GroupType != GroupTypeShare {
+				t.Fatalf("%s: event %d %s cause %q epoch %d members %d type %q, want %+v", what, i, ev.Kind, ev.Cause, ev.Generation, len(ev.Members), ev.GroupType, w)
+			}
+		}
+		return got
+	}
+	hb := func(member string, epoch int32, topics ...string) {
+		t.Helper()
+		r := shareJoin("g", member, topics...)
+		r.MemberEpoch = epoch
+		if len(topics) == 0 {
+			r.SubscribedTopicNames = nil
+		}
+		if resp := h.do(r).(*kmsg.ShareGroupHeartbeatResponse); resp.ErrorCode != errNone {
+			t.Fatalf("heartbeat of %s: %s", member, errName(resp.ErrorCode))
+		}
+	}
+
+	hb("a", 0, "t")
+	check("a joins", step{EventRebalanceStarted, CauseMemberJoined, 1, 0}, step{EventAssignmentReconciled, "", 1, 1})
+	hb("b", 0, "t")
+	got := check("b joins", step{EventRebalanceStarted, CauseMemberJoined, 2, 0}, step{EventAssignmentReconciled, "", 2, 2})
+	if got[0].Member == nil || got[0].Member.MemberID != "b" {
+		t.Errorf("b's join caused by %+v", got[0].Member)
+	}
+	var parts int
+	for _, m := range got[1].Members {
+		var a kmsg.ConsumerMemberAssignment
+		if err := a.ReadFrom(m.Assignment); err != nil || len(a.Topics) != 1 || a.Topics[0].Topic != "t" {
+			t.Fatalf("%s's target %+v: %v", m.MemberID, a.Topics, err)
+		}
+		parts += len(a.Topics[0].Partitions)
+	}
+	if parts != 2 {
+		t.Errorf("targets hold %d partitions, want 2", parts)
+	}
+	hb("a", 1, "t", "u") // a new subscription
+	check("a subscribes to u", step{EventRebalanceStarted, CauseSubscriptionChanged, 3, 0}, step{EventAssignmentReconciled, "", 3, 2})
+	hb("b", -1)
+	check("b leaves", step{EventRebalanceStarted, CauseMemberLeft, 4, 0})
+	hb("a", 3)
+	check("a heartbeats", step{EventAssignmentReconciled, "", 4, 1})
+	h.store.SetTopic("t", 3)
+	h.refresh()
+	hb("a", 4)
+	check("t grows", step{EventRebalanceStarted, CauseTopicsChanged, 5, 0}, step{EventAssignmentReconciled, "", 5, 1})
+	h.advance(11 * time.Second)
+	h.e.Group("g")
+	check("a expires", step{EventRebalanceStarted, CauseMemberExpired, 6, 0}, step{EventGroupEmpty, "", 6, 0})
+}
