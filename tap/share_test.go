@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/share"
@@ -97,9 +99,9 @@ func shareDeliver(t *testing.T, e *groupstate.Engine, group, member string, tp g
 // shareEngineTap starts an engine on a manual clock, with topic "jobs"
 // of 2 partitions, a lock of 5 s and a delivery limit of 2, feeding a
 // test Tap.
-func shareEngineTap(t *testing.T) (*groupstate.Engine, *Tap, *groupstate.MemoryStore, *manualClock) {
+func shareEngineTap(t *testing.T) (*groupstate.Engine, *Tap, *groupstate.MemoryStore, *manualClock, *tracetest.InMemoryExporter) {
 	t.Helper()
-	tp, _ := newTestTap(t, Config{})
+	tp, exp := newTestTap(t, Config{})
 	clk := newManualClock()
 	store := groupstate.NewMemoryStore()
 	store.SetTopic("jobs", 2)
@@ -118,14 +120,14 @@ func shareEngineTap(t *testing.T) (*groupstate.Engine, *Tap, *groupstate.MemoryS
 	}
 	t.Cleanup(e.Close)
 	tp.SetGroupSource(e)
-	return e, tp, store, clk
+	return e, tp, store, clk, exp
 }
 
 // TestShareMetrics: a share group's deliveries, acknowledgements, lock
 // timeouts, redeliveries and archiving at the limit show in /metrics,
 // with its share-partitions and locked records per group.
 func TestShareMetrics(t *testing.T) {
-	e, tp, store, clk := shareEngineTap(t)
+	e, tp, store, clk, _ := shareEngineTap(t)
 	const g = "queue"
 	shareHeartbeat(t, e, g, "member-a", "client-a", 0, "jobs")
 	part := groupstate.ShareTP{TopicID: shareTopicID(t, store, "jobs"), Partition: 0}
@@ -200,7 +202,7 @@ func attrLine(body, prefix string) string {
 // its share-partitions' start offsets and records by state. A classic
 // group keeps its shape, with its kind.
 func TestShareAdminAPI(t *testing.T) {
-	e, tp, store, _ := shareEngineTap(t)
+	e, tp, store, _, _ := shareEngineTap(t)
 	const g = "queue"
 	shareHeartbeat(t, e, g, "member-a", "client-a", 0, "jobs")
 	shareHeartbeat(t, e, g, "member-b", "client-b", 0, "jobs")
@@ -271,5 +273,90 @@ func TestShareAdminAPI(t *testing.T) {
 	_, body = get(t, srv, "/api/groups/classic-group")
 	if strings.Contains(body, "share_partitions") || !strings.Contains(body, `"kind": "classic"`) {
 		t.Errorf("classic group detail: %s", body)
+	}
+}
+
+// TestShareAssignmentTraces: each assignment change of a share group is
+// one short trace: its cause, epochs, member count and an "assignment"
+// event per member with its target. After a leave the trace lasts until
+// the next heartbeat computes the new target; the last member leaving
+// ends one as group_empty.
+func TestShareAssignmentTraces(t *testing.T) {
+	e, tp, _, clk, exp := shareEngineTap(t)
+	const g = "queue"
+	shareHeartbeat(t, e, g, "member-a", "client-a", 0, "jobs")
+	settle(t, e, tp, g)
+	roots := rootsOf(exp.GetSpans(), g)
+	if len(roots) != 1 {
+		t.Fatalf("after a joined: %d traces, want 1: %v", len(roots), names(exp.GetSpans()))
+	}
+	r := roots[0]
+	wantAttr(t, "join", r.Attributes, "kproxy.group.kind", "share")
+	wantAttr(t, "join", r.Attributes, "kproxy.rebalance.cause", groupstate.CauseMemberJoined)
+	wantAttr(t, "join", r.Attributes, "kproxy.rebalance.cause.client.id", "client-a")
+	wantAttr(t, "join", r.Attributes, "kproxy.group.epoch", "1")
+	wantAttr(t, "join", r.Attributes, "kproxy.group.assignor", "simple")
+	wantAttr(t, "join", r.Attributes, "kproxy.group.member_count", "1")
+	wantAttr(t, "join", r.Attributes, "kproxy.rebalance.outcome", "completed")
+	if r.Status.Code != codes.Ok {
+		t.Errorf("join trace status %v", r.Status)
+	}
+	assign, ok := spanWithName(exp.GetSpans(), r, "assign")
+	if !ok {
+		t.Fatalf("no assign span: %v", names(exp.GetSpans()))
+	}
+	if ev := eventsOf(assign, "assignment"); len(ev) != 1 {
+		t.Errorf("assign span events %v", assign.Events)
+	} else {
+		wantAttr(t, "assignment", ev[0].Attributes, "kproxy.member.assigned_partitions", "2")
+		wantAttr(t, "assignment", ev[0].Attributes, "kproxy.member.assigned_topics", "jobs")
+	}
+	if len(eventsOf(r, "member_joined")) != 1 {
+		t.Errorf("join trace lacks member_joined: %v", r.Events)
+	}
+	shareHeartbeat(t, e, g, "member-b", "client-b", 0, "jobs")
+	shareHeartbeat(t, e, g, "member-a", "client-a", 1)
+	settle(t, e, tp, g)
+	exp.Reset()
+
+	// b leaves; a's next heartbeat, 700 ms later, computes the target.
+	shareHeartbeat(t, e, g, "member-b", "client-b", -1)
+	clk.Advance(700 * time.Millisecond)
+	shareHeartbeat(t, e, g, "member-a", "client-a", 2)
+	settle(t, e, tp, g)
+	roots = rootsOf(exp.GetSpans(), g)
+	if len(roots) != 1 {
+		t.Fatalf("after b left: %d traces, want 1: %v", len(roots), names(exp.GetSpans()))
+	}
+	r = roots[0]
+	wantAttr(t, "leave", r.Attributes, "kproxy.rebalance.cause", groupstate.CauseMemberLeft)
+	wantAttr(t, "leave", r.Attributes, "kproxy.group.previous_epoch", "2")
+	wantAttr(t, "leave", r.Attributes, "kproxy.group.epoch", "3")
+	wantAttr(t, "leave", r.Attributes, "kproxy.group.member_count", "1")
+	if d := r.EndTime.Sub(r.StartTime); d != 700*time.Millisecond {
+		t.Errorf("leave trace lasted %v, want 700ms", d)
+	}
+	if len(eventsOf(r, "member_left")) != 1 {
+		t.Errorf("leave trace lacks member_left: %v", r.Events)
+	}
+	if assign, ok := spanWithName(exp.GetSpans(), r, "assign"); !ok {
+		t.Errorf("no assign span after the leave")
+	} else if ev := eventsOf(assign, "assignment"); len(ev) != 1 {
+		t.Errorf("assign events %v", assign.Events)
+	} else {
+		wantAttr(t, "assignment", ev[0].Attributes, "kproxy.member.id", "member-a")
+		wantAttr(t, "assignment", ev[0].Attributes, "kproxy.member.assigned_partitions", "2")
+	}
+	exp.Reset()
+
+	shareHeartbeat(t, e, g, "member-a", "client-a", -1)
+	settle(t, e, tp, g)
+	roots = rootsOf(exp.GetSpans(), g)
+	if len(roots) != 1 || outcomeOf(roots[0]) != "group_empty" {
+		t.Fatalf("after the last member left: %v", names(exp.GetSpans()))
+	}
+	body := metricsText(t, tp)
+	if !strings.Contains(body, `kproxy_rebalances_total{kproxy_rebalance_cause="member_left",messaging_consumer_group_name="queue"} 2`) {
+		t.Errorf("/metrics lacks the share group's rebalances\n%s", grepLines(body, "kproxy_rebalances"))
 	}
 }
