@@ -360,3 +360,23 @@ func TestShareAssignmentTraces(t *testing.T) {
 		t.Errorf("/metrics lacks the share group's rebalances\n%s", grepLines(body, "kproxy_rebalances"))
 	}
 }
+
+// TestWebViewShowsShareGroups: the page served has the kind column and
+// the share-partitions table, and its script fills them from the API's
+// fields. (The browser test, tap/webview/e2e, drives the page itself.)
+func TestWebViewShowsShareGroups(t *testing.T) {
+	srv := httptest.NewServer(NewHTTPHandler(HTTPConfig{}))
+	defer srv.Close()
+	_, page := get(t, srv, "/")
+	_, script := get(t, srv, "/app.js")
+	for _, want := range []string{`<th title="classic, consumer (KIP-848) or share (KIP-932)">kind</th>`, `id="share-partitions"`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+	for _, want := range []string{"g.kind", "d.share_partitions", "p.start_offset", "p.acquired", "p.available", "p.in_flight"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("app.js does not read %s", want)
+		}
+	}
+}
