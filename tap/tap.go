@@ -58,6 +58,9 @@ type ShareSource interface {
 	ShareStates(group string) ([]groupstate.ShareStats, bool)
 }
 
+// The engine provides share groups' figures.
+var _ ShareSource = (*groupstate.Engine)(nil)
+
 // Config configures a Tap. Every field has a usable zero value.
 type Config struct {
 	// ServiceName is the service.name resource attribute, "kproxy" when
