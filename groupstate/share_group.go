@@ -269,6 +269,15 @@ func (g *shareGroup) armSessionTimer() {
 		}
 		g.sessionTimer = timerRef{}
 		prevEpoch, prevAssigned := g.g.Epoch(), g.g.AssignmentEpoch()
+		// The members' client ids and hosts, for the events: they are
+		// gone from the group once expired. The timer fires at a
+		// session deadline, seldom.
+		who := map[string]Member{}
+		if g.s.e.cfg.Events != nil {
+			for _, m := range g.members() {
+				who[m.MemberID] = Member{MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost}
+			}
+		}
 		expired := g.g.Expire(g.s.e.clock.Now())
 		if len(expired) > 0 {
 			g.markDirty()
@@ -278,12 +287,16 @@ func (g *shareGroup) armSessionTimer() {
 			g.releaseMember(m)
 			if g.s.e.cfg.Events != nil {
 				ev := g.event(EventMemberExpired)
-				ev.Member, ev.Cause = &Member{MemberID: m}, "session_timeout"
+				gone := who[m]
+				gone.MemberID = m
+				ev.Member, ev.Cause = &gone, "session_timeout"
 				g.s.emit(ev)
 			}
 		}
 		if len(expired) > 0 {
-			g.emitEpoch(CauseMemberExpired, &Member{MemberID: expired[0]}, prevEpoch, prevAssigned)
+			first := who[expired[0]]
+			first.MemberID = expired[0]
+			g.emitEpoch(CauseMemberExpired, &first, prevEpoch, prevAssigned)
 		}
 		g.noteState()
 		g.armSessionTimer()

@@ -362,5 +362,8 @@ func TestShareEpochEvents(t *testing.T) {
 	check("t grows", step{EventRebalanceStarted, CauseTopicsChanged, 5, 0}, step{EventAssignmentReconciled, "", 5, 1})
 	h.advance(11 * time.Second)
 	h.e.Group("g")
-	check("a expires", step{EventRebalanceStarted, CauseMemberExpired, 6, 0}, step{EventGroupEmpty, "", 6, 0})
+	got = check("a expires", step{EventRebalanceStarted, CauseMemberExpired, 6, 0}, step{EventGroupEmpty, "", 6, 0})
+	if m := got[0].Member; m == nil || m.MemberID != "a" || m.ClientID == "" {
+		t.Errorf("the expiry was caused by %+v, want a with its client id", m)
+	}
 }
