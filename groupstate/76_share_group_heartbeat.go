@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"slices"
+
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate/share"
@@ -56,6 +58,8 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 	}
 	set := g.settings()
 	before := memberSet(g.g.Members())
+	prevEpoch, prevAssigned := g.g.Epoch(), g.g.AssignmentEpoch()
+	prevSubs := g.g.Subscription(r.MemberID)
 	resp := g.g.Heartbeat(r, shareTopics{s.e.topicsNow()}, s.e.clock.Now(), share.GroupConfig{
 		SessionTimeout: set.SessionTimeout, HeartbeatInterval: set.HeartbeatInterval, MaxSize: set.MaxSize,
 	})
@@ -71,10 +75,18 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 	if created {
 		s.emit(g.event(EventGroupCreated))
 	}
+	// Only the heartbeating member can join or leave here; the cause
+	// of an epoch bump is that, else its subscription or the
+	// subscribed topics.
+	cause, by := CauseTopicsChanged, &Member{MemberID: r.MemberID, ClientID: rc.ClientID, ClientHost: rc.ClientHost}
+	if r.SubscribedTopicNames != nil && !slices.Equal(prevSubs, g.g.Subscription(r.MemberID)) {
+		cause = CauseSubscriptionChanged
+	}
 	for id := range before {
 		if _, still := after[id]; !still {
 			g.markDirty()
 			g.releaseMember(id)
+			cause = CauseMemberLeft
 			if s.e.cfg.Events != nil {
 				ev := g.event(EventMemberLeft)
 				ev.Member = &Member{MemberID: id}
@@ -83,12 +95,16 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 		}
 	}
 	for id := range after {
-		if _, was := before[id]; !was && s.e.cfg.Events != nil {
-			ev := g.event(EventMemberJoined)
-			ev.Member = &Member{MemberID: id, ClientID: rc.ClientID, ClientHost: rc.ClientHost}
-			s.emit(ev)
+		if _, was := before[id]; !was {
+			cause = CauseMemberJoined
+			if s.e.cfg.Events != nil {
+				ev := g.event(EventMemberJoined)
+				ev.Member = &Member{MemberID: id, ClientID: rc.ClientID, ClientHost: rc.ClientHost}
+				s.emit(ev)
+			}
 		}
 	}
+	g.emitEpoch(cause, by, prevEpoch, prevAssigned)
 	g.noteState()
 	g.armSessionTimer()
 	if created || resp.ErrorCode == errNone && resp.MemberEpoch != r.MemberEpoch || len(before) != len(after) {

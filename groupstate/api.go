@@ -202,7 +202,8 @@ type Event struct {
 	// to the rebalance timeout); zero otherwise.
 	InitialDelay time.Duration
 	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
-	// SyncGroup) or GroupTypeConsumer (KIP-848); empty for an offset
+	// SyncGroup), GroupTypeConsumer (KIP-848) or GroupTypeShare
+	// (KIP-932); empty for an offset
 	// commit of a group kproxy holds no state for.
 	GroupType string
 }
@@ -211,6 +212,11 @@ type Event struct {
 const (
 	GroupTypeClassic  = "classic"
 	GroupTypeConsumer = "consumer"
+	// GroupTypeShare is a share group (KIP-932): its EventRebalanceStarted
+	// marks a group epoch bump, its EventAssignmentReconciled the target
+	// assignment computed for that epoch (members move to it at their
+	// next heartbeat, with no revocation phase).
+	GroupTypeShare = "share"
 )
 
 // GroupSnapshot is a consistent copy of one group's state, taken on the
@@ -225,4 +231,7 @@ type GroupSnapshot struct {
 	Members      []Member
 	// StateSince is when the group entered its current state.
 	StateSince time.Time
+	// Kind is the kind of group (KindClassic, KindConsumer, KindShare),
+	// set by Engine.Groups and Engine.Group.
+	Kind GroupKind
 }

@@ -403,7 +403,9 @@ func (e *Engine) Groups() []GroupSnapshot {
 			defer wg.Done()
 			snaps := make([]GroupSnapshot, 0, len(s.groups))
 			for _, g := range s.groups {
-				snaps = append(snaps, g.snapshot())
+				snap := g.snapshot()
+				snap.Kind = g.groupKind()
+				snaps = append(snaps, snap)
 			}
 			mu.Lock()
 			all = append(all, snaps...)
@@ -432,7 +434,9 @@ func (e *Engine) Group(id string) (GroupSnapshot, bool) {
 			ch <- res{}
 			return
 		}
-		ch <- res{g.snapshot(), true}
+		snap := g.snapshot()
+		snap.Kind = g.groupKind()
+		ch <- res{snap, true}
 	}) {
 		return GroupSnapshot{}, false
 	}

@@ -1,6 +1,7 @@
 package groupstate
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -133,12 +134,34 @@ func (g *shareGroup) listEntry() kmsg.ListGroupsResponseGroup {
 	return lg
 }
 
+// snapshot describes the group with its members' client ids, hosts,
+// epochs and assignments (encoded as a consumer-protocol assignment with
+// topic names, as consumer groups' are; a topic the cache no longer
+// knows is named by its id in hex).
 func (g *shareGroup) snapshot() GroupSnapshot {
 	snap := GroupSnapshot{Group: g.id, State: g.g.State(), ProtocolType: "share", Protocol: "simple", Generation: g.g.Epoch(), StateSince: g.since}
-	for _, id := range g.g.Members() {
-		snap.Members = append(snap.Members, Member{MemberID: id, Protocol: "share"})
-	}
+	snap.Members = g.members()
 	return snap
+}
+
+// members lists the members as Describe shows them, sorted by id.
+func (g *shareGroup) members() []Member {
+	d := kmsg.NewShareGroupDescribeResponseGroup()
+	g.g.Describe(&d, shareTopics{g.s.e.topicsNow()})
+	out := make([]Member, 0, len(d.Members))
+	for _, dm := range d.Members {
+		a := kmsg.NewConsumerMemberAssignment()
+		for _, t := range dm.Assignment.TopicPartitions {
+			name := t.Topic
+			if name == "" {
+				name = fmt.Sprintf("%x", t.TopicID[:])
+			}
+			a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: name, Partitions: t.Partitions})
+		}
+		out = append(out, Member{MemberID: dm.MemberID, ClientID: dm.ClientID, ClientHost: dm.ClientHost, Protocol: "share",
+			Epoch: dm.MemberEpoch, Assignment: a.AppendTo(nil)})
+	}
+	return out
 }
 
 func (g *shareGroup) unload(code int16, cause string) {
@@ -162,7 +185,64 @@ func (g *shareGroup) teardown() {
 
 // event returns an event about the group of kind k.
 func (g *shareGroup) event(k EventKind) Event {
-	return Event{Time: g.s.e.clock.Now(), Kind: k, Group: g.id, Generation: g.g.Epoch(), State: g.g.State(), ProtocolType: "share", Protocol: "simple"}
+	return Event{Time: g.s.e.clock.Now(), Kind: k, Group: g.id, GroupType: GroupTypeShare, Generation: g.g.Epoch(), State: g.g.State(), ProtocolType: "share", Protocol: "simple"}
+}
+
+// emitEpoch emits the events of an assignment change, which tap traces
+// as it traces a KIP-848 reconciliation: EventRebalanceStarted when the
+// group epoch moved past prevEpoch (with cause and the member that
+// caused it), then EventGroupEmpty when no member is left, or
+// EventAssignmentReconciled (every member with its target) once the
+// target assignment moved past prevAssigned and caught up with the
+// epoch. A member joining or changing its subscription gets both at once;
+// after a member left or expired the target is recomputed at the next
+// heartbeat of another member (share.Group), which emits the second.
+// Runs on the loop after the group changed.
+func (g *shareGroup) emitEpoch(cause string, by *Member, prevEpoch, prevAssigned int32) {
+	if g.s.e.cfg.Events == nil {
+		return
+	}
+	if g.g.Epoch() > prevEpoch {
+		ev := g.event(EventRebalanceStarted)
+		ev.Cause, ev.Member = cause, by
+		g.s.emit(ev)
+		if g.g.Empty() {
+			g.s.emit(g.event(EventGroupEmpty))
+			return
+		}
+	}
+	if a := g.g.AssignmentEpoch(); a > prevAssigned && a == g.g.Epoch() && !g.g.Empty() {
+		ev := g.event(EventAssignmentReconciled)
+		topics := g.s.e.topicsNow()
+		ev.Members = g.members()
+		for i := range ev.Members {
+			ev.Members[i].Assignment = encodeShareAssignment(g.g.Target(ev.Members[i].MemberID), topics)
+		}
+		g.s.emit(ev)
+	}
+}
+
+// encodeShareAssignment encodes tps (sorted by topic id) as a
+// consumer-protocol assignment with topic names, a topic the cache does
+// not know named by its id in hex.
+func encodeShareAssignment(tps []share.TopicPartition, topics *topicSnapshot) []byte {
+	a := kmsg.NewConsumerMemberAssignment()
+	for _, tp := range tps {
+		if n := len(a.Topics); n > 0 && a.Topics[n-1].Topic == topicName(topics, tp.TopicID) {
+			a.Topics[n-1].Partitions = append(a.Topics[n-1].Partitions, tp.Partition)
+			continue
+		}
+		a.Topics = append(a.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: topicName(topics, tp.TopicID), Partitions: []int32{tp.Partition}})
+	}
+	return a.AppendTo(nil)
+}
+
+// topicName names id from the topic cache, or by its id in hex.
+func topicName(topics *topicSnapshot, id [16]byte) string {
+	if n := topics.byID[id]; n != "" {
+		return n
+	}
+	return fmt.Sprintf("%x", id[:])
 }
 
 // noteState records when the group's state changed.
@@ -188,6 +268,16 @@ func (g *shareGroup) armSessionTimer() {
 			return
 		}
 		g.sessionTimer = timerRef{}
+		prevEpoch, prevAssigned := g.g.Epoch(), g.g.AssignmentEpoch()
+		// The members' client ids and hosts, for the events: they are
+		// gone from the group once expired. The timer fires at a
+		// session deadline, seldom.
+		who := map[string]Member{}
+		if g.s.e.cfg.Events != nil {
+			for _, m := range g.members() {
+				who[m.MemberID] = Member{MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost}
+			}
+		}
 		expired := g.g.Expire(g.s.e.clock.Now())
 		if len(expired) > 0 {
 			g.markDirty()
@@ -197,9 +287,16 @@ func (g *shareGroup) armSessionTimer() {
 			g.releaseMember(m)
 			if g.s.e.cfg.Events != nil {
 				ev := g.event(EventMemberExpired)
-				ev.Member, ev.Cause = &Member{MemberID: m}, "session_timeout"
+				gone := who[m]
+				gone.MemberID = m
+				ev.Member, ev.Cause = &gone, "session_timeout"
 				g.s.emit(ev)
 			}
+		}
+		if len(expired) > 0 {
+			first := who[expired[0]]
+			first.MemberID = expired[0]
+			g.emitEpoch(CauseMemberExpired, &first, prevEpoch, prevAssigned)
 		}
 		g.noteState()
 		g.armSessionTimer()
@@ -211,9 +308,11 @@ func (g *shareGroup) armSessionTimer() {
 func (g *shareGroup) releaseMember(member string) {
 	l := g.settings().limits()
 	for _, p := range g.parts {
+		before := p.ArchivedAtLimit()
 		if p.ReleaseMember(member, l) > 0 {
 			g.markDirty()
 		}
+		g.s.e.shareMetrics.countArchived(p, before)
 	}
 }
 
@@ -240,7 +339,9 @@ func (g *shareGroup) armLockTimer() {
 		now, l := g.s.e.clock.Now(), g.settings().limits()
 		released := 0
 		for _, p := range g.parts {
+			before := p.ArchivedAtLimit()
 			released += p.ExpireLocks(now, l)
+			g.s.e.shareMetrics.countArchived(p, before)
 		}
 		if released > 0 {
 			g.markDirty()

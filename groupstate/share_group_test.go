@@ -242,8 +242,19 @@ func TestShareLocksMembersAndReload(t *testing.T) {
 	if len(got) != 1 || got[0].First != 20 || got[0].DeliveryCount != 2 {
 		t.Fatalf("b after a expired: %+v", got)
 	}
-	if c := h.e.ShareCounters(); c.LockTimeouts < 10 || c.Writes == 0 {
+	// Delivered: 0-19, 10-19 twice more, 20-29 twice (60, 30 of them
+	// again); 10-19 archived at
+	// the limit, 20-29 released by the expiry (not at the limit).
+	c := h.e.ShareCounters()
+	if c.LockTimeouts < 10 || c.Writes == 0 {
 		t.Errorf("counters %+v", c)
+	}
+	if c.Acquired != 60 || c.Redeliveries != 30 || c.ArchivedAtLimit != 10 ||
+		c.Acknowledged[share.AckAccept] != 10 || c.Acknowledged[share.AckRelease] != 20 {
+		t.Errorf("counters %+v, want 60 acquired, 30 redelivered, 10 archived at the limit, 10 accepted, 20 released", c)
+	}
+	if gs := h.e.ShareGroupStats(); len(gs) != 1 || gs[0].Group != "g" || gs[0].Partitions != 1 || gs[0].Acquired != 10 {
+		t.Errorf("group stats %+v, want g with 1 share-partition and 10 records locked", gs)
 	}
 
 	// A new engine over the same store: b's acquired records are
@@ -312,4 +323,86 @@ func FuzzShareRecord(f *testing.F) {
 			t.Fatalf("a decoded record encodes to one that does not decode: %v", err)
 		}
 	})
+}
+
+// TestShareEpochEvents: each group epoch bump of a share group emits
+// EventRebalanceStarted with its cause, and the target computed for it
+// EventAssignmentReconciled with every member's target; a leave's target
+// comes with the next heartbeat, and the last member's expiry empties
+// the group.
+func TestShareEpochEvents(t *testing.T) {
+	h := &consumerHarness{newHarness(t, shareSettingsForTest)}
+	h.store.SetTopic("t", 2)
+	h.refresh()
+	type step struct {
+		kind    EventKind
+		cause   string
+		epoch   int32
+		members int
+	}
+	check := func(what string, want ...step) []Event {
+		t.Helper()
+		var got []Event
+		for _, ev := range h.takeEvents("g") {
+			if ev.Kind == EventRebalanceStarted || ev.Kind == EventAssignmentReconciled || ev.Kind == EventGroupEmpty {
+				got = append(got, ev)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: events %+v, want %+v", what, got, want)
+		}
+		for i, w := range want {
+			ev := got[i]
+			if ev.Kind != w.kind || ev.Cause != w.cause || ev.Generation != w.epoch || len(ev.Members) != w.members || ev.GroupType != GroupTypeShare {
+				t.Fatalf("%s: event %d %s cause %q epoch %d members %d type %q, want %+v", what, i, ev.Kind, ev.Cause, ev.Generation, len(ev.Members), ev.GroupType, w)
+			}
+		}
+		return got
+	}
+	hb := func(member string, epoch int32, topics ...string) {
+		t.Helper()
+		r := shareJoin("g", member, topics...)
+		r.MemberEpoch = epoch
+		if len(topics) == 0 {
+			r.SubscribedTopicNames = nil
+		}
+		if resp := h.do(r).(*kmsg.ShareGroupHeartbeatResponse); resp.ErrorCode != errNone {
+			t.Fatalf("heartbeat of %s: %s", member, errName(resp.ErrorCode))
+		}
+	}
+
+	hb("a", 0, "t")
+	check("a joins", step{EventRebalanceStarted, CauseMemberJoined, 1, 0}, step{EventAssignmentReconciled, "", 1, 1})
+	hb("b", 0, "t")
+	got := check("b joins", step{EventRebalanceStarted, CauseMemberJoined, 2, 0}, step{EventAssignmentReconciled, "", 2, 2})
+	if got[0].Member == nil || got[0].Member.MemberID != "b" {
+		t.Errorf("b's join caused by %+v", got[0].Member)
+	}
+	var parts int
+	for _, m := range got[1].Members {
+		var a kmsg.ConsumerMemberAssignment
+		if err := a.ReadFrom(m.Assignment); err != nil || len(a.Topics) != 1 || a.Topics[0].Topic != "t" {
+			t.Fatalf("%s's target %+v: %v", m.MemberID, a.Topics, err)
+		}
+		parts += len(a.Topics[0].Partitions)
+	}
+	if parts != 2 {
+		t.Errorf("targets hold %d partitions, want 2", parts)
+	}
+	hb("a", 1, "t", "u") // a new subscription
+	check("a subscribes to u", step{EventRebalanceStarted, CauseSubscriptionChanged, 3, 0}, step{EventAssignmentReconciled, "", 3, 2})
+	hb("b", -1)
+	check("b leaves", step{EventRebalanceStarted, CauseMemberLeft, 4, 0})
+	hb("a", 3)
+	check("a heartbeats", step{EventAssignmentReconciled, "", 4, 1})
+	h.store.SetTopic("t", 3)
+	h.refresh()
+	hb("a", 4)
+	check("t grows", step{EventRebalanceStarted, CauseTopicsChanged, 5, 0}, step{EventAssignmentReconciled, "", 5, 1})
+	h.advance(11 * time.Second)
+	h.e.Group("g")
+	got = check("a expires", step{EventRebalanceStarted, CauseMemberExpired, 6, 0}, step{EventGroupEmpty, "", 6, 0})
+	if m := got[0].Member; m == nil || m.MemberID != "a" || m.ClientID == "" {
+		t.Errorf("the expiry was caused by %+v, want a with its client id", m)
+	}
 }

@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,8 +59,21 @@ type shareMetrics struct {
 	acquired     atomic.Int64 // records acquired (each delivery)
 	acked        [5]atomic.Int64
 	lockTimeouts atomic.Int64 // records whose lock timed out
-	writes       atomic.Int64 // share group records written
-	writeNanos   atomic.Int64 // time those writes took
+	// archived counts records archived at the delivery limit,
+	// redelivered the acquisitions of records delivered before
+	// (delivery count above 1).
+	archived    atomic.Int64
+	redelivered atomic.Int64
+	writes      atomic.Int64 // share group records written
+	writeNanos  atomic.Int64 // time those writes took
+}
+
+// countArchived adds what p archived at the delivery limit since it had
+// archived before.
+func (m *shareMetrics) countArchived(p *share.Partition, before int64) {
+	if n := p.ArchivedAtLimit() - before; n > 0 {
+		m.archived.Add(n)
+	}
 }
 
 // ShareCounters are the engine's share-group counters since its start.
@@ -68,6 +83,12 @@ type ShareCounters struct {
 	// reject, renew.
 	Acknowledged [5]int64
 	LockTimeouts int64
+	// ArchivedAtLimit counts the records archived because they had been
+	// delivered share.delivery.count.limit times; Redeliveries the
+	// acquisitions of records delivered before (delivery count above 1,
+	// also counted in Acquired).
+	ArchivedAtLimit int64
+	Redeliveries    int64
 	// Writes counts the share group records written to the store, and
 	// WriteTime the time they took.
 	Writes    int64
@@ -77,7 +98,8 @@ type ShareCounters struct {
 // ShareCounters returns the engine's share-group counters.
 func (e *Engine) ShareCounters() ShareCounters {
 	c := ShareCounters{Acquired: e.shareMetrics.acquired.Load(), LockTimeouts: e.shareMetrics.lockTimeouts.Load(),
-		Writes: e.shareMetrics.writes.Load(), WriteTime: time.Duration(e.shareMetrics.writeNanos.Load())}
+		Writes: e.shareMetrics.writes.Load(), WriteTime: time.Duration(e.shareMetrics.writeNanos.Load()),
+		ArchivedAtLimit: e.shareMetrics.archived.Load(), Redeliveries: e.shareMetrics.redelivered.Load()}
 	for i := range c.Acknowledged {
 		c.Acknowledged[i] = e.shareMetrics.acked[i].Load()
 	}
@@ -121,7 +143,9 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 				plan.AckCodes[tp] = errInvalidRecordState
 				continue
 			}
+			before := p.ArchivedAtLimit()
 			code := p.Acknowledge(member, batches, now, l)
+			e.shareMetrics.countArchived(p, before)
 			plan.AckCodes[tp] = code
 			if code == errNone {
 				g.markDirty()
@@ -213,17 +237,23 @@ func (e *Engine) ShareAcquire(group, member string, fetched map[ShareTP]ShareFet
 			if p == nil || len(f.Batches) == 0 || (maxRecords > 0 && left <= 0) {
 				continue
 			}
+			before := p.ArchivedAtLimit()
 			got := p.Acquire(member, f.FetchOffset, f.Batches, left, mode, batchSize, now, l)
+			e.shareMetrics.countArchived(p, before)
 			if len(got) == 0 {
 				continue
 			}
 			out[tp] = got
 			g.markDirty()
-			var n int64
+			var n, again int64
 			for _, a := range got {
 				n += a.Last - a.First + 1
+				if a.DeliveryCount > 1 {
+					again += a.Last - a.First + 1
+				}
 			}
 			e.shareMetrics.acquired.Add(n)
+			e.shareMetrics.redelivered.Add(again)
 			if maxRecords > 0 {
 				left -= int(n)
 			}
@@ -264,9 +294,15 @@ func (e *Engine) ShareReleaseMember(group, member string, partitions []ShareTP) 
 	e.onShareGroup(group, func(int16) {}, func(g *shareGroup) {
 		l := g.settings().limits()
 		for _, tp := range partitions {
-			if p := g.parts[tp]; p != nil && p.ReleaseMember(member, l) > 0 {
+			p := g.parts[tp]
+			if p == nil {
+				continue
+			}
+			before := p.ArchivedAtLimit()
+			if p.ReleaseMember(member, l) > 0 {
 				g.markDirty()
 			}
+			e.shareMetrics.countArchived(p, before)
 		}
 		g.persistThen(nil)
 	})
@@ -274,7 +310,10 @@ func (e *Engine) ShareReleaseMember(group, member string, partitions []ShareTP) 
 
 // ShareStats is one share-partition's state, for the admin API.
 type ShareStats struct {
-	TP          ShareTP
+	TP ShareTP
+	// Topic is the topic's name in the engine's topic cache, "" when
+	// the cache does not know the id (the topic was deleted).
+	Topic       string
 	StartOffset int64
 	share.Stats
 }
@@ -295,8 +334,9 @@ func (e *Engine) ShareStates(group string) ([]ShareStats, bool) {
 			return
 		}
 		out := make([]ShareStats, 0, len(g.parts))
+		topics := e.topicsNow()
 		for tp, p := range g.parts {
-			out = append(out, ShareStats{TP: tp, StartOffset: p.StartOffset(), Stats: p.Stats()})
+			out = append(out, ShareStats{TP: tp, Topic: topics.byID[tp.TopicID], StartOffset: p.StartOffset(), Stats: p.Stats()})
 		}
 		ch <- res{out, true}
 	}) {
@@ -308,4 +348,53 @@ func (e *Engine) ShareStates(group string) ([]ShareStats, bool) {
 	case <-time.After(10 * time.Second):
 		return nil, false
 	}
+}
+
+// ShareGroupStat sums the share-partitions of one share group, for
+// gauges.
+type ShareGroupStat struct {
+	Group      string
+	Partitions int
+	// Acquired counts the records locked for a member (in flight to a
+	// consumer); Available those waiting to be delivered (again).
+	Acquired, Available int64
+}
+
+// ShareGroupStats sums the share-partitions of every share group the
+// engine holds, sorted by group. It visits every loop once: for metric
+// collection, not for request paths.
+func (e *Engine) ShareGroupStats() []ShareGroupStat {
+	var (
+		mu  sync.Mutex
+		all []ShareGroupStat
+		wg  sync.WaitGroup
+	)
+	for _, s := range e.shards {
+		wg.Add(1)
+		if !s.post(func() {
+			defer wg.Done()
+			var out []ShareGroupStat
+			for _, g := range s.groups {
+				sg, ok := g.(*shareGroup)
+				if !ok {
+					continue
+				}
+				st := ShareGroupStat{Group: sg.id, Partitions: len(sg.parts)}
+				for _, p := range sg.parts {
+					ps := p.Stats()
+					st.Acquired += ps.Acquired
+					st.Available += ps.Available
+				}
+				out = append(out, st)
+			}
+			mu.Lock()
+			all = append(all, out...)
+			mu.Unlock()
+		}) {
+			wg.Done()
+		}
+	}
+	wg.Wait()
+	sort.Slice(all, func(i, j int) bool { return all[i].Group < all[j].Group })
+	return all
 }

@@ -2,6 +2,7 @@ package tap
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"sort"
@@ -12,7 +13,10 @@ import (
 
 // GroupSummary is one entry of /api/groups.
 type GroupSummary struct {
-	Group        string    `json:"group"`
+	Group string `json:"group"`
+	// Kind is the kind of group: classic, consumer (KIP-848) or share
+	// (KIP-932); absent from a GroupSource that does not say.
+	Kind         string    `json:"kind,omitempty"`
 	State        string    `json:"state"`
 	ProtocolType string    `json:"protocol_type"`
 	Protocol     string    `json:"protocol"`
@@ -29,7 +33,9 @@ type GroupSummary struct {
 
 // GroupDetail is the body of /api/groups/{id}.
 type GroupDetail struct {
-	Group        string         `json:"group"`
+	Group string `json:"group"`
+	// Kind is as in GroupSummary.
+	Kind         string         `json:"kind,omitempty"`
 	State        string         `json:"state"`
 	ProtocolType string         `json:"protocol_type"`
 	Protocol     string         `json:"protocol"`
@@ -44,6 +50,30 @@ type GroupDetail struct {
 	// commits is no error: Offsets then lists its assigned partitions
 	// with Committed -1.
 	OffsetsError string `json:"offsets_error,omitempty"`
+	// SharePartitions lists a share group's share-partitions (those its
+	// members fetched), sorted by topic and partition; absent for other
+	// kinds.
+	SharePartitions []SharePartition `json:"share_partitions,omitempty"`
+}
+
+// SharePartition is one share-partition of a share group (KIP-932): its
+// start offset (every record below it is acknowledged or archived) and
+// its in-flight records from there, by state.
+type SharePartition struct {
+	Topic string `json:"topic"`
+	// TopicID is the topic's id in hex.
+	TopicID     string `json:"topic_id"`
+	Partition   int32  `json:"partition"`
+	StartOffset int64  `json:"start_offset"`
+	// InFlight counts the records from StartOffset to the end of the
+	// window; Acquired those locked for a member, Available those
+	// waiting to be delivered (again), Acknowledged and Archived those
+	// done but above a record still in flight.
+	InFlight     int64 `json:"in_flight"`
+	Acquired     int64 `json:"acquired"`
+	Available    int64 `json:"available"`
+	Acknowledged int64 `json:"acknowledged"`
+	Archived     int64 `json:"archived"`
 }
 
 // groups serves the group list, sorted by group id, with each group's
@@ -57,19 +87,31 @@ func (a *httpAPI) groups(w http.ResponseWriter, r *http.Request) {
 	out := make([]GroupSummary, 0, len(snaps))
 	for _, g := range snaps {
 		out = append(out, GroupSummary{
-			Group: g.Group, State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
+			Group: g.Group, Kind: string(g.Kind), State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
 			Generation: g.Generation, Leader: g.Leader, Members: len(g.Members), StateSince: g.StateSince,
 		})
 	}
 	if a.cfg.Offsets != nil && len(snaps) > 0 {
+		// A share group commits no offsets: its progress is in
+		// share_partitions (/api/groups/{id}), not in a lag.
 		qs := make([]LagQuery, 0, len(snaps))
 		for _, g := range snaps {
-			qs = append(qs, LagQuery{Group: g.Group, Assigned: assignedOf(groupDetail(g).Members)})
+			if g.Kind != groupstate.KindShare {
+				qs = append(qs, LagQuery{Group: g.Group, Assigned: assignedOf(groupDetail(g).Members)})
+			}
 		}
-		lags, err := a.lag(r.Context(), qs)
+		var (
+			lags map[string]GroupLag
+			err  error
+		)
+		if len(qs) > 0 {
+			lags, err = a.lag(r.Context(), qs)
+		}
 		for i := range out {
 			gl, ok := lags[out[i].Group]
 			switch {
+			case out[i].Kind == string(groupstate.KindShare):
+				// No lag (above).
 			case err != nil:
 				out[i].LagError = err.Error()
 			case !ok:
@@ -116,13 +158,16 @@ func (a *httpAPI) group(w http.ResponseWriter, r *http.Request) {
 		if g, ok := a.cfg.Groups.Group(id); ok {
 			known = true
 			detail = groupDetail(g)
+			if ss, ok := a.cfg.Groups.(ShareSource); ok && g.Kind == groupstate.KindShare {
+				detail.SharePartitions = sharePartitions(ss, id)
+			}
 		}
 	}
 	if !known {
 		detail = GroupDetail{Group: id, State: "Unknown", Members: []MemberInfo{}}
 	}
 	detail.Offsets = []PartitionLag{}
-	if a.cfg.Offsets != nil {
+	if a.cfg.Offsets != nil && detail.Kind != string(groupstate.KindShare) {
 		lags, err := a.lag(r.Context(), []LagQuery{{Group: id, Assigned: assignedOf(detail.Members)}})
 		gl, ok := lags[id]
 		switch {
@@ -148,7 +193,7 @@ func (a *httpAPI) group(w http.ResponseWriter, r *http.Request) {
 // groupDetail converts a snapshot, decoding member assignments.
 func groupDetail(g groupstate.GroupSnapshot) GroupDetail {
 	d := GroupDetail{
-		Group: g.Group, State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
+		Group: g.Group, Kind: string(g.Kind), State: g.State, ProtocolType: g.ProtocolType, Protocol: g.Protocol,
 		Generation: g.Generation, Leader: g.Leader, StateSince: g.StateSince,
 		Members: make([]MemberInfo, 0, len(g.Members)),
 	}
@@ -157,6 +202,29 @@ func groupDetail(g groupstate.GroupSnapshot) GroupDetail {
 	}
 	sort.Slice(d.Members, func(i, j int) bool { return d.Members[i].MemberID < d.Members[j].MemberID })
 	return d
+}
+
+// sharePartitions lists group's share-partitions, sorted.
+func sharePartitions(src ShareSource, group string) []SharePartition {
+	states, _ := src.ShareStates(group)
+	out := make([]SharePartition, 0, len(states))
+	for _, st := range states {
+		out = append(out, SharePartition{
+			Topic: st.Topic, TopicID: hex.EncodeToString(st.TP.TopicID[:]), Partition: st.TP.Partition,
+			StartOffset: st.StartOffset, InFlight: st.InFlight, Acquired: st.Acquired, Available: st.Available,
+			Acknowledged: st.Acknowledged, Archived: st.Archived,
+		})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Topic != out[j].Topic {
+			return out[i].Topic < out[j].Topic
+		}
+		if out[i].TopicID != out[j].TopicID {
+			return out[i].TopicID < out[j].TopicID
+		}
+		return out[i].Partition < out[j].Partition
+	})
+	return out
 }
 
 // events streams engine events as Server-Sent Events: first the recent

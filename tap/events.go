@@ -48,7 +48,7 @@ type MemberInfo struct {
 	// consumer (KIP-848); a mixed group has both during a migration.
 	Protocol string `json:"protocol,omitempty"`
 	// Assignment is the member's assignment decoded to topic-partitions
-	// (consumer protocol only).
+	// (consumer protocol and share groups only).
 	Assignment []TopicPartitions `json:"assignment,omitempty"`
 	// AssignmentBytes is the size of the raw assignment.
 	AssignmentBytes int `json:"assignment_bytes,omitempty"`
@@ -127,10 +127,11 @@ func toMemberInfo(protocolType string, m groupstate.Member) MemberInfo {
 }
 
 // decodeAssignment decodes a classic consumer-protocol assignment into
-// sorted topic-partitions. It returns nil, nil for other protocol types
-// and for empty assignments.
+// sorted topic-partitions; the engine encodes share groups' (protocol
+// type "share") the same way. It returns nil, nil for other protocol
+// types and for empty assignments.
 func decodeAssignment(protocolType string, b []byte) ([]TopicPartitions, error) {
-	if protocolType != "consumer" || len(b) == 0 {
+	if (protocolType != "consumer" && protocolType != "share") || len(b) == 0 {
 		return nil, nil
 	}
 	var a kmsg.ConsumerMemberAssignment

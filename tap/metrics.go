@@ -30,7 +30,12 @@ const (
 	attrKind         = attribute.Key("kproxy.event.kind")
 	attrExpireReason = attribute.Key("kproxy.member.expire_reason")
 	attrGroupKind    = attribute.Key("kproxy.group.kind")
+	attrAckType      = attribute.Key("kproxy.share.ack_type")
 )
+
+// ackTypeNames name groupstate.ShareCounters.Acknowledged's indexes
+// (KIP-932's acknowledgement types; renew is KIP-1222's).
+var ackTypeNames = [5]string{"gap", "accept", "release", "reject", "renew"}
 
 // instruments are tap's metric instruments. Immutable after
 // newInstruments; the instruments themselves are safe for concurrent use.
@@ -105,6 +110,11 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 		return nil, fmt.Errorf("tap: instrument kproxy.tap.subscriber.dropped: %w", err)
 	}
 
+	sh, err := newShareInstruments(m)
+	if err != nil {
+		return nil, err
+	}
+
 	in.reg, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(dropped, t.dropped.Load())
 		o.ObserveInt64(subDropped, t.hub.droppedTotal())
@@ -129,12 +139,97 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 		for state, n := range byState {
 			o.ObserveInt64(groups, n, metric.WithAttributes(attrState.String(state)))
 		}
+		if ss, ok := src.(ShareSource); ok {
+			sh.observe(o, ss)
+		}
 		return nil
-	}, groups, members, generation, forwarded, dropped, subDropped)
+	}, append([]metric.Observable{groups, members, generation, forwarded, dropped, subDropped}, sh.all()...)...)
 	if err != nil {
 		return nil, fmt.Errorf("tap: registering gauge callback: %w", err)
 	}
 	return &in, nil
+}
+
+// shareInstruments are the share groups' (KIP-932) observable
+// instruments, read from a ShareSource at collection time. Immutable
+// after newShareInstruments.
+type shareInstruments struct {
+	acquired, redelivered, acked, lockTimeouts, archived, writes metric.Int64ObservableCounter
+	writeTime                                                    metric.Float64ObservableCounter
+	partitions, locked, available                                metric.Int64ObservableGauge
+}
+
+// newShareInstruments creates the share-group instruments on m.
+func newShareInstruments(m metric.Meter) (*shareInstruments, error) {
+	var sh shareInstruments
+	counters := []struct {
+		dst        *metric.Int64ObservableCounter
+		name, desc string
+		unit       string
+	}{
+		{&sh.acquired, "kproxy.share.records.acquired", "Share-group records acquired by a member (each delivery).", "{record}"},
+		{&sh.redelivered, "kproxy.share.records.redelivered", "Share-group records acquired again (delivery count above 1); also in kproxy.share.records.acquired.", "{record}"},
+		{&sh.acked, "kproxy.share.records.acknowledged", "Share-group records acknowledged, by type (gap, accept, release, reject, renew).", "{record}"},
+		{&sh.lockTimeouts, "kproxy.share.records.lock_timeouts", "Share-group records released because their acquisition lock timed out.", "{record}"},
+		{&sh.archived, "kproxy.share.records.archived_at_limit", "Share-group records archived because they were delivered share.delivery.count.limit times.", "{record}"},
+		{&sh.writes, "kproxy.share.state.writes", "Share-group state records written to the groups topic.", "{write}"},
+	}
+	for _, c := range counters {
+		v, err := m.Int64ObservableCounter(c.name, metric.WithDescription(c.desc), metric.WithUnit(c.unit))
+		if err != nil {
+			return nil, fmt.Errorf("tap: instrument %s: %w", c.name, err)
+		}
+		*c.dst = v
+	}
+	var err error
+	if sh.writeTime, err = m.Float64ObservableCounter("kproxy.share.state.write.time",
+		metric.WithDescription("Time spent writing share-group state records."),
+		metric.WithUnit("s")); err != nil {
+		return nil, fmt.Errorf("tap: instrument kproxy.share.state.write.time: %w", err)
+	}
+	gauges := []struct {
+		dst        *metric.Int64ObservableGauge
+		name, desc string
+		unit       string
+	}{
+		{&sh.partitions, "kproxy.share.partitions", "Share-partitions of each share group (those its members fetched).", "{partition}"},
+		{&sh.locked, "kproxy.share.records.locked", "Records of each share group acquired by a member and not yet acknowledged (in flight, under an acquisition lock).", "{record}"},
+		{&sh.available, "kproxy.share.records.available", "Records of each share group's in-flight window waiting to be delivered (again).", "{record}"},
+	}
+	for _, g := range gauges {
+		v, err := m.Int64ObservableGauge(g.name, metric.WithDescription(g.desc), metric.WithUnit(g.unit))
+		if err != nil {
+			return nil, fmt.Errorf("tap: instrument %s: %w", g.name, err)
+		}
+		*g.dst = v
+	}
+	return &sh, nil
+}
+
+// all lists the instruments for RegisterCallback.
+func (sh *shareInstruments) all() []metric.Observable {
+	return []metric.Observable{sh.acquired, sh.redelivered, sh.acked, sh.lockTimeouts, sh.archived, sh.writes,
+		sh.writeTime, sh.partitions, sh.locked, sh.available}
+}
+
+// observe records src's share-group figures.
+func (sh *shareInstruments) observe(o metric.Observer, src ShareSource) {
+	c := src.ShareCounters()
+	o.ObserveInt64(sh.acquired, c.Acquired)
+	o.ObserveInt64(sh.redelivered, c.Redeliveries)
+	for i, n := range c.Acknowledged {
+		o.ObserveInt64(sh.acked, n, metric.WithAttributes(attrAckType.String(ackTypeNames[i])))
+	}
+	o.ObserveInt64(sh.lockTimeouts, c.LockTimeouts)
+	o.ObserveInt64(sh.archived, c.ArchivedAtLimit)
+	o.ObserveInt64(sh.writes, c.Writes)
+	o.ObserveFloat64(sh.writeTime, c.WriteTime.Seconds())
+	for _, g := range src.ShareGroupStats() {
+		group := metric.WithAttributes(semconv.MessagingConsumerGroupName(g.Group))
+		o.ObserveInt64(sh.partitions, int64(g.Partitions), group)
+		o.ObserveInt64(sh.locked, g.Acquired, group)
+		o.ObserveInt64(sh.available, g.Available, group)
+	}
 }
 
 // recordEvent counts an engine event. Called on the tap goroutine.

@@ -46,6 +46,21 @@ type GroupSource interface {
 	Group(id string) (groupstate.GroupSnapshot, bool)
 }
 
+// ShareSource is what tap reads share groups' figures from (KIP-932),
+// when its GroupSource provides them too: the engine
+// (groupstate.Engine) does.
+type ShareSource interface {
+	// ShareCounters returns the engine's share-group counters.
+	ShareCounters() groupstate.ShareCounters
+	// ShareGroupStats sums each share group's share-partitions.
+	ShareGroupStats() []groupstate.ShareGroupStat
+	// ShareStates returns one share group's share-partitions.
+	ShareStates(group string) ([]groupstate.ShareStats, bool)
+}
+
+// The engine provides share groups' figures.
+var _ ShareSource = (*groupstate.Engine)(nil)
+
 // Config configures a Tap. Every field has a usable zero value.
 type Config struct {
 	// ServiceName is the service.name resource attribute, "kproxy" when

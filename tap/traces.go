@@ -24,6 +24,13 @@ const (
 	// epoch's bump until every member holds its target (there is no
 	// JoinGroup or SyncGroup round).
 	spanReconcile = "reconcile"
+	// spanAssign is the phase of a share group's (KIP-932) assignment
+	// change: from the group epoch's bump until the simple assignor's
+	// target for it is computed (at once when a member joins or changes
+	// its subscription; at the next heartbeat after one leaves or
+	// expires). Members move to their target at their own heartbeat,
+	// without revocation, so there is no per-member span.
+	spanAssign = "assign"
 	// spanMember is one KIP-848 member's part of a reconciliation, a
 	// child of the reconcile span.
 	spanMember = "reconcile_member"
@@ -113,7 +120,7 @@ type rebalance struct {
 	phaseName string
 	start     time.Time
 	cause     string
-	kind      string // groupstate.GroupTypeClassic or GroupTypeConsumer
+	kind      string // groupstate.GroupTypeClassic, GroupTypeConsumer or GroupTypeShare
 
 	// held are member events that arrived during this rebalance and are
 	// not yet attached: the next event of the group says whether they
@@ -248,7 +255,9 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		rt.memberReconciling(rb, ev)
 	case groupstate.EventAssignmentReconciled:
 		// A KIP-848 group has no join or sync round: its rebalance ends
-		// when every member holds its target at the new group epoch.
+		// when every member holds its target at the new group epoch. A
+		// share group's ends when the target for the new epoch is
+		// computed.
 		if rb == nil {
 			return
 		}
@@ -530,7 +539,8 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 		attrCause.String(causeOrUnknown(ev.Cause)),
 		attrGroupKind.String(kind),
 	}
-	if kind == groupstate.GroupTypeConsumer {
+	epochs := kind == groupstate.GroupTypeConsumer || kind == groupstate.GroupTypeShare
+	if epochs {
 		// The event carries the bumped group epoch.
 		attrs = append(attrs, attrEpoch.Int64(int64(ev.Generation)), attrPrevEpoch.Int64(int64(ev.Generation)-1))
 		if ev.Protocol != "" {
@@ -594,10 +604,14 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 		semconv.MessagingSystemKafka,
 		semconv.MessagingConsumerGroupName(ev.Group),
 	}
-	if kind == groupstate.GroupTypeConsumer {
+	switch kind {
+	case groupstate.GroupTypeConsumer:
 		rb.phaseName = spanReconcile
 		phaseAttrs = append(phaseAttrs, attrEpoch.Int64(int64(ev.Generation)))
-	} else {
+	case groupstate.GroupTypeShare:
+		rb.phaseName = spanAssign
+		phaseAttrs = append(phaseAttrs, attrEpoch.Int64(int64(ev.Generation)))
+	default:
 		rb.phaseName = spanJoin
 		phaseAttrs = append(phaseAttrs, semconv.MessagingOperationName("join_group"))
 	}

@@ -128,6 +128,20 @@ func (g *Group) Assignment(memberID string) []TopicPartition {
 	return nil
 }
 
+// Target returns the partitions the target assignment gives member:
+// what it moves to at its next heartbeat. The slice must not be
+// modified.
+func (g *Group) Target(memberID string) []TopicPartition { return g.target[memberID] }
+
+// Subscription returns member's subscribed topic names, sorted (nil for
+// an unknown member). The slice must not be modified.
+func (g *Group) Subscription(memberID string) []string {
+	if m := g.members[memberID]; m != nil {
+		return m.subscribed
+	}
+	return nil
+}
+
 // SetClientInfo records the client id and host a member heartbeats from,
 // for ShareGroupDescribe; it changes no epoch.
 func (g *Group) SetClientInfo(memberID, clientID, clientHost string) {

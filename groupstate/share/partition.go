@@ -167,6 +167,10 @@ type Partition struct {
 	end   int64 // one past the last in-flight offset; runs cover [start, end)
 	runs  []run // contiguous, ascending, runs[0].first == start
 	epoch int32 // state epoch of the persisted state
+	// limited counts the records archived because their delivery count
+	// reached the limit, since this Partition was made (not persisted:
+	// it feeds metrics only).
+	limited int64
 }
 
 // NewPartition returns an empty share-partition whose records start at
@@ -303,11 +307,19 @@ func (p *Partition) normalize() {
 	}
 }
 
+// ArchivedAtLimit returns how many records this Partition archived
+// because they had been delivered DeliveryLimit times (released, timed
+// out or given back at the limit, or found Available at it), since it
+// was made.
+func (p *Partition) ArchivedAtLimit() int64 { return p.limited }
+
 // release moves an acquired run back to Available, or to Archived once
-// its delivery count reached the limit (Kafka InFlightState.tryUpdateState).
-func release(r *run, limit int) {
+// its delivery count reached the limit (Kafka InFlightState.tryUpdateState),
+// counting the latter in p.limited.
+func (p *Partition) release(r *run, limit int) {
 	if int(r.count) >= limit {
 		r.state = StateArchived
+		p.limited += r.last - r.first + 1
 	} else {
 		r.state = StateAvailable
 	}
@@ -511,6 +523,7 @@ func (a *acquirer) acquireData(first, last, batchLen, batchLast int64) {
 				// Delivered limit times already: acquired when a snapshot
 				// was taken, or the limit was lowered since.
 				p.runs[k].state = StateArchived
+				p.limited += r.last - r.first + 1
 				continue
 			}
 			if a.acquired > 0 && (c >= a.throttle || (a.limit > 2 && c == a.limit-1)) {
@@ -684,7 +697,7 @@ func (p *Partition) applyAck(first, last int64, t AckType, now time.Time, l Limi
 		case AckAccept:
 			r.state, r.member, r.deadline = StateAcknowledged, "", time.Time{}
 		case AckRelease:
-			release(r, l.DeliveryLimit)
+			p.release(r, l.DeliveryLimit)
 		case AckReject, AckGap:
 			r.state, r.member, r.deadline = StateArchived, "", time.Time{}
 		case AckRenew:
@@ -703,7 +716,7 @@ func (p *Partition) ExpireLocks(now time.Time, l Limits) int {
 		r := &p.runs[k]
 		if r.state == StateAcquired && !r.deadline.After(now) {
 			n += int(r.last - r.first + 1)
-			release(r, l.DeliveryLimit)
+			p.release(r, l.DeliveryLimit)
 		}
 	}
 	if n > 0 {
@@ -736,7 +749,7 @@ func (p *Partition) ReleaseMember(member string, l Limits) int {
 		r := &p.runs[k]
 		if r.state == StateAcquired && r.member == member {
 			n += int(r.last - r.first + 1)
-			release(r, l.DeliveryLimit)
+			p.release(r, l.DeliveryLimit)
 		}
 	}
 	if n > 0 {

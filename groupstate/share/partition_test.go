@@ -471,3 +471,52 @@ func TestRestoredAtLimitArchived(t *testing.T) {
 	}
 	checkInvariants(t, p)
 }
+
+func TestArchivedAtLimitCounted(t *testing.T) {
+	l := Limits{LockDuration: time.Second, DeliveryLimit: 2, MaxLocks: 100}
+	p := NewPartition(0)
+	// 0-2 released at the limit (second delivery), 3-6 given back by
+	// their member at it, 7 rejected (not counted).
+	for i := 0; i < 2; i++ {
+		p.Acquire("m", p.FetchOffset(), batches(0, 7), 100, BatchOptimized, 100, t0, l)
+		if i == 0 {
+			if n := p.ExpireLocks(t0.Add(time.Second), l); n != 8 {
+				t.Fatalf("expired %d", n)
+			}
+			if got := p.ArchivedAtLimit(); got != 0 {
+				t.Fatalf("archived %d below the limit", got)
+			}
+		}
+	}
+	if c := p.Acknowledge("m", []AckBatch{{First: 0, Last: 2, Types: []AckType{AckRelease}}, {First: 7, Last: 7, Types: []AckType{AckReject}}}, t0, l); c != 0 {
+		t.Fatalf("ack %d", c)
+	}
+	if got := p.ArchivedAtLimit(); got != 3 {
+		t.Fatalf("after release: %d, want 3", got)
+	}
+	if n := p.ReleaseMember("m", l); n != 4 {
+		t.Fatalf("released %d", n)
+	}
+	if got := p.ArchivedAtLimit(); got != 7 {
+		t.Fatalf("after member release: %d, want 7", got)
+	}
+	// Timed out at the limit.
+	r := NewPartition(0)
+	for i := 0; i < 2; i++ {
+		r.Acquire("m", r.FetchOffset(), batches(0, 4), 100, BatchOptimized, 100, t0, l)
+		r.ExpireLocks(t0.Add(time.Second), l)
+	}
+	if got := r.ArchivedAtLimit(); got != 5 {
+		t.Fatalf("timed out at the limit: %d, want 5", got)
+	}
+	// Restored Available at the limit, archived by the next fetch.
+	q := NewPartition(0)
+	if err := q.Restore(State{Batches: []StateBatch{{0, 1, 0, 2}, {2, 3, 0, 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	q.Acquire("m", q.FetchOffset(), batches(0, 3), 10, BatchOptimized, 10, t0, l)
+	if got := q.ArchivedAtLimit(); got != 2 {
+		t.Fatalf("restored at the limit: %d, want 2", got)
+	}
+	checkInvariants(t, p)
+}

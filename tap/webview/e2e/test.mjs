@@ -193,6 +193,8 @@ try {
   await page.goto(adminURL + "/#orders");
   await page.waitForSelector('#groups tbody tr[data-group="orders"]', { timeout: 15000 });
   check("group list shows orders and billing", await page.locator('#groups tbody tr[data-group="billing"]').count() === 1);
+  const ordersKind = await page.locator('#groups tbody tr[data-group="orders"] td[data-kind]').getAttribute("data-kind");
+  check("the group list shows each group's kind", ordersKind === "classic" || ordersKind === "consumer", ordersKind);
   const reports = page.locator('#forwarded tbody tr[data-group="reports"]');
   check("the share group is listed as served by the cluster, with its kind",
     await reports.count() === 1 && (await reports.locator("td").nth(1).textContent()) === "share" &&

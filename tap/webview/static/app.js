@@ -266,9 +266,12 @@ function renderGroups() {
   tbody.replaceChildren(...state.groups.map(g => {
     const tr = el("tr", { "data-group": g.group, class: g.group === state.selected ? "selected" : "" },
       el("td", { class: "mono" }, g.group),
+      el("td", { "data-kind": g.kind || "" }, g.kind || ""),
       el("td", {}, el("span", { class: "state " + g.state }, g.state)),
       el("td", { class: "num" }, g.generation),
       el("td", { class: "num" }, g.members),
+      // A share group commits no offsets: its progress is in its
+      // share-partitions (the detail), not in a lag.
       el("td", { class: "num", "data-lag": g.total_lag ?? "", title: g.lag_error || null },
         g.total_lag ?? (g.lag_error ? "?" : "—")));
     tr.onclick = () => select(g.group);
@@ -288,7 +291,11 @@ function renderDetail(d) {
   const members = document.querySelector("#members tbody");
   const offsets = document.querySelector("#offsets tbody");
   const note = document.getElementById("offsets-note");
+  const shares = document.querySelector("#share-partitions tbody");
+  const shareSection = document.getElementById("share-section");
   if (!d) {
+    shares.replaceChildren();
+    shareSection.hidden = true;
     title.textContent = state.selected || "Select a group";
     facts.replaceChildren();
     members.replaceChildren();
@@ -298,8 +305,10 @@ function renderDetail(d) {
   }
   title.replaceChildren(el("span", { class: "mono" }, d.group), " ", el("span", { class: "state " + d.state }, d.state));
   const fact = (k, v) => el("div", {}, el("dt", {}, k), el("dd", {}, v === "" || v == null ? "—" : v));
+  const epochs = d.kind === "consumer" || d.kind === "share";
   facts.replaceChildren(
-    fact("generation", d.generation),
+    fact("kind", d.kind),
+    fact(epochs ? "group epoch" : "generation", d.generation),
     fact("protocol type", d.protocol_type),
     fact("protocol", d.protocol),
     fact("leader", d.leader),
@@ -312,6 +321,14 @@ function renderDetail(d) {
     el("td", { class: "mono" }, m.client_host || ""),
     el("td", { class: "mono" }, m.instance_id || ""),
     el("td", { class: "mono" }, m.assignment_error ? "undecodable: " + m.assignment_error : fmtAssignment(m.assignment)))));
+  shareSection.hidden = d.kind !== "share";
+  shares.replaceChildren(...(d.share_partitions || []).map(p => el("tr", { "data-topic": p.topic, "data-partition": p.partition },
+    el("td", { class: "mono", title: "topic id " + p.topic_id }, p.topic || p.topic_id),
+    el("td", { class: "num" }, p.partition),
+    el("td", { class: "num" }, p.start_offset),
+    el("td", { class: "num" }, p.in_flight),
+    el("td", { class: "num" }, p.acquired),
+    el("td", { class: "num" }, p.available))));
   // Rows are the partitions the group committed or is assigned; an
   // assigned partition without a commit shows "—" as its committed offset
   // and every record up to the end as its lag.
