@@ -22,7 +22,7 @@ import (
 func rebalanceRoots(spans tracetest.SpanStubs, group string) []tracetest.SpanStub {
 	var out []tracetest.SpanStub
 	for _, s := range spans {
-		if s.Name == "rebalance "+group {
+		if s.Name == "rebalance" && attr(s, "messaging.consumer.group.name") == group {
 			out = append(out, s)
 		}
 	}

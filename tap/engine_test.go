@@ -52,11 +52,21 @@ func groupState(e *groupstate.Engine, group string) string {
 	return g.State
 }
 
+// spanAttr returns the value of s's attribute key, "" if it has none.
+func spanAttr(s tracetest.SpanStub, key string) string {
+	for _, kv := range s.Attributes {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
 // rootsOf returns the rebalance root spans of group, in end order.
 func rootsOf(spans tracetest.SpanStubs, group string) []tracetest.SpanStub {
 	var out []tracetest.SpanStub
 	for _, s := range spans {
-		if s.Name == "rebalance "+group {
+		if s.Name == "rebalance" && spanAttr(s, "messaging.consumer.group.name") == group {
 			out = append(out, s)
 		}
 	}

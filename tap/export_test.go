@@ -62,7 +62,7 @@ func (rc *receiver) check(t *testing.T) {
 	for _, s := range rc.spans {
 		byName[s.GetName()] = s
 	}
-	root, join, sync := byName["rebalance g"], byName["join"], byName["sync"]
+	root, join, sync := byName["rebalance"], byName["join"], byName["sync"]
 	if root == nil || join == nil || sync == nil {
 		t.Fatalf("received spans %v, want rebalance g, join and sync", keys(byName))
 	}
@@ -230,7 +230,7 @@ func TestConsoleExporter(t *testing.T) {
 	var buf syncBuffer
 	exportOneRebalance(t, Config{Traces: TracesConfig{Exporter: "console", Stdout: &buf}}, "console")
 	out := buf.String()
-	for _, want := range []string{`"Name": "rebalance g"`, `"Name": "join"`, `"Name": "sync"`, `"messaging.consumer.group.name"`} {
+	for _, want := range []string{`"Name": "rebalance"`, `"Name": "join"`, `"Name": "sync"`, `"messaging.consumer.group.name"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("console output lacks %s", want)
 		}

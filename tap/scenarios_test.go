@@ -139,7 +139,7 @@ func runTraceScenarios(t *testing.T, tp *Tap) {
 func rootsNamed(spans []gotSpan, group string) []gotSpan {
 	var out []gotSpan
 	for _, s := range spans {
-		if s.Parent == "" && s.Name == "rebalance "+group {
+		if s.Parent == "" && s.Name == "rebalance" && s.Attrs["messaging.consumer.group.name"] == group {
 			out = append(out, s)
 		}
 	}

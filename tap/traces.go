@@ -18,8 +18,12 @@ import (
 // messaging.consumer.group.name, messaging.client.id, client.address,
 // messaging.operation.name, messaging.destination.name), it is used.
 const (
-	spanJoin = "join"
-	spanSync = "sync"
+	// spanRebalance is the root of every rebalance trace; the group is
+	// its messaging.consumer.group.name attribute, not part of the name,
+	// so that span names stay few whatever the number of groups.
+	spanRebalance = "rebalance"
+	spanJoin      = "join"
+	spanSync      = "sync"
 	// spanReconcile is the phase of a KIP-848 rebalance: from the group
 	// epoch's bump until every member holds its target (there is no
 	// JoinGroup or SyncGroup round).
@@ -584,7 +588,7 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 	}
 	delete(rt.pending, ev.Group)
 
-	ctx, root := rt.tracer.Start(context.Background(), "rebalance "+ev.Group,
+	ctx, root := rt.tracer.Start(context.Background(), spanRebalance,
 		trace.WithNewRoot(),
 		trace.WithTimestamp(startAt),
 		trace.WithSpanKind(trace.SpanKindInternal),

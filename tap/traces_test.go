@@ -18,10 +18,10 @@ import (
 func checkRebalanceTrace(t *testing.T, spans tracetest.SpanStubs, group string) (root, join, sync tracetest.SpanStub) {
 	t.Helper()
 	by := spansByName(spans)
-	if len(by["rebalance "+group]) != 1 || len(by["join"]) != 1 || len(by["sync"]) != 1 {
+	if len(by["rebalance"]) != 1 || len(by["join"]) != 1 || len(by["sync"]) != 1 {
 		t.Fatalf("want one root, join and sync span, got %v", names(spans))
 	}
-	root, join, sync = by["rebalance "+group][0], by["join"][0], by["sync"][0]
+	root, join, sync = by["rebalance"][0], by["join"][0], by["sync"][0]
 	if root.Parent.IsValid() {
 		t.Errorf("root span has a parent %v", root.Parent)
 	}
@@ -224,10 +224,10 @@ func TestTraceOfAbortedAndEmptiedRebalances(t *testing.T) {
 			tp.OnEvent(ev)
 			flush(t, tp)
 			by := spansByName(exp.GetSpans())
-			if len(by["rebalance g"]) != 1 || len(by["join"]) != 1 || len(by["sync"]) != 0 {
+			if len(by["rebalance"]) != 1 || len(by["join"]) != 1 || len(by["sync"]) != 0 {
 				t.Fatalf("spans %v, want root and join only", names(exp.GetSpans()))
 			}
-			root := by["rebalance g"][0]
+			root := by["rebalance"][0]
 			if tc.failed && (root.Status.Code != codes.Error || root.Status.Description == "") {
 				t.Errorf("root status %+v, want Error with a description", root.Status)
 			}
@@ -257,10 +257,10 @@ func TestTraceOfRebalanceRestartedDuringSync(t *testing.T) {
 	tp.OnEvent(ev)
 	flush(t, tp)
 	by := spansByName(exp.GetSpans())
-	if len(by["rebalance g"]) != 1 || len(by["sync"]) != 1 {
+	if len(by["rebalance"]) != 1 || len(by["sync"]) != 1 {
 		t.Fatalf("spans %v, want the superseded rebalance ended", names(exp.GetSpans()))
 	}
-	wantAttr(t, "superseded", by["rebalance g"][0].Attributes, "kproxy.rebalance.outcome", "superseded")
+	wantAttr(t, "superseded", by["rebalance"][0].Attributes, "kproxy.rebalance.outcome", "superseded")
 
 	// The new rebalance is still open; shutting down ends it.
 	exp.Reset()
@@ -268,10 +268,10 @@ func TestTraceOfRebalanceRestartedDuringSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	by = spansByName(exp.GetSpans())
-	if len(by["rebalance g"]) != 1 {
+	if len(by["rebalance"]) != 1 {
 		t.Fatalf("after shutdown spans %v, want the open rebalance ended", names(exp.GetSpans()))
 	}
-	root := by["rebalance g"][0]
+	root := by["rebalance"][0]
 	wantAttr(t, "open", root.Attributes, "kproxy.rebalance.outcome", "shutdown")
 	if len(root.Links) != 1 {
 		t.Errorf("restarted rebalance has %d links, want 1 to the superseded one", len(root.Links))
