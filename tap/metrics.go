@@ -41,6 +41,7 @@ var ackTypeNames = [5]string{"gap", "accept", "release", "reject", "renew"}
 // newInstruments; the instruments themselves are safe for concurrent use.
 type instruments struct {
 	rebalances  metric.Int64Counter
+	ended       metric.Int64Counter
 	duration    metric.Float64Histogram
 	expirations metric.Int64Counter
 	events      metric.Int64Counter
@@ -56,6 +57,11 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 		metric.WithDescription("Rebalances started, by group and cause."),
 		metric.WithUnit("{rebalance}")); err != nil {
 		return nil, fmt.Errorf("tap: instrument kproxy.rebalances: %w", err)
+	}
+	if in.ended, err = m.Int64Counter("kproxy.rebalances.ended",
+		metric.WithDescription("Rebalances ended, by cause and outcome (completed, superseded, group_empty, ...)."),
+		metric.WithUnit("{rebalance}")); err != nil {
+		return nil, fmt.Errorf("tap: instrument kproxy.rebalances.ended: %w", err)
 	}
 	if in.duration, err = m.Float64Histogram("kproxy.rebalance.duration",
 		metric.WithDescription("Time from the start of a rebalance to its end (Stable, aborted or empty), by cause and outcome."),
@@ -248,9 +254,9 @@ func (in *instruments) recordEvent(ev groupstate.Event) {
 
 // recordDuration records how long a finished rebalance took.
 func (in *instruments) recordDuration(d time.Duration, cause, outcome string) {
-	in.duration.Record(context.Background(), d.Seconds(), metric.WithAttributes(
-		attrCause.String(causeOrUnknown(cause)),
-		attrOutcome.String(outcome)))
+	attrs := metric.WithAttributes(attrCause.String(causeOrUnknown(cause)), attrOutcome.String(outcome))
+	in.duration.Record(context.Background(), d.Seconds(), attrs)
+	in.ended.Add(context.Background(), 1, attrs)
 }
 
 // kindOrUnknown keeps a forwarded group of unread kind visible.
