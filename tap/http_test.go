@@ -82,6 +82,8 @@ func TestMetricsScrape(t *testing.T) {
 		`kproxy_rebalances_total{kproxy_rebalance_cause="member_expired",messaging_consumer_group_name="a"} 1`,
 		`kproxy_rebalance_duration_seconds_count{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed"} 2`,
 		`kproxy_rebalances_ended_total{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed"} 2`,
+		`kproxy_rebalance_phase_duration_seconds_count{kproxy_rebalance_phase="join"} 3`,
+		`kproxy_rebalance_phase_duration_seconds_count{kproxy_rebalance_phase="sync"} 3`,
 		`kproxy_rebalance_duration_seconds_sum{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed"} 4`,
 		`kproxy_rebalance_duration_seconds_bucket{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed",le="2.5"} 2`,
 		`kproxy_rebalance_duration_seconds_bucket{kproxy_rebalance_cause="member_joined",kproxy_rebalance_outcome="completed",le="1"} 0`,

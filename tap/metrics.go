@@ -26,6 +26,7 @@ const (
 	// (the group's owner in a fleet).
 	attrOwner        = attribute.Key("kproxy.owner")
 	attrOutcome      = attribute.Key("kproxy.rebalance.outcome")
+	attrPhase        = attribute.Key("kproxy.rebalance.phase")
 	attrState        = attribute.Key("kproxy.group.state")
 	attrKind         = attribute.Key("kproxy.event.kind")
 	attrExpireReason = attribute.Key("kproxy.member.expire_reason")
@@ -43,6 +44,7 @@ type instruments struct {
 	rebalances  metric.Int64Counter
 	ended       metric.Int64Counter
 	duration    metric.Float64Histogram
+	phase       metric.Float64Histogram
 	expirations metric.Int64Counter
 	events      metric.Int64Counter
 	reg         metric.Registration
@@ -67,6 +69,11 @@ func newInstruments(m metric.Meter, t *Tap) (*instruments, error) {
 		metric.WithDescription("Time from the start of a rebalance to its end (Stable, aborted or empty), by cause and outcome."),
 		metric.WithUnit("s")); err != nil {
 		return nil, fmt.Errorf("tap: instrument kproxy.rebalance.duration: %w", err)
+	}
+	if in.phase, err = m.Float64Histogram("kproxy.rebalance.phase.duration",
+		metric.WithDescription("Time a rebalance spent in one phase (join, sync, reconcile, assign); the last phase of a rebalance that did not complete is left out."),
+		metric.WithUnit("s")); err != nil {
+		return nil, fmt.Errorf("tap: instrument kproxy.rebalance.phase.duration: %w", err)
 	}
 	if in.expirations, err = m.Int64Counter("kproxy.member.expirations",
 		metric.WithDescription("Members removed because a timer expired, by reason."),
@@ -257,6 +264,14 @@ func (in *instruments) recordDuration(d time.Duration, cause, outcome string) {
 	attrs := metric.WithAttributes(attrCause.String(causeOrUnknown(cause)), attrOutcome.String(outcome))
 	in.duration.Record(context.Background(), d.Seconds(), attrs)
 	in.ended.Add(context.Background(), 1, attrs)
+}
+
+// recordPhase records how long a rebalance spent in phase.
+func (in *instruments) recordPhase(phase string, d time.Duration) {
+	if d < 0 {
+		return
+	}
+	in.phase.Record(context.Background(), d.Seconds(), metric.WithAttributes(attrPhase.String(phase)))
 }
 
 // kindOrUnknown keeps a forwarded group of unread kind visible.

@@ -122,6 +122,7 @@ type rebalance struct {
 	phase     trace.Span // the join, sync or reconcile child span
 	phaseCtx  context.Context
 	phaseName string
+	phaseAt   time.Time // when the phase span started
 	start     time.Time
 	cause     string
 	kind      string // groupstate.GroupTypeClassic, GroupTypeConsumer or GroupTypeShare
@@ -439,7 +440,9 @@ func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
 		}
 		rt.endInitialDelay(rb, ev.Time)
 		rb.phase.End(trace.WithTimestamp(ev.Time))
+		rt.inst.recordPhase(rb.phaseName, ev.Time.Sub(rb.phaseAt))
 	}
+	rb.phaseAt = ev.Time
 	rb.phaseCtx, rb.phase = rt.tracer.Start(rb.ctx, spanSync,
 		trace.WithTimestamp(ev.Time),
 		trace.WithAttributes(
@@ -622,6 +625,7 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 	rb.phaseCtx, rb.phase = rt.tracer.Start(ctx, rb.phaseName,
 		trace.WithTimestamp(ev.Time),
 		trace.WithAttributes(phaseAttrs...))
+	rb.phaseAt = ev.Time
 	if ev.InitialDelay > 0 {
 		rb.phase.SetAttributes(attrInitialDelay.Int64(ev.InitialDelay.Milliseconds()))
 		_, rb.initialDelay = rt.tracer.Start(rb.phaseCtx, spanInitialDelay,
@@ -675,6 +679,9 @@ func (rt *rebalanceTracker) end(rb *rebalance, at time.Time, outcome, errMsg str
 		}
 		rb.phase.End(trace.WithTimestamp(at))
 		rb.phase = nil
+		if errMsg == "" && outcome == outcomeCompleted {
+			rt.inst.recordPhase(rb.phaseName, at.Sub(rb.phaseAt))
+		}
 	}
 	rb.root.SetAttributes(attrOutcome.String(outcome))
 	if errMsg != "" {
