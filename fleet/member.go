@@ -35,23 +35,37 @@ type Owner struct {
 // owner right now (it is in transition, or no member may own).
 func (o Owner) IsZero() bool { return o.MemberID == "" }
 
-// Status is a member's state for /api/fleet.
+// Status is a member's state: Snapshot returns it, and the admin
+// server's /api/fleet serves it as its "member" (tap.FleetView). The JSON
+// keys are a stable API: fields may be added, none renamed or dropped.
 type Status struct {
-	ID         string `json:"id"`
-	MemberID   string `json:"member_id"`
-	Peer       string `json:"peer"`
-	Owner      bool   `json:"owner"`
-	Group      string `json:"group"`
-	Generation int32  `json:"generation"`
-	LeaderID   string `json:"leader_member_id"`
-	Leader     bool   `json:"leader"`
+	// ID is the kproxy id, MemberID its member id in the fleet group and
+	// Peer its advertised peer address.
+	ID       string `json:"id"`
+	MemberID string `json:"member_id"`
+	Peer     string `json:"peer"`
+	// Owner is false for a relay (--fleet-role relay): it owns nothing.
+	Owner bool `json:"owner"`
+	// Group is the fleet group (__kproxy_fleet or __kproxy_fleet.<name>).
+	Group string `json:"group"`
+	// Generation is the fleet generation this member is in.
+	Generation int32 `json:"generation"`
+	// LeaderID is the member id of the fleet leader; Leader reports
+	// whether that is this member.
+	LeaderID string `json:"leader_member_id"`
+	Leader   bool   `json:"leader"`
 	// Joining is true while the member is between deciding to rejoin
 	// and a successful JoinGroup.
 	Joining bool `json:"joining"`
-	// Table is indexed by partition; a zero Owner has no owner now.
+	// Table is indexed by partition: who owns each one; a zero Owner has
+	// no owner now (in transition). It may be shorter than the groups
+	// topic's partition count (empty before the first generation).
 	Table []Owner `json:"table"`
-	// Owned is what Owns is true for, ascending.
-	Owned          []int32       `json:"owned"`
+	// Owned is what Owns is true for, ascending: the partitions assigned
+	// to this member (served only once claimed).
+	Owned []int32 `json:"owned"`
+	// LeaseValid and LeaseRemaining: the lease and how long it still
+	// holds (JSON in nanoseconds).
 	LeaseValid     bool          `json:"lease_valid"`
 	LeaseRemaining time.Duration `json:"lease_remaining_ns"`
 	// Counters since New: generations this member completed (successful

@@ -139,71 +139,111 @@ func (s *shard) emitCommitted(groupID string, n int) {
 // A partition outside owned (when owned is non-nil) answers notOwned.
 func (e *Engine) commit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic, owned map[string]map[int32]struct{}, notOwned int16) (*kmsg.OffsetCommitResponse, int) {
 	names := e.namesFor(ctx, len(topics), func(i int) (string, [16]byte) { return topics[i].Topic, topics[i].TopicID })
-	resp := kmsg.NewPtrOffsetCommitResponse()
-	resp.Topics = make([]kmsg.OffsetCommitResponseTopic, len(topics))
-	type loc struct{ t, p int }
-	where := make(map[string]map[int32]loc)
+	f, keep := filterCommit(topics, names, owned, notOwned,
+		func(t kmsg.OffsetCommitRequestTopic) ([16]byte, []kmsg.OffsetCommitRequestTopicPartition) {
+			return t.TopicID, t.Partitions
+		},
+		func(p kmsg.OffsetCommitRequestTopicPartition) (int32, *string) { return p.Partition, p.Metadata })
 	var toStore []kmsg.OffsetCommitRequestTopic
-	for ti, t := range topics {
-		rt := &resp.Topics[ti]
-		*rt = kmsg.NewOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		name := names[ti]
-		var keep []kmsg.OffsetCommitRequestTopicPartition
-		for pi, p := range t.Partitions {
-			rp := kmsg.NewOffsetCommitResponseTopicPartition()
-			rp.Partition = p.Partition
-			if rp.ErrorCode = partitionCommitError(name, t.TopicID, p.Partition, p.Metadata, owned, notOwned); rp.ErrorCode == errNone {
-				keep = append(keep, p)
-				if where[name] == nil {
-					where[name] = make(map[int32]loc)
-				}
-				where[name][p.Partition] = loc{ti, pi}
-			}
-			rt.Partitions = append(rt.Partitions, rp)
+	for ti, ps := range keep {
+		if len(ps) > 0 {
+			toStore = append(toStore, kmsg.OffsetCommitRequestTopic{Topic: names[ti], TopicID: topics[ti].TopicID, Partitions: ps})
 		}
-		if len(keep) > 0 {
-			toStore = append(toStore, kmsg.OffsetCommitRequestTopic{Topic: name, TopicID: t.TopicID, Partitions: keep})
-		}
-	}
-	if len(toStore) == 0 {
-		return resp, 0
 	}
 	stored := 0
-	res, err := e.cfg.Store.CommitOffsets(ctx, group, toStore)
-	if err != nil {
-		e.log.Warn("groupstate: storing offsets failed", "group", group, "err", err)
-		code := storeErrorCode(err)
-		for _, locs := range where {
-			for _, l := range locs {
-				resp.Topics[l.t].Partitions[l.p].ErrorCode = code
+	if len(toStore) > 0 {
+		res, err := e.cfg.Store.CommitOffsets(ctx, group, toStore)
+		if err != nil {
+			e.log.Warn("groupstate: storing offsets failed", "group", group, "err", err)
+		} else {
+			for _, t := range res {
+				for _, p := range t.Partitions {
+					if f.answer(t.Topic, p.Partition, p.ErrorCode) && p.ErrorCode == errNone {
+						stored++
+					}
+				}
 			}
 		}
-		return resp, 0
+		f.unanswered(err)
 	}
-	answered := make(map[loc]bool)
-	for _, t := range res {
-		for _, p := range t.Partitions {
-			l, ok := where[t.Topic][p.Partition]
-			if !ok {
-				continue
-			}
-			answered[l] = true
-			resp.Topics[l.t].Partitions[l.p].ErrorCode = p.ErrorCode
-			if p.ErrorCode == errNone {
-				stored++
-			}
+	resp := kmsg.NewPtrOffsetCommitResponse()
+	for ti, t := range topics {
+		rt := kmsg.OffsetCommitResponseTopic{Topic: t.Topic, TopicID: t.TopicID}
+		for pi, p := range t.Partitions {
+			rt.Partitions = append(rt.Partitions, kmsg.OffsetCommitResponseTopicPartition{Partition: p.Partition, ErrorCode: f.codes[ti][pi]})
 		}
-	}
-	for _, locs := range where {
-		for _, l := range locs {
-			if !answered[l] {
-				// The store did not say: do not claim durability.
-				resp.Topics[l.t].Partitions[l.p].ErrorCode = errUnknownServer
-			}
-		}
+		resp.Topics = append(resp.Topics, rt)
 	}
 	return resp, stored
+}
+
+// commitLoc is where a partition stands in a commit request and in its
+// response: its topic's index and its own index within that topic.
+type commitLoc struct{ t, p int }
+
+// commitFilter is the partition filter of OffsetCommit and
+// TxnOffsetCommit. Every partition of the request gets an answer: the
+// code partitionCommitError refuses it with, or, for one kept for the
+// store, the store's. It is owned by the commit that made it (one store
+// goroutine) and never shared.
+type commitFilter struct {
+	codes [][]int16                      // codes[t][p]: the answer to partition p of request topic t
+	kept  map[string]map[int32]commitLoc // the partitions kept, by resolved topic name
+	heard map[commitLoc]bool             // the kept partitions the store answered
+}
+
+// filterCommit runs the filter over a request's topics, whose resolved
+// names are names (namesFor); parts gives a topic's ID and partitions, at
+// a partition's number and metadata. It returns the filter and, per
+// topic, the partitions kept for the store.
+func filterCommit[T, P any](topics []T, names []string, owned map[string]map[int32]struct{}, notOwned int16, parts func(T) ([16]byte, []P), at func(P) (int32, *string)) (*commitFilter, [][]P) {
+	f := &commitFilter{codes: make([][]int16, len(topics)), kept: make(map[string]map[int32]commitLoc), heard: make(map[commitLoc]bool)}
+	keep := make([][]P, len(topics))
+	for ti, t := range topics {
+		id, ps := parts(t)
+		name := names[ti]
+		f.codes[ti] = make([]int16, len(ps))
+		for pi, p := range ps {
+			partition, metadata := at(p)
+			if f.codes[ti][pi] = partitionCommitError(name, id, partition, metadata, owned, notOwned); f.codes[ti][pi] != errNone {
+				continue
+			}
+			keep[ti] = append(keep[ti], p)
+			if f.kept[name] == nil {
+				f.kept[name] = make(map[int32]commitLoc)
+			}
+			f.kept[name][partition] = commitLoc{ti, pi}
+		}
+	}
+	return f, keep
+}
+
+// answer sets the store's code for topic/partition and reports whether
+// that is a partition the filter kept.
+func (f *commitFilter) answer(topic string, partition int32, code int16) bool {
+	l, ok := f.kept[topic][partition]
+	if ok {
+		f.codes[l.t][l.p] = code
+		f.heard[l] = true
+	}
+	return ok
+}
+
+// unanswered answers every kept partition the store did not: with the
+// code of err, the store's failure, or, when the store succeeded without
+// a word on it, UNKNOWN_SERVER_ERROR, so that no durability is claimed.
+func (f *commitFilter) unanswered(err error) {
+	code := errUnknownServer
+	if err != nil {
+		code = storeErrorCode(err)
+	}
+	for _, locs := range f.kept {
+		for _, l := range locs {
+			if !f.heard[l] {
+				f.codes[l.t][l.p] = code
+			}
+		}
+	}
 }
 
 // ownsPartition reports whether owned holds topic/partition.

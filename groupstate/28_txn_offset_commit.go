@@ -71,57 +71,38 @@ func (s *shard) txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, reply func(kmsg.
 // ownership, and forwards what passed to the store.
 func (e *Engine) txnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest, owned map[string]map[int32]struct{}) *kmsg.TxnOffsetCommitResponse {
 	names := e.namesFor(ctx, len(req.Topics), func(i int) (string, [16]byte) { return req.Topics[i].Topic, req.Topics[i].TopicID })
-	resp := kmsg.NewPtrTxnOffsetCommitResponse()
-	resp.Topics = make([]kmsg.TxnOffsetCommitResponseTopic, len(req.Topics))
-	type loc struct{ t, p int }
-	where := make(map[string]map[int32]loc)
+	f, keep := filterCommit(req.Topics, names, owned, errIllegalGeneration,
+		func(t kmsg.TxnOffsetCommitRequestTopic) ([16]byte, []kmsg.TxnOffsetCommitRequestTopicPartition) {
+			return t.TopicID, t.Partitions
+		},
+		func(p kmsg.TxnOffsetCommitRequestTopicPartition) (int32, *string) { return p.Partition, p.Metadata })
 	fwd := *req
 	fwd.Topics = nil
-	for ti, t := range req.Topics {
-		rt := &resp.Topics[ti]
-		*rt = kmsg.NewTxnOffsetCommitResponseTopic()
-		rt.Topic, rt.TopicID = t.Topic, t.TopicID
-		name := names[ti]
-		var keep []kmsg.TxnOffsetCommitRequestTopicPartition
-		for pi, p := range t.Partitions {
-			rp := kmsg.NewTxnOffsetCommitResponseTopicPartition()
-			rp.Partition = p.Partition
-			if rp.ErrorCode = partitionCommitError(name, t.TopicID, p.Partition, p.Metadata, owned, errIllegalGeneration); rp.ErrorCode == errNone {
-				keep = append(keep, p)
-				if where[name] == nil {
-					where[name] = make(map[int32]loc)
+	for ti, ps := range keep {
+		if len(ps) > 0 {
+			fwd.Topics = append(fwd.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: names[ti], TopicID: req.Topics[ti].TopicID, Partitions: ps})
+		}
+	}
+	if len(fwd.Topics) > 0 {
+		res, err := e.cfg.Store.TxnCommitOffsets(ctx, &fwd)
+		if err != nil {
+			e.log.Warn("groupstate: storing transactional offsets failed", "group", req.Group, "err", err)
+		} else {
+			for _, t := range res.Topics {
+				for _, p := range t.Partitions {
+					f.answer(t.Topic, p.Partition, p.ErrorCode)
 				}
-				where[name][p.Partition] = loc{ti, pi}
-			}
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		if len(keep) > 0 {
-			fwd.Topics = append(fwd.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: name, TopicID: t.TopicID, Partitions: keep})
-		}
-	}
-	if len(fwd.Topics) == 0 {
-		return resp
-	}
-	res, err := e.cfg.Store.TxnCommitOffsets(ctx, &fwd)
-	setAll := func(code int16) {
-		for _, locs := range where {
-			for _, l := range locs {
-				resp.Topics[l.t].Partitions[l.p].ErrorCode = code
 			}
 		}
+		f.unanswered(err)
 	}
-	if err != nil {
-		e.log.Warn("groupstate: storing transactional offsets failed", "group", req.Group, "err", err)
-		setAll(storeErrorCode(err))
-		return resp
-	}
-	setAll(errUnknownServer) // overwritten below for every partition the store answered
-	for _, t := range res.Topics {
-		for _, p := range t.Partitions {
-			if l, ok := where[t.Topic][p.Partition]; ok {
-				resp.Topics[l.t].Partitions[l.p].ErrorCode = p.ErrorCode
-			}
+	resp := kmsg.NewPtrTxnOffsetCommitResponse()
+	for ti, t := range req.Topics {
+		rt := kmsg.TxnOffsetCommitResponseTopic{Topic: t.Topic, TopicID: t.TopicID}
+		for pi, p := range t.Partitions {
+			rt.Partitions = append(rt.Partitions, kmsg.TxnOffsetCommitResponseTopicPartition{Partition: p.Partition, ErrorCode: f.codes[ti][pi]})
 		}
+		resp.Topics = append(resp.Topics, rt)
 	}
 	return resp
 }

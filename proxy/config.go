@@ -24,6 +24,22 @@ type Coordinator interface {
 	Handle(c Client, req kmsg.Request, reply func(kmsg.Response))
 }
 
+// CloneRequest deep-copies req, whose byte fields may alias a buffer the
+// proxy reuses once Handle returns: a Coordinator that keeps req past
+// Handle keeps the copy. A request of a key kmsg does not know is
+// returned as is.
+func CloneRequest(req kmsg.Request) kmsg.Request {
+	c := kmsg.RequestForKey(req.Key())
+	if c == nil {
+		return req
+	}
+	c.SetVersion(req.GetVersion())
+	if err := c.ReadFrom(req.AppendTo(nil)); err != nil {
+		return req // cannot happen: kmsg decodes what it encodes
+	}
+	return c
+}
+
 // Client describes the connection a request arrived on.
 type Client struct {
 	ID   string // client id from the request header

@@ -247,7 +247,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		done(codec.GroupErrorResponse(req, errUnknownMemberID))
 		return
 	}
-	req = cloneRequest(req) // the wait outlives the caller's buffers
+	req = CloneRequest(req) // the wait outlives the caller's buffers
 	r.goWait(func() {
 		var d dest
 		if !r.await(func() (ok bool) { d, ok = r.locate(group); return ok }) {
@@ -290,7 +290,7 @@ func (r *Router) ownerDown(d dest) bool {
 func (r *Router) holdJoin(c Client, jg *kmsg.JoinGroupRequest, group string, done func(kmsg.Response)) {
 	start := time.Now()
 	hold := r.timeoutFor(jg) - r.cfg.RelayTimeout
-	req := cloneRequest(jg) // the wait outlives the caller's buffers
+	req := CloneRequest(jg) // the wait outlives the caller's buffers
 	r.goWait(func() {
 		t := time.NewTimer(hold)
 		defer t.Stop()
@@ -345,7 +345,7 @@ func (r *Router) split(c Client, req kmsg.Request, sp splitter, groups []string,
 		r.fanOut(c, req, sp, dests, have, done)
 		return
 	}
-	req = cloneRequest(req)
+	req = CloneRequest(req)
 	start := time.Now()
 	r.goWait(func() {
 		if !r.await(locateAll) {
@@ -480,7 +480,7 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	var leave848 *memberKey
 	switch q := req.(type) {
 	case *kmsg.LeaveGroupRequest:
-		leave = cloneRequest(q).(*kmsg.LeaveGroupRequest) // read after Handle returned
+		leave = CloneRequest(q).(*kmsg.LeaveGroupRequest) // read after Handle returned
 	case *kmsg.ConsumerGroupHeartbeatRequest:
 		if q.MemberEpoch < 0 {
 			leave848 = &memberKey{q.Group, q.MemberID}
@@ -698,19 +698,4 @@ func (r *Router) await(located func() bool) bool {
 			return false
 		}
 	}
-}
-
-// cloneRequest deep-copies req, whose byte fields may alias a buffer the
-// caller reuses once Handle returns.
-func cloneRequest(req kmsg.Request) kmsg.Request {
-	b := req.AppendTo(nil)
-	c := kmsg.RequestForKey(req.Key())
-	if c == nil {
-		return req
-	}
-	c.SetVersion(req.GetVersion())
-	if err := c.ReadFrom(b); err != nil {
-		return req // cannot happen: kmsg decodes what it encodes
-	}
-	return c
 }

@@ -3,7 +3,8 @@ package tap
 import (
 	"net/http"
 	"sort"
-	"time"
+
+	"github.com/kproxy/kproxy/fleet"
 )
 
 // FleetView is the body of /api/fleet: one kproxy's view of the fleet it
@@ -34,66 +35,13 @@ type FleetView struct {
 	Fenced int64 `json:"fenced"`
 	// LeaseValid reports whether the fleet lease holds now.
 	LeaseValid bool `json:"lease_valid"`
-	// Member is the state of this kproxy's membership in the fleet group.
-	Member FleetMembership `json:"member"`
+	// Member is the state of this kproxy's membership in the fleet group
+	// (the fleet member's snapshot).
+	Member fleet.Status `json:"member"`
 	// Members lists the fleet's members as this kproxy knows them: the
 	// owners in Member.Table, itself and the leader, sorted by kproxy id.
 	// Derived by the admin server; a value set by the source is replaced.
 	Members []FleetMember `json:"members"`
-}
-
-// FleetMembership is one kproxy's membership in the fleet group (the
-// fleet member's snapshot).
-type FleetMembership struct {
-	// ID is the kproxy id, MemberID its member id in the fleet group and
-	// Peer its advertised peer address.
-	ID       string `json:"id"`
-	MemberID string `json:"member_id"`
-	Peer     string `json:"peer"`
-	// Owner is false for a relay (--fleet-role relay): it owns nothing.
-	Owner bool `json:"owner"`
-	// Group is the fleet group (__kproxy_fleet or __kproxy_fleet.<name>).
-	Group string `json:"group"`
-	// Generation is the fleet generation this member is in.
-	Generation int32 `json:"generation"`
-	// LeaderID is the member id of the fleet leader; Leader reports
-	// whether that is this kproxy.
-	LeaderID string `json:"leader_member_id"`
-	Leader   bool   `json:"leader"`
-	// Joining is true while the member is rejoining the fleet group.
-	Joining bool `json:"joining"`
-	// Table is indexed by partition: who owns each one. An entry with an
-	// empty MemberID has no owner now (in transition). It may be shorter
-	// than Partitions (empty before the first generation).
-	Table []FleetOwner `json:"table"`
-	// Owned lists the partitions assigned to this member, ascending
-	// (served only once claimed: see FleetView.Serving).
-	Owned []int32 `json:"owned"`
-	// LeaseValid and LeaseRemaining: the lease and how long it still
-	// holds (JSON in nanoseconds).
-	LeaseValid     bool          `json:"lease_valid"`
-	LeaseRemaining time.Duration `json:"lease_remaining_ns"`
-	// Counters since start: generations completed, partitions gained,
-	// revoked (given up cooperatively) and lost, times the member was
-	// fenced out of the group and its lease ran out.
-	Generations  uint64 `json:"generations"`
-	Gained       uint64 `json:"gained"`
-	Revoked      uint64 `json:"revoked"`
-	Lost         uint64 `json:"lost"`
-	Fenced       uint64 `json:"fenced"`
-	LeaseExpired uint64 `json:"lease_expired"`
-}
-
-// FleetOwner is one entry of the fleet table: who owns a partition.
-type FleetOwner struct {
-	// ID is the owner's kproxy id, MemberID its member id in the fleet
-	// group, Peer its advertised peer address.
-	ID       string `json:"id"`
-	MemberID string `json:"member_id"`
-	Peer     string `json:"peer"`
-	// Generation is the fleet generation since which it owns the
-	// partition.
-	Generation int32 `json:"generation"`
 }
 
 // FleetMember is one entry of FleetView.Members.
@@ -126,7 +74,7 @@ func normalizeFleet(v FleetView) FleetView {
 	v.Serving = sortedCopy(v.Serving)
 	v.Member.Owned = sortedCopy(v.Member.Owned)
 	if v.Member.Table == nil {
-		v.Member.Table = []FleetOwner{}
+		v.Member.Table = []fleet.Owner{}
 	}
 	byMember := map[string]*FleetMember{}
 	var members []*FleetMember

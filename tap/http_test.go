@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 )
 
@@ -474,14 +475,14 @@ func TestHTTPFleetNotDistributed(t *testing.T) {
 // fleetOf builds a fleet view: self owns 0 and 2 and serves 2, "b" owns
 // 1 and 4, partition 3 has no owner, and the leader "l" owns nothing.
 func fleetOf() FleetView {
-	a := FleetOwner{ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Generation: 4}
-	b := FleetOwner{ID: "b", MemberID: "b-m", Peer: "10.0.0.2:9093", Generation: 3}
+	a := fleet.Owner{ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Generation: 4}
+	b := fleet.Owner{ID: "b", MemberID: "b-m", Peer: "10.0.0.2:9093", Generation: 3}
 	return FleetView{
 		ID: "a", Peer: "10.0.0.1:9093", PeerListen: "0.0.0.0:9093", Partitions: 6,
 		Serving: []int32{2}, Moves: 5, Fenced: 1, LeaseValid: true,
-		Member: FleetMembership{
+		Member: fleet.Status{
 			ID: "a", MemberID: "a-m", Peer: "10.0.0.1:9093", Owner: true, Group: "__kproxy_fleet",
-			Generation: 9, LeaderID: "l-m", Table: []FleetOwner{a, b, a, {}, b},
+			Generation: 9, LeaderID: "l-m", Table: []fleet.Owner{a, b, a, {}, b},
 			Owned: []int32{2, 0}, LeaseValid: true, LeaseRemaining: 7500 * time.Millisecond,
 			Generations: 9, Gained: 3, Lost: 1,
 		},

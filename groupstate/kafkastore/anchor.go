@@ -584,6 +584,54 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 	return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
 }
 
+// describeOne describes group alone on its coordinator through request:
+// req is the describe (DescribeGroups, ConsumerGroupDescribe) naming
+// group only, entries lists the groups of its answer, of type R, and code
+// reads an entry's error code. It returns group's entry; found is false
+// when the answer holds none, and an answer of more than one entry is an
+// error.
+func describeOne[R kmsg.Response, G any](ctx context.Context, as *anchorSet, group string, req kmsg.Request, entries func(R) []G, code func(G) int16) (g G, found bool, err error) {
+	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
+		if gs := entries(r.(R)); len(gs) > 0 {
+			return code(gs[0])
+		}
+		return 0
+	})
+	if err != nil {
+		return g, false, fmt.Errorf("describing group %q: %w", group, err)
+	}
+	switch gs := entries(resp.(R)); len(gs) {
+	case 0:
+		return g, false, nil
+	case 1:
+		return gs[0], true, nil
+	default:
+		return g, false, fmt.Errorf("describing group %q: %d groups in the answer", group, len(gs))
+	}
+}
+
+// describeGroup is describeOne with DescribeGroups.
+func (as *anchorSet) describeGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, bool, error) {
+	return describeOne(ctx, as, group, &kmsg.DescribeGroupsRequest{Groups: []string{group}},
+		func(r *kmsg.DescribeGroupsResponse) []kmsg.DescribeGroupsResponseGroup { return r.Groups },
+		func(g kmsg.DescribeGroupsResponseGroup) int16 { return g.ErrorCode })
+}
+
+// describeAnchored is the Store's Describe*Group: group's entry as
+// describe (describeOne) finds it, an error without anchors or when the
+// answer holds no entry.
+func describeAnchored[G any](s *Store, group string, describe func(*anchorSet) (G, bool, error)) (G, error) {
+	var g G
+	if s.anchors == nil {
+		return g, fmt.Errorf("kafkastore: describing group %q without anchors", group)
+	}
+	g, found, err := describe(s.anchors)
+	if err == nil && !found {
+		err = fmt.Errorf("describing group %q: no group in the answer", group)
+	}
+	return g, err
+}
+
 // ClusterGroup is what the cluster's coordinator holds for one group id.
 type ClusterGroup struct {
 	// Kind is the group's type on the cluster, as ListGroups names it
@@ -623,22 +671,10 @@ func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, err
 // share, streams. Kafka 3.x answers with no error and no members (state
 // Dead for a group it does not have).
 func (as *anchorSet) describeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
-	req := kmsg.NewPtrDescribeGroupsRequest()
-	req.Groups = []string{group}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
-			return g[0].ErrorCode
-		}
-		return 0
-	})
-	if err != nil {
-		return ClusterGroup{}, fmt.Errorf("describing group %q: %w", group, err)
+	g, found, err := as.describeGroup(ctx, group)
+	if err != nil || !found {
+		return ClusterGroup{}, err
 	}
-	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
-	if len(groups) == 0 {
-		return ClusterGroup{}, nil
-	}
-	g := groups[0]
 	switch g.ErrorCode {
 	case 0:
 		if len(g.Members) > 0 {

@@ -56,22 +56,13 @@ type clusterView struct {
 // the anchor.
 func (as *anchorSet) clusterMembers(ctx context.Context, group string) (clusterView, error) {
 	var v clusterView
-	req := kmsg.NewPtrDescribeGroupsRequest()
-	req.Groups = []string{group}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
-			return g[0].ErrorCode
-		}
-		return 0
-	})
+	g, found, err := as.describeGroup(ctx, group)
 	if err != nil {
-		return v, fmt.Errorf("describing group %q: %w", group, err)
+		return v, err
 	}
-	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
-	if len(groups) == 0 {
+	if !found {
 		return v, fmt.Errorf("describing group %q: empty answer", group)
 	}
-	g := groups[0]
 	if g.ErrorCode != 0 {
 		return v, fmt.Errorf("describing group %q: %w", group, kerr.ErrorForCode(g.ErrorCode))
 	}

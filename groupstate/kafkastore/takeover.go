@@ -213,24 +213,7 @@ func (as *anchorSet) awaitTakeoverReady(ctx context.Context, a *anchor, plan *ta
 // DescribeClassicGroup returns what the cluster's coordinator answers
 // DescribeGroups for group.
 func (s *Store) DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error) {
-	as := s.anchors
-	if as == nil {
-		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("kafkastore: describing group %q without anchors", group)
-	}
-	req := kmsg.NewPtrDescribeGroupsRequest()
-	req.Groups = []string{group}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		if g := r.(*kmsg.DescribeGroupsResponse).Groups; len(g) > 0 {
-			return g[0].ErrorCode
-		}
-		return 0
+	return describeAnchored(s, group, func(as *anchorSet) (kmsg.DescribeGroupsResponseGroup, bool, error) {
+		return as.describeGroup(ctx, group)
 	})
-	if err != nil {
-		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("describing group %q: %w", group, err)
-	}
-	groups := resp.(*kmsg.DescribeGroupsResponse).Groups
-	if len(groups) != 1 {
-		return kmsg.DescribeGroupsResponseGroup{}, fmt.Errorf("describing group %q: %d groups in the answer", group, len(groups))
-	}
-	return groups[0], nil
 }

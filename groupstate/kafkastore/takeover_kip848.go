@@ -2,7 +2,6 @@ package kafkastore
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"time"
 
@@ -40,26 +39,11 @@ func (s *Store) PrepareConsumerTakeover(group string, record []byte, members []T
 // DescribeConsumerGroup returns what the cluster's coordinator answers
 // ConsumerGroupDescribe for group.
 func (s *Store) DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
-	as := s.anchors
-	if as == nil {
-		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("kafkastore: describing group %q without anchors", group)
-	}
-	req := kmsg.NewPtrConsumerGroupDescribeRequest()
-	req.Groups = []string{group}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		if g := r.(*kmsg.ConsumerGroupDescribeResponse).Groups; len(g) > 0 {
-			return g[0].ErrorCode
-		}
-		return 0
+	return describeAnchored(s, group, func(as *anchorSet) (kmsg.ConsumerGroupDescribeResponseGroup, bool, error) {
+		return describeOne(ctx, as, group, &kmsg.ConsumerGroupDescribeRequest{Groups: []string{group}},
+			func(r *kmsg.ConsumerGroupDescribeResponse) []kmsg.ConsumerGroupDescribeResponseGroup { return r.Groups },
+			func(g kmsg.ConsumerGroupDescribeResponseGroup) int16 { return g.ErrorCode })
 	})
-	if err != nil {
-		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("describing consumer group %q: %w", group, err)
-	}
-	groups := resp.(*kmsg.ConsumerGroupDescribeResponse).Groups
-	if len(groups) != 1 {
-		return kmsg.ConsumerGroupDescribeResponseGroup{}, fmt.Errorf("describing consumer group %q: %d groups in the answer", group, len(groups))
-	}
-	return groups[0], nil
 }
 
 // joinAfterLeaving completes a KIP-848 takeover: once no member request

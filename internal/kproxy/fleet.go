@@ -491,17 +491,7 @@ func (f *fleetRuntime) status() tap.FleetView {
 	v := tap.FleetView{
 		ID: f.id, Peer: s.Peer, PeerListen: f.peer.Addr(), Partitions: f.partitions,
 		Serving: []int32{}, Moves: f.moves.Load(), Fenced: f.fenced.Load(), LeaseValid: s.LeaseValid,
-		Member: tap.FleetMembership{
-			ID: s.ID, MemberID: s.MemberID, Peer: s.Peer, Owner: s.Owner, Group: s.Group,
-			Generation: s.Generation, LeaderID: s.LeaderID, Leader: s.Leader, Joining: s.Joining,
-			Table: make([]tap.FleetOwner, 0, len(s.Table)), Owned: s.Owned,
-			LeaseValid: s.LeaseValid, LeaseRemaining: s.LeaseRemaining,
-			Generations: s.Generations, Gained: s.Gained, Revoked: s.Revoked, Lost: s.Lost,
-			Fenced: s.Fenced, LeaseExpired: s.LeaseExpired,
-		},
-	}
-	for _, o := range s.Table {
-		v.Member.Table = append(v.Member.Table, tap.FleetOwner{ID: o.ID, MemberID: o.MemberID, Peer: o.Peer, Generation: o.Generation})
+		Member: s,
 	}
 	for p := range f.serving {
 		if f.serving[p].Load() && f.member.Owns(int32(p)) {

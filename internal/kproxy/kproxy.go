@@ -441,7 +441,7 @@ func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(
 	rc := groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}
 	if q, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && q.MemberEpoch == 0 && c.gc != nil {
 		if read := c.gc.unread(q.Group); read != nil {
-			req := cloneRequest(req) // the wait outlives the caller's buffers
+			req := proxy.CloneRequest(req) // the wait outlives the caller's buffers
 			go func() {
 				t := time.NewTimer(groupConfigsFirstWait)
 				defer t.Stop()
@@ -455,17 +455,6 @@ func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(
 		}
 	}
 	c.e.Handle(rc, req, reply)
-}
-
-// cloneRequest deep-copies req, whose byte fields may alias a buffer the
-// caller reuses once Handle returns.
-func cloneRequest(req kmsg.Request) kmsg.Request {
-	c := kmsg.RequestForKey(req.Key())
-	c.SetVersion(req.GetVersion())
-	if err := c.ReadFrom(req.AppendTo(nil)); err != nil {
-		return req // cannot happen: kmsg decodes what it encodes
-	}
-	return c
 }
 
 // Addr is the proxy's bootstrap address.

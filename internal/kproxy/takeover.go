@@ -590,34 +590,59 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 		w.log.Debug("takeover: the cluster's group is not Stable with members", "group", group, "state", d.State, "members", len(d.Members))
 		return nil
 	}
+	var rec []byte
+	var gen int32
+	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) ([]kafkastore.TakeoverMember, string) {
+		r, members, g, ok := takeoverRecord(d, all)
+		if !ok {
+			return nil, "the cluster's members differ from those known here (ids, protocol or generation): " + describeMembers(all)
+		}
+		rec, gen = r, g
+		return members, ""
+	}, func(members []kafkastore.TakeoverMember) error {
+		return w.store.PrepareTakeover(group, rec, members)
+	})
+	if rel == nil || err != nil {
+		return err
+	}
+	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(rel.members),
+		"generation", gen, "other_kproxies", len(rel.waiting))
+	return nil
+}
+
+// takeOver is the part of a takeover every kind of group shares, once
+// the cluster described the group Stable with n members: the members
+// known here (mergedLocked) must be ready and n, and match must accept
+// them (why says what does not match) and return the members the anchor
+// replaces; prepare then hands the group to the engine (the store's
+// Prepare*Takeover), and forwarding stops while the members' requests on
+// their way drain (startRelease). rel is nil when nothing was taken over.
+func (w *forwardWatcher) takeOver(group string, n int, match func(all map[string]*watchedMember) (members []kafkastore.TakeoverMember, why string), prepare func([]kafkastore.TakeoverMember) error) (rel *release, err error) {
 	now := time.Now()
 	w.mu.Lock()
 	all, ok := w.mergedLocked(group, now)
-	if !ok || len(all) != len(d.Members) {
+	if !ok || len(all) != n {
 		w.mu.Unlock()
-		w.log.Debug("takeover: the cluster's members are not those known here", "group", group, "cluster", len(d.Members), "known", len(all))
-		return nil
+		w.log.Debug("takeover: the cluster's members are not those known here", "group", group, "cluster", n, "known", len(all))
+		return nil, nil
 	}
-	rec, members, gen, ok := takeoverRecord(d, all)
-	if !ok {
+	members, why := match(all)
+	if why != "" {
 		w.mu.Unlock()
-		w.log.Debug("takeover: the cluster's members differ from those known here (ids, protocol or generation)", "group", group,
-			"members", describeMembers(all))
-		return nil
+		w.log.Debug("takeover: the cluster's group is not the one known here", "group", group, "why", why)
+		return nil, nil
 	}
 	ids := make([]string, 0, len(members))
 	for _, m := range members {
 		ids = append(ids, m.MemberID)
 	}
-	rel := w.newReleaseLocked(group, now, ids)
+	rel = w.newReleaseLocked(group, now, ids)
 	w.mu.Unlock()
-	if err := w.store.PrepareTakeover(group, rec, members); err != nil {
-		return err
+	if err := prepare(members); err != nil {
+		return nil, err
 	}
 	w.startRelease(group, rel)
-	w.log.Info("taking the group over from the cluster's coordinator", "group", group, "members", len(members),
-		"generation", gen, "other_kproxies", len(rel.waiting))
-	return nil
+	return rel, nil
 }
 
 // newReleaseLocked returns the release of group's takeover of members,

@@ -219,34 +219,24 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 	if d.ErrorCode != 0 || d.State != "Stable" || len(d.Members) == 0 || d.Epoch != d.AssignmentEpoch {
 		return nil
 	}
-	now := time.Now()
-	w.mu.Lock()
-	all, ok := w.mergedLocked(group, now)
-	if !ok || len(all) != len(d.Members) {
-		w.mu.Unlock()
+	var tk groupstate.ConsumerTakeover
+	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) (members []kafkastore.TakeoverMember, why string) {
+		tk, members, why = consumerTakeoverOf(d, all, w.settle)
+		return members, why
+	}, func(members []kafkastore.TakeoverMember) error {
+		rec, err := w.consumerRecord(tk)
+		if err == nil {
+			err = cs.PrepareConsumerTakeover(group, rec, members)
+		}
+		if err != nil {
+			return fmt.Errorf("takeover of KIP-848 group %q: %w", group, err)
+		}
 		return nil
+	})
+	if rel == nil || err != nil {
+		return err
 	}
-	tk, members, why := consumerTakeoverOf(d, all, w.settle)
-	if why != "" {
-		w.mu.Unlock()
-		w.log.Debug("takeover: the cluster's KIP-848 group is not the one watched", "group", group, "why", why)
-		return nil
-	}
-	ids := make([]string, 0, len(members))
-	for _, m := range members {
-		ids = append(ids, m.MemberID)
-	}
-	rel := w.newReleaseLocked(group, now, ids)
-	w.mu.Unlock()
-	rec, err := w.consumerRecord(tk)
-	if err != nil {
-		return fmt.Errorf("takeover of KIP-848 group %q: %w", group, err)
-	}
-	if err := cs.PrepareConsumerTakeover(group, rec, members); err != nil {
-		return fmt.Errorf("takeover of KIP-848 group %q: %w", group, err)
-	}
-	w.startRelease(group, rel)
-	w.log.Info("taking the KIP-848 group over from the cluster's coordinator", "group", group, "members", len(members),
+	w.log.Info("taking the KIP-848 group over from the cluster's coordinator", "group", group, "members", len(rel.members),
 		"epoch", d.Epoch, "other_kproxies", len(rel.waiting))
 	return nil
 }

@@ -31,6 +31,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/tap"
 	"github.com/kproxy/kproxy/tap/internal/devstack"
 )
@@ -259,12 +260,12 @@ const (
 
 // fakeFleet is the fixed /api/fleet of the browser test.
 func fakeFleet() tap.FleetView {
-	owners := []tap.FleetOwner{
+	owners := []fleet.Owner{
 		{ID: selfID, MemberID: selfMember, Peer: "10.0.0.11:9093"},
 		{ID: "web-2-40877-r2m0", MemberID: "kproxy-web-2-40877-r2m0-1e0b7c33-9f7d-4b52-8f1a-6c4d2e9b0a17", Peer: "10.0.0.12:9093"},
 		{ID: "web-3-41002-t5k7", MemberID: "kproxy-web-3-41002-t5k7-a4f8d210-3c6e-47b9-b0d5-91e2f7c8a3b6", Peer: "10.0.0.13:9093"},
 	}
-	table := make([]tap.FleetOwner, 16)
+	table := make([]fleet.Owner, 16)
 	for p := range table {
 		if p == 14 {
 			continue // in transition: no owner this generation
@@ -277,7 +278,7 @@ func fakeFleet() tap.FleetView {
 		ID: selfID, Peer: "10.0.0.11:9093", PeerListen: "0.0.0.0:9093", Partitions: 16,
 		Serving: []int32{0, 3, 6, 9, 12},
 		Moves:   9, Fenced: 1, LeaseValid: true,
-		Member: tap.FleetMembership{
+		Member: fleet.Status{
 			ID: selfID, MemberID: selfMember, Peer: "10.0.0.11:9093", Owner: true,
 			Group: "__kproxy_fleet", Generation: 12, LeaderID: selfMember, Leader: true,
 			Table: table, Owned: []int32{0, 3, 6, 9, 12, 15},
