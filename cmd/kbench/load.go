@@ -59,16 +59,20 @@ type sample struct {
 	payload  int64 // record value bytes acknowledged or consumed
 	wire     int64 // request+response bytes on the client's sockets
 	elapsed  time.Duration
-	proxyCPU time.Duration // the kproxy child's CPU; zero on the direct path
-	selfCPU  time.Duration // kbench's own CPU: clients and broker
+	proxyCPU time.Duration  // the kproxy child's CPU; zero on the direct path
+	selfCPU  time.Duration  // kbench's own CPU: clients and broker
+	machCPU  time.Duration  // every CPU of the machine, softirq included (paths.go)
+	rounds   []roundFigures // per slice, when s sums several (report.go)
 	lats     []time.Duration
 	errs     int64
 }
 
 // meter snapshots the counters a slice is measured with.
 type meter struct {
-	cpu func() (time.Duration, error) // the child's CPU, nil on the direct path
-	tls *tls.Config                   // the clients speak TLS (tls.go)
+	cpu      func() (time.Duration, error) // the child's CPU, nil on the direct path
+	tls      *tls.Config                   // the clients speak TLS (tls.go)
+	redirect *[2]string                    // the clients dial [1] for [0] (paths.go)
+	repin    func() error                  // pins the process behind the path again, if pinned
 }
 
 type snapshot struct {
@@ -77,10 +81,16 @@ type snapshot struct {
 	wire     int64
 	proxyCPU time.Duration
 	selfCPU  time.Duration
+	machCPU  time.Duration
 }
 
 func (m meter) snap(payload *atomic.Int64, h *e2eHook) (snapshot, error) {
 	s := snapshot{at: time.Now(), payload: payload.Load(), wire: h.wire.Load(), selfCPU: selfCPU()}
+	mc, err := machineCPU()
+	if err != nil {
+		return s, err
+	}
+	s.machCPU = mc
 	if m.cpu != nil {
 		c, err := m.cpu()
 		if err != nil {
@@ -98,6 +108,7 @@ func diff(a, b snapshot) sample {
 		elapsed:  b.at.Sub(a.at),
 		proxyCPU: b.proxyCPU - a.proxyCPU,
 		selfCPU:  b.selfCPU - a.selfCPU,
+		machCPU:  b.machCPU - a.machCPU,
 	}
 }
 
@@ -176,14 +187,22 @@ func produceSlice(ctx context.Context, o options, addr string, d time.Duration, 
 	var acked, errs atomic.Int64
 	value := randomValue(o.recordSize)
 	return measure(ctx, d, m, h, &acked, &errs, func(ctx context.Context) (func(), error) {
-		cls, err := newClients(addr, o.conns, m.clientOpts(
+		opts := []kgo.Opt{
 			kgo.DefaultProduceTopic(produceTopic),
 			kgo.ProducerBatchCompression(kgo.NoCompression()),
+			kgo.RequiredAcks(kgo.AllISRAcks()),
 			kgo.WithHooks(h),
-			kgo.MaxBufferedBytes(32<<20),
-			kgo.ProduceRequestTimeout(10*time.Second),
-			kgo.RecordDeliveryTimeout(20*time.Second),
-		)...)
+			kgo.MaxBufferedBytes(32 << 20),
+			kgo.ProduceRequestTimeout(10 * time.Second),
+			kgo.RecordDeliveryTimeout(20 * time.Second),
+		}
+		if o.batchMax > 0 {
+			opts = append(opts, kgo.ProducerBatchMaxBytes(int32(o.batchMax)))
+		}
+		if o.linger > 0 {
+			opts = append(opts, kgo.ProducerLinger(o.linger))
+		}
+		cls, err := newClients(addr, o.conns, m.clientOpts(opts...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -254,15 +273,15 @@ func fetchSlice(ctx context.Context, o options, addr string, d time.Duration, m 
 
 // latencyRun issues one request at a time at a fixed rate (a moderate
 // load) for d and returns the end-to-end latency of each.
-func latencyRun(ctx context.Context, o options, addr string, mode string, d time.Duration) ([]time.Duration, error) {
+func latencyRun(ctx context.Context, o options, addr string, mode string, d time.Duration, m meter) ([]time.Duration, error) {
 	key := int16(0)
 	if mode == modeFetch {
 		key = 1
 	}
 	h := &e2eHook{key: key}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("kbench-latency"), kgo.WithHooks(h),
+	cl, err := kgo.NewClient(m.clientOpts(kgo.SeedBrokers(addr), kgo.ClientID("kbench-latency"), kgo.WithHooks(h),
 		kgo.DefaultProduceTopic(produceTopic), kgo.ProducerLinger(0),
-		kgo.ProducerBatchCompression(kgo.NoCompression()))
+		kgo.ProducerBatchCompression(kgo.NoCompression()))...)
 	if err != nil {
 		return nil, fmt.Errorf("kgo client: %w", err)
 	}

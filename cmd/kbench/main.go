@@ -60,8 +60,11 @@ type options struct {
 	jsonOut      bool
 	kproxyBin    string
 	verbose      bool
-	connsOpts    connsOptions // the conns mode (conns.go)
-	extraOptions              // pin, rate, TLS and groups modes (flags.go)
+	batchMax     int           // producers' batch size limit in bytes; 0: franz-go's default
+	linger       time.Duration // producers' linger; 0: franz-go's default
+	connsOpts    connsOptions  // the conns mode (conns.go)
+	extraOptions               // pin, rate, TLS and groups modes (flags.go)
+	pathOptions                // relay, base and peer paths (paths.go)
 }
 
 func parseOptions(args []string) (options, error) {
@@ -75,12 +78,15 @@ func parseOptions(args []string) (options, error) {
 	fs.IntVar(&o.conns, "conns", 1, "concurrent clients (one connection each to the broker) per path")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topics")
 	fs.IntVar(&o.batchBytes, "fetch-batch-bytes", 16<<10, "record bytes in each batch the synthetic broker serves")
+	fs.IntVar(&o.batchMax, "producer-batch-bytes", 0, "producers' batch size limit (Java's batch.size); 0: franz-go's default (1 MB); producers always use acks=all")
+	fs.DurationVar(&o.linger, "linger", 0, "producers' linger (Java's linger.ms); 0: franz-go's default")
 	fs.DurationVar(&o.latDuration, "latency-duration", 4*time.Second, "time per path per mode of the fixed-rate latency run (0 skips it)")
 	fs.IntVar(&o.latRate, "latency-rate", 500, "requests per second of the latency run, one at a time")
 	fs.BoolVar(&o.jsonOut, "json", false, "also print the results as JSON")
 	fs.StringVar(&o.kproxyBin, "kproxy", "", "kproxy binary to run (default: go build ./cmd/kproxy into a temporary directory)")
 	fs.BoolVar(&o.verbose, "v", false, "copy kproxy's log to stderr")
 	o.extraOptions.bind(fs)
+	o.pathOptions.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -110,6 +116,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.recordSize < 1 || o.recordSize > 16<<20 {
 		errs = append(errs, errors.New("--record-size must be between 1 and 16 MiB"))
+	}
+	if o.batchMax < 0 || o.batchMax > 16<<20 || o.linger < 0 || o.linger > time.Minute {
+		errs = append(errs, errors.New("--producer-batch-bytes must be in [0, 16 MiB] and --linger in [0, 1m]"))
 	}
 	if o.batchBytes < 1 || o.batchBytes > 16<<20 {
 		errs = append(errs, errors.New("--fetch-batch-bytes must be between 1 and 16 MiB"))
@@ -272,7 +281,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		m    meter
 	}{
 		{"direct", broker, meter{}},
-		{"proxy", ch.addr, meter{cpu: ch.cpu}},
+		{"proxy", ch.addr, meter{cpu: ch.cpu, repin: ch.repin}},
 	}
 	for _, e := range extra.paths {
 		paths = append(paths, struct {
@@ -287,8 +296,13 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 	}
 	for round := range o.rounds {
 		for _, p := range paths {
-			if err := ch.repin(); err != nil {
-				return modeResult{}, err
+			for _, q := range paths {
+				if q.m.repin == nil {
+					continue
+				}
+				if err := q.m.repin(); err != nil {
+					return modeResult{}, err
+				}
 			}
 			var s sample
 			if mode == modeProduce {
@@ -309,6 +323,8 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 			a.elapsed += s.elapsed
 			a.proxyCPU += s.proxyCPU
 			a.selfCPU += s.selfCPU
+			a.machCPU += s.machCPU
+			a.rounds = append(a.rounds, s.round())
 			a.errs += s.errs
 			a.lats = append(a.lats, s.lats...)
 		}
@@ -321,7 +337,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 				if p.m.tls != nil {
 					continue // the latency runs compare plaintext paths
 				}
-				l, err := latencyRun(ctx, o, p.addr, mode, o.latDuration/2)
+				l, err := latencyRun(ctx, o, p.addr, mode, o.latDuration/2, p.m)
 				if err != nil {
 					return modeResult{}, fmt.Errorf("%s latency run: %w (kproxy log: %s)", p.name, err, ch.logPath)
 				}

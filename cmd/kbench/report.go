@@ -42,6 +42,8 @@ type modeResult struct {
 	OpenLoop *openLoopResult `json:"open_loop,omitempty"`
 	// TLSRatio is proxy-tls MB/s over proxy MB/s with --tls.
 	TLSRatio float64 `json:"tls_over_plaintext_ratio,omitempty"`
+	// Spreads are the per-round medians and ranges (rounds.go).
+	Spreads []pathSpread `json:"per_round"`
 }
 
 // pathResult is one path (direct or proxy) of one mode.
@@ -58,6 +60,9 @@ type pathResult struct {
 	ProxyCPUPerGB float64 `json:"kproxy_cpu_s_per_gb"`
 	// BenchCPUPerGB is kbench's own CPU (clients and broker) per GB.
 	BenchCPUPerGB float64 `json:"bench_cpu_s_per_gb"`
+	// MachineCPUPerGB is the whole machine's busy CPU per GB (rounds.go).
+	MachineCPUPerGB float64        `json:"machine_cpu_s_per_gb"`
+	Rounds          []roundFigures `json:"rounds"`
 	// Latency at the fixed moderate rate, one request at a time.
 	LatN     int     `json:"lat_n"`
 	LatP50Ms float64 `json:"lat_p50_ms"`
@@ -84,7 +89,9 @@ func pathResultFrom(name string, s *sample, lat []time.Duration) pathResult {
 	if gb > 0 {
 		r.ProxyCPUPerGB = s.proxyCPU.Seconds() / gb
 		r.BenchCPUPerGB = s.selfCPU.Seconds() / gb
+		r.MachineCPUPerGB = s.machCPU.Seconds() / gb
 	}
+	r.Rounds = s.rounds
 	l := sortedCopy(lat)
 	r.LatN, r.LatP50Ms, r.LatP99Ms = len(l), ms(percentile(l, 0.50)), ms(percentile(l, 0.99))
 	ll := sortedCopy(s.lats)
@@ -102,6 +109,7 @@ func (m *modeResult) ratios() {
 			p = &m.Paths[i]
 		}
 	}
+	m.spreads()
 	if d == nil || p == nil {
 		return
 	}
@@ -150,6 +158,8 @@ func (r *results) print(w io.Writer) {
 		}
 	}
 	tw.Flush()
+	fmt.Fprintln(w)
+	printSpreads(w, r.Modes)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, strings.TrimSpace(`
 MB/s: record value bytes (1e6) per second at full load. p50/p99: end-to-end

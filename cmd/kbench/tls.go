@@ -36,9 +36,13 @@ type extraPath struct {
 type extraPaths struct {
 	paths    []extraPath
 	children []*child
+	stops    []func() // of the other processes behind paths
 }
 
 func (e *extraPaths) stop() {
+	for _, stop := range e.stops {
+		stop()
+	}
 	for _, c := range e.children {
 		if err := c.stop(); err != nil {
 			slog.Warn("stopping kproxy", "err", err)
@@ -51,21 +55,27 @@ func (e *extraPaths) stop() {
 // path.
 func startExtraPaths(ctx context.Context, o options, bin, broker, tmp string) (*extraPaths, error) {
 	e := &extraPaths{}
+	if err := startMorePaths(ctx, o, e, broker, tmp); err != nil {
+		e.stop()
+		return nil, err
+	}
 	if !o.tls {
 		return e, nil
 	}
 	certFile, keyFile, clientCfg, err := selfSignedCert(tmp)
 	if err != nil {
+		e.stop()
 		return nil, err
 	}
 	cc := childConfigFor(o, "--tls-cert", certFile, "--tls-key", keyFile)
 	cc.env = withoutProfile(cc.env) // one profile: the plaintext child's
 	ch, err := startChild(ctx, bin, broker, tmp, o.verbose, cc)
 	if err != nil {
+		e.stop()
 		return nil, fmt.Errorf("kproxy with TLS: %w", err)
 	}
 	e.children = append(e.children, ch)
-	e.paths = append(e.paths, extraPath{name: pathTLS, addr: ch.addr, m: meter{cpu: ch.cpu, tls: clientCfg}})
+	e.paths = append(e.paths, extraPath{name: pathTLS, addr: ch.addr, m: meter{cpu: ch.cpu, tls: clientCfg, repin: ch.repin}})
 	return e, nil
 }
 
@@ -79,10 +89,13 @@ func withoutProfile(env []string) []string {
 	return out
 }
 
-// clientOpts adds the path's TLS dialer, if any, to opts.
+// clientOpts adds the path's TLS dialer or redirection, if any, to opts.
 func (m meter) clientOpts(opts ...kgo.Opt) []kgo.Opt {
 	if m.tls != nil {
 		opts = append(opts, kgo.DialTLSConfig(m.tls.Clone()))
+	}
+	if m.redirect != nil {
+		opts = append(opts, redirector(m.redirect[0], m.redirect[1]))
 	}
 	return opts
 }
