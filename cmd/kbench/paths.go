@@ -24,8 +24,8 @@ import (
 //     terminates TCP. It knows nothing of Kafka, so the broker keeps
 //     advertising its own address; the relay path's clients dial the
 //     relay whenever they would dial the broker (meter.redirect).
-//   - proxy-base (--kproxy-base BIN): another kproxy build (an older
-//     commit), to measure a change before and after in one run.
+//   - proxy-base (--kproxy-base BIN[,BIN...]): other kproxy builds (older
+//     commits), to measure a change before and after in one run.
 //   - peer (--peer BIN): grepplabs/kafka-proxy, which rewrites the
 //     broker's address in Metadata itself.
 const (
@@ -44,7 +44,7 @@ type pathOptions struct {
 
 func (x *pathOptions) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&x.relay, "relay", false, "throughput modes: also measure a bare splice relay (no Kafka awareness) in kproxy's place, on its CPU when pinned: the floor of any proxy that terminates TCP")
-	fs.StringVar(&x.baseBin, "kproxy-base", "", "throughput modes: also measure this kproxy binary (path proxy-base), e.g. a build of an older commit")
+	fs.StringVar(&x.baseBin, "kproxy-base", "", "throughput modes: also measure these kproxy binaries (comma-separated; paths proxy-base, proxy-base-2, ...), e.g. builds of older commits")
 	fs.StringVar(&x.peerBin, "peer", "", "throughput modes: also measure this grepplabs/kafka-proxy binary (path peer)")
 	fs.IntVar(&x.peerBufKiB, "peer-buffer-kib", 64, "the peer's request and response buffer sizes in KiB")
 }
@@ -78,15 +78,19 @@ func startMorePaths(ctx context.Context, o options, e *extraPaths, broker, tmp s
 			redirect: &[2]string{broker, r.addr},
 		}})
 	}
-	if o.baseBin != "" {
+	for i, bin := range splitList(o.baseBin) {
 		cc := childConfigFor(o)
 		cc.env = withoutProfile(cc.env)
-		ch, err := startChild(ctx, o.baseBin, broker, tmp, o.verbose, cc)
+		ch, err := startChild(ctx, bin, broker, tmp, o.verbose, cc)
 		if err != nil {
-			return fmt.Errorf("kproxy-base: %w", err)
+			return fmt.Errorf("kproxy-base %s: %w", bin, err)
 		}
 		e.children = append(e.children, ch)
-		e.paths = append(e.paths, extraPath{name: pathBase, addr: ch.addr, m: meter{cpu: ch.cpu, repin: ch.repin}})
+		name := pathBase
+		if i > 0 {
+			name = fmt.Sprintf("%s-%d", pathBase, i+1)
+		}
+		e.paths = append(e.paths, extraPath{name: name, addr: ch.addr, m: meter{cpu: ch.cpu, repin: ch.repin}})
 	}
 	if o.peerBin != "" {
 		p, err := startPeer(ctx, o, broker, tmp, cpu)
