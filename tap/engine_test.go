@@ -56,7 +56,7 @@ func groupState(e *groupstate.Engine, group string) string {
 func spanAttr(s tracetest.SpanStub, key string) string {
 	for _, kv := range s.Attributes {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""
