@@ -14,14 +14,15 @@ import (
 // routing table's rows hold.
 
 // shareServed lists the keys kproxy serves when it serves share groups,
-// and the versions it speaks: v1 of the membership and data APIs (v0
-// was Kafka 4.0's early access; ShareFetch v2 adds KIP-1206's record
-// limit and KIP-1222's renew, not served yet).
+// and the versions it speaks: v1 of the membership APIs (v0 was Kafka
+// 4.0's early access), v1-v2 of ShareFetch and ShareAcknowledge (v2:
+// KIP-1206's record-limit acquisition and KIP-1222's renew), v0 of the
+// offsets APIs.
 var shareServed = []struct{ key, min, max int16 }{
 	{KeyShareGroupHeartbeat, 1, 1},
 	{KeyShareGroupDescribe, 1, 1},
-	{KeyShareFetch, 1, 1},
-	{KeyShareAcknowledge, 1, 1},
+	{KeyShareFetch, 1, 2},
+	{KeyShareAcknowledge, 1, 2},
 	{KeyDescribeShareGroupOffsets, 0, 0},
 	{KeyAlterShareGroupOffsets, 0, 0},
 	{KeyDeleteShareGroupOffsets, 0, 0},

@@ -746,3 +746,83 @@ func TestShareGroupsServedTopicGrows(t *testing.T) {
 		t.Fatalf("accepted %d of 90 records (errors %v)", len(l.accepted), l.errs)
 	}
 }
+
+// TestShareGroupsServedRenew: a member renews the locks of records it
+// holds (KIP-1222, ShareFetch/ShareAcknowledge v2 with IsRenewAck) and
+// can still accept them after their first lock would have run out: no
+// lock times out. Without the renew their locks time out (the client,
+// which keeps fetching, may acquire them again).
+func TestShareGroupsServedRenew(t *testing.T) {
+	for _, renew := range []bool{true, false} {
+		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
+			s := newShareStack(t, func(c *kproxy.Config) {
+				c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+					return groupstate.ShareSettings{AutoOffsetReset: "earliest", LockDuration: 2 * time.Second}
+				}
+			})
+			ctx := context.Background()
+			topic, group := "renew-share", "renew-share-g"
+			s.produceEvenly(ctx, topic, 1, 10)
+			var mu sync.Mutex
+			var results []kgo.ShareAckResult
+			cl, err := kgo.NewClient(kgo.SeedBrokers(s.kproxy.Addr()), kgo.ShareGroup(group), kgo.ConsumeTopics(topic),
+				kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
+					mu.Lock()
+					results = append(results, rs...)
+					mu.Unlock()
+				}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			var recs []*kgo.Record
+			for len(recs) < 10 && pctx.Err() == nil {
+				recs = append(recs, cl.PollRecords(pctx, 10).Records()...)
+			}
+			if len(recs) < 10 {
+				t.Fatalf("got %d of 10 records", len(recs))
+			}
+			flush := func() []kgo.ShareAckResult {
+				mu.Lock()
+				results = nil
+				mu.Unlock()
+				if err := cl.FlushAcks(pctx); err != nil {
+					t.Fatalf("flushing acks: %v", err)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				return append([]kgo.ShareAckResult(nil), results...)
+			}
+			// Three lock periods' worth of 1.2 s steps, renewing at each.
+			for range 3 {
+				time.Sleep(1200 * time.Millisecond)
+				if renew {
+					cl.MarkAcks(kgo.AckRenew, recs...)
+					for _, r := range flush() {
+						if r.Err != nil {
+							t.Fatalf("renew of p%d: %v", r.Partition, r.Err)
+						}
+					}
+				}
+			}
+			cl.MarkAcks(kgo.AckAccept, recs...)
+			res := flush()
+			failed := false
+			for _, r := range res {
+				failed = failed || r.Err != nil
+			}
+			if renew && (failed || len(res) == 0) {
+				t.Fatalf("accept after renewing: %+v", res)
+			}
+			timeouts := s.engine.ShareCounters().LockTimeouts
+			if renew && timeouts != 0 {
+				t.Errorf("%d locks timed out though they were renewed", timeouts)
+			}
+			if !renew && timeouts < 10 {
+				t.Errorf("%d locks timed out in 3.6 s of 2 s locks without a renew, want 10", timeouts)
+			}
+		})
+	}
+}

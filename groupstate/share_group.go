@@ -36,6 +36,9 @@ type ShareSettings struct {
 	AutoOffsetReset string
 	// ReadCommitted is share.isolation.level=read_committed.
 	ReadCommitted bool
+	// RenewDisabled is share.renew.acknowledge.enable=false: a Renew
+	// acknowledgement (KIP-1222) is answered INVALID_RECORD_STATE.
+	RenewDisabled bool
 }
 
 // withDefaults fills Kafka's defaults (GroupConfig, ShareGroupConfig).

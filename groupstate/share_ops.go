@@ -139,7 +139,7 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 		now, l := e.clock.Now(), set.limits()
 		for tp, batches := range acks {
 			p := g.parts[tp]
-			if p == nil {
+			if p == nil || (set.RenewDisabled && hasRenew(batches)) {
 				plan.AckCodes[tp] = errInvalidRecordState
 				continue
 			}
@@ -180,6 +180,18 @@ func (e *Engine) SharePrepare(group, member string, acks map[ShareTP][]share.Ack
 			done(plan)
 		})
 	})
+}
+
+// hasRenew reports whether a batch renews a lock.
+func hasRenew(batches []share.AckBatch) bool {
+	for _, b := range batches {
+		for _, t := range b.Types {
+			if t == share.AckRenew {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // readsTopic reports whether g has share state for a partition of topic.

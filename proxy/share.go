@@ -33,7 +33,7 @@ type ShareConn struct {
 // the share service.
 func (s *session) routeShare(h codec.RequestHeader, start int64, total int) error {
 	if !codec.ServedShareVersion(h.Key, h.Version) {
-		return fmt.Errorf("%w: %s v%d: kproxy serves share groups at v1 only", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
+		return fmt.Errorf("%w: %s v%d: not a version kproxy serves share groups at", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
 	}
 	if err := s.authGate(h); err != nil {
 		return err

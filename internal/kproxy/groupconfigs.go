@@ -38,6 +38,7 @@ const (
 var shareGroupConfigs = []string{
 	"share.session.timeout.ms", "share.heartbeat.interval.ms", "share.record.lock.duration.ms",
 	"share.delivery.count.limit", "share.partition.max.record.locks", "share.auto.offset.reset", "share.isolation.level",
+	"share.renew.acknowledge.enable",
 }
 
 // setShareConfig applies one share.* GROUP config to s.
@@ -73,6 +74,8 @@ func setShareConfig(s *groupstate.ShareSettings, name, value string) {
 		}
 	case "share.isolation.level":
 		s.ReadCommitted = value == "read_committed"
+	case "share.renew.acknowledge.enable":
+		s.RenewDisabled = value == "false"
 	}
 }
 

@@ -279,6 +279,12 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 			}
 		}
 	}
+	renew := req.Version >= 2 && req.IsRenewAck
+	if renew && (req.MaxBytes != 0 || req.MinBytes != 0 || req.MaxRecords != 0 || req.MaxWaitMillis != 0) {
+		// KIP-1222: a renew carries acknowledgements only.
+		fail(kerr.InvalidRequest.Code, "maxBytes, minBytes, maxRecords and maxWaitMs must be set to 0 if isRenewAck is true.")
+		return
+	}
 	if req.ShareSessionEpoch == 0 && len(acks) > 0 {
 		// Kafka: a new session carries no acknowledgements.
 		fail(kerr.InvalidRequest.Code, "Acknowledge data present on initial fetch request")
@@ -292,13 +298,14 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 	}
 	parts, code := s.session(c, group, member, req.ShareSessionEpoch, add, forget)
 	closing := req.ShareSessionEpoch == -1
+	ackOnly := closing || renew
 	if code != 0 {
 		fail(code, "")
 		return
 	}
-	ackCodes := s.validate(acks)
+	ackCodes := s.validate(acks, renew)
 	fetch := make([]groupstate.ShareTP, 0, len(parts))
-	if !closing {
+	if !ackOnly {
 		for _, tp := range parts {
 			fetch = append(fetch, groupstate.ShareTP(tp))
 		}
@@ -320,6 +327,12 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 		// The session ends: the member's records of its partitions go
 		// back, after the acknowledgements it carried.
 		s.cfg.Engine.ShareReleaseMember(group, member, parts)
+		reply(resp)
+		return
+	}
+	if renew {
+		// KIP-1222: no fetch, or the renewed locks could run out before
+		// the answer reached the client.
 		reply(resp)
 		return
 	}
@@ -368,11 +381,12 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 
 // validate checks acknowledgement batches as Kafka 4.4 does; a partition
 // whose batches are malformed is answered INVALID_REQUEST and its
-// acknowledgements dropped from acks.
-func (s *Service) validate(acks map[groupstate.ShareTP][]share.AckBatch) map[groupstate.ShareTP]int16 {
+// acknowledgements dropped from acks. renew allows the Renew type (a v2
+// request with IsRenewAck).
+func (s *Service) validate(acks map[groupstate.ShareTP][]share.AckBatch, renew bool) map[groupstate.ShareTP]int16 {
 	codes := make(map[groupstate.ShareTP]int16)
 	for tp, bs := range acks {
-		if err := share.ValidateAckBatches(bs, false); err != nil {
+		if err := share.ValidateAckBatches(bs, renew); err != nil {
 			codes[tp] = kerr.InvalidRequest.Code
 			delete(acks, tp)
 		}
@@ -665,7 +679,7 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 			acks[groupstate.ShareTP{TopicID: t.TopicID, Partition: p.Partition}] = bs
 		}
 	}
-	codes := s.validate(acks)
+	codes := s.validate(acks, req.Version >= 2 && req.IsRenewAck)
 	plan := s.prepare(group, member, acks, nil)
 	if plan.Code != 0 {
 		fail(plan.Code, "")
@@ -676,6 +690,9 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 	}
 	if req.ShareSessionEpoch == -1 {
 		s.cfg.Engine.ShareReleaseMember(group, member, parts)
+	}
+	if req.Version >= 2 {
+		resp.AcquisitionLockTimeoutMillis = int32(plan.Settings.LockDuration / time.Millisecond)
 	}
 	byTopic := make(map[[16]byte]int)
 	for tp, code := range codes {
