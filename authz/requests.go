@@ -57,6 +57,9 @@ const (
 func Authorize(req kmsg.Request, can Can, name TopicName) Decision {
 	deny := func() Decision { return Decision{Answer: codec.GroupErrorResponse(req, codeGroupAuth)} }
 	pass := Decision{Pass: req}
+	if d, ok := shareRequest(req, can, name); ok {
+		return d
+	}
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		if !can(group, r.Group, read) {

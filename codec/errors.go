@@ -117,6 +117,14 @@ func groupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
 			resp.Groups = append(resp.Groups, rg)
 		}
 		return resp
+	case *kmsg.ShareFetchRequest:
+		resp := kmsg.NewPtrShareFetchResponse()
+		resp.ErrorCode = code
+		return resp
+	case *kmsg.ShareAcknowledgeRequest:
+		resp := kmsg.NewPtrShareAcknowledgeResponse()
+		resp.ErrorCode = code
+		return resp
 	case *kmsg.ShareGroupHeartbeatRequest:
 		resp := kmsg.NewPtrShareGroupHeartbeatResponse()
 		resp.ErrorCode = code

@@ -68,7 +68,14 @@ type authzEnv struct {
 
 func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+	return newAuthzEnvWith(t, mode, nil, nil)
+}
+
+// newAuthzEnvWith is newAuthzEnv with more cluster options and a change
+// to kproxy's configuration.
+func newAuthzEnvWith(t *testing.T, mode kproxy.GroupsMode, clusterOpts []kfake.Opt, configure func(*kproxy.Config)) *authzEnv {
+	t.Helper()
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
 		kfake.SeedTopics(2, "authz-t1", "authz-t2"), kfake.GroupMinSessionTimeout(500*time.Millisecond),
 		kfake.Superuser("SCRAM-SHA-256", "kproxy", authzKproxyPass),
 		kfake.User("PLAIN", "alice", authzAlicePass),
@@ -76,7 +83,7 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 		kfake.User("SCRAM-SHA-512", "carol", authzCarolPass),
 		kfake.User("PLAIN", "dave", authzDavePass),
 		kfake.User("PLAIN", "ops", authzOpsPass),
-	)
+	}, clusterOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +121,7 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 	}
 
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	k, err := kproxy.Start(context.Background(), kproxy.Config{
+	cfg := kproxy.Config{
 		Upstream:     c.ListenAddrs(),
 		UpstreamOpts: []kgo.Opt{kgo.SASL(scram.Auth{User: "kproxy", Pass: authzKproxyPass}.AsSha256Mechanism())},
 		Proxy: proxy.Config{
@@ -130,7 +137,11 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 		Authorization: kproxy.AuthorizationConfig{Mode: kproxy.AuthorizationAuto, SuperUsers: []string{"User:kproxy"}, CacheTTL: time.Second},
 		Telemetry:     tap.Config{Getenv: func(string) string { return "" }},
 		Logger:        log,
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	k, err := kproxy.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

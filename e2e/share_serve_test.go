@@ -13,8 +13,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/kproxy/kproxy/codec"
@@ -825,4 +828,90 @@ func TestShareGroupsServedRenew(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShareGroupsServedAuthorized: with group authorization on, share
+// groups kproxy serves follow the cluster's ACLs: a principal with READ
+// on its group and on both topics gets every record; one with READ on
+// one topic and DESCRIBE on the other (so that it sees the other in its
+// metadata, subscribes to it and fetches it) gets none of the other's;
+// one with DESCRIBE only on its group cannot join.
+func TestShareGroupsServedAuthorized(t *testing.T) {
+	e := newAuthzEnvWith(t, kproxy.GroupsLocal, noShareCluster(), func(c *kproxy.Config) {
+		c.Groups.ServeShares = true
+		c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+			return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admin := e.client(t, e.cluster.ListenAddrs(), scram.Auth{User: "kproxy", Pass: authzKproxyPass}.AsSha256Mechanism(), kgo.MaxVersions(nil))
+	res, err := kadm.NewClient(admin).CreateACLs(ctx, kadm.NewACLs().Allow("User:dave").AllowHosts().Topics(e.topics[1]).Operations(kadm.OpDescribe))
+	if err != nil || res[0].Err != nil {
+		t.Fatalf("create acl: %v %v", err, res)
+	}
+	time.Sleep(2 * time.Second) // kproxy's ACL cache (1 s TTL) sees it
+	const per = 20
+	for _, topic := range e.topics {
+		for i := range per {
+			if err := admin.ProduceSync(ctx, &kgo.Record{Topic: topic, Value: []byte(fmt.Sprintf("%s-%d", topic, i))}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	read := func(t *testing.T, m sasl.Mechanism, group string, within time.Duration) (map[string]bool, []error) {
+		t.Helper()
+		cl := e.client(t, []string{e.kproxy.Addr()}, m, kgo.MaxVersions(nil), kgo.ShareGroup(group), kgo.ConsumeTopics(e.topics[:]...))
+		got := map[string]bool{}
+		var errs []error
+		rctx, cancel := context.WithTimeout(ctx, within)
+		defer cancel()
+		for len(got) < 2*per && rctx.Err() == nil {
+			fs := cl.PollRecords(rctx, 0)
+			fs.EachError(func(_ string, _ int32, err error) {
+				if rctx.Err() == nil {
+					errs = append(errs, err)
+				}
+			})
+			fs.EachRecord(func(r *kgo.Record) { got[string(r.Value)] = true })
+		}
+		return got, errs
+	}
+	t.Run("alice reads both topics", func(t *testing.T) {
+		got, errs := read(t, mechPlain("alice", authzAlicePass), "alice-share", 20*time.Second)
+		if len(got) != 2*per {
+			t.Fatalf("alice read %d of %d records (errors %v)", len(got), 2*per, errs)
+		}
+	})
+	t.Run("dave reads only the topic he may", func(t *testing.T) {
+		got, errs := read(t, mechPlain("dave", authzDavePass), "dave-share", 5*time.Second)
+		for v := range got {
+			if strings.HasPrefix(v, e.topics[1]) {
+				t.Fatalf("dave got %s of %s, which he may not read", v, e.topics[1])
+			}
+		}
+		if len(got) != per {
+			t.Errorf("dave read %d of the %d records of %s (errors %v)", len(got), per, e.topics[0], errs)
+		}
+		denied := false
+		for _, err := range errs {
+			denied = denied || errors.Is(err, kerr.TopicAuthorizationFailed)
+		}
+		if !denied {
+			t.Errorf("dave was not told TOPIC_AUTHORIZATION_FAILED for %s: %v", e.topics[1], errs)
+		}
+	})
+	t.Run("carol may not join", func(t *testing.T) {
+		got, errs := read(t, scram.Auth{User: "carol", Pass: authzCarolPass}.AsSha512Mechanism(), "carol-share", 3*time.Second)
+		if len(got) != 0 {
+			t.Fatalf("carol read %d records with DESCRIBE only on her group", len(got))
+		}
+		denied := false
+		for _, err := range errs {
+			denied = denied || errors.Is(err, kerr.GroupAuthorizationFailed)
+		}
+		if !denied {
+			t.Errorf("carol was not told GROUP_AUTHORIZATION_FAILED: %v", errs)
+		}
+	})
 }

@@ -244,6 +244,14 @@ func (a *Authorizer) topicNames(req kmsg.Request) authz.TopicName {
 				add(t.Topic, t.TopicID)
 			}
 		}
+	case *kmsg.ShareFetchRequest:
+		for _, t := range r.Topics {
+			add("", t.TopicID)
+		}
+	case *kmsg.ShareAcknowledgeRequest:
+		for _, t := range r.Topics {
+			add("", t.TopicID)
+		}
 	default:
 		return nil
 	}

@@ -55,6 +55,10 @@ type Client struct {
 	// Authenticated says the broker accepted the client's SASL exchange
 	// or the client presented a verified certificate.
 	Authenticated bool
+	// Conn is the connection's id, unique in the process; Node the
+	// broker its listener stands for (-1: the bootstrap listener).
+	Conn uint64
+	Node int32
 }
 
 // FindCoordinatorAuthorizer is implemented by a Coordinator that

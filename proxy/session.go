@@ -137,6 +137,7 @@ func newSession(p *Proxy, c net.Conn, node int32) *session {
 		writerDone: make(chan struct{}),
 	}
 	s.in.c = c
+	s.rc.Conn, s.rc.Node = id, node
 	return s
 }
 

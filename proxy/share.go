@@ -28,6 +28,47 @@ type ShareConn struct {
 	Node int32  // the broker the listener stands for; -1 for bootstrap
 }
 
+// ShareConnOf is the connection c describes.
+func ShareConnOf(c Client) ShareConn { return ShareConn{Client: c, Conn: c.Conn, Node: c.Node} }
+
+// AuthorizedShares runs a ShareService's requests through an
+// Authorizer (NewAuthorizer): ShareFetch and ShareAcknowledge are
+// authorized for the connection's principal as a broker authorizes them
+// (READ on the group, READ on each topic) before the service sees them.
+func AuthorizedShares(svc ShareService, cfg AuthorizerConfig) ShareService {
+	return &authorizedShares{svc: svc, auth: NewAuthorizer(shareCoordinator{svc}, cfg)}
+}
+
+type authorizedShares struct {
+	svc  ShareService
+	auth *Authorizer
+}
+
+func (a *authorizedShares) ShareFetch(c ShareConn, req *kmsg.ShareFetchRequest, reply func(kmsg.Response)) {
+	a.auth.Handle(c.Client, req, reply)
+}
+
+func (a *authorizedShares) ShareAcknowledge(c ShareConn, req *kmsg.ShareAcknowledgeRequest, reply func(kmsg.Response)) {
+	a.auth.Handle(c.Client, req, reply)
+}
+
+func (a *authorizedShares) Closed(conn uint64) { a.svc.Closed(conn) }
+
+// shareCoordinator is a ShareService as the Coordinator an Authorizer
+// wraps.
+type shareCoordinator struct{ svc ShareService }
+
+func (s shareCoordinator) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
+	switch r := req.(type) {
+	case *kmsg.ShareFetchRequest:
+		s.svc.ShareFetch(ShareConnOf(c), r, reply)
+	case *kmsg.ShareAcknowledgeRequest:
+		s.svc.ShareAcknowledge(ShareConnOf(c), r, reply)
+	default:
+		reply(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
+	}
+}
+
 // routeShare serves a share-group request when kproxy serves share
 // groups: the membership APIs go to the coordinator, the data APIs to
 // the share service.

@@ -130,19 +130,21 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		log.Info("group authorization on: group requests are authorized with the cluster's ACLs",
 			"mode", mode, "acls", len(set.ACLs), "super_users", ac.SuperUsers, "allow_everyone_if_no_acl_found", ac.AllowEveryoneIfNoACL, "acl_cache_ttl", ttl)
 	}
-	if w.shares != nil && !noAuthorizer {
-		// The share service fetches records with kproxy's own client:
-		// without the cluster's topic ACLs applied to each member it
-		// would hand records to clients the brokers would refuse.
-		return errors.New("serving share groups (--share-groups serve) with group authorization on a cluster with an authorizer is not supported yet: use --group-authorization off only where every client may read every topic, or forward share groups")
-	}
 	names := kafkastore.New(w.upstream)
-	w.coordinator = proxy.NewAuthorizer(w.coordinator, proxy.AuthorizerConfig{
+	acfg := proxy.AuthorizerConfig{
 		ACLs:              cache,
 		RequireAuthorizer: mode == AuthorizationClusterACLs,
 		TopicNames:        names.TopicNames,
 		Logger:            log,
-	})
+	}
+	w.coordinator = proxy.NewAuthorizer(w.coordinator, acfg)
+	if w.shares != nil {
+		// The share service fetches records with kproxy's own client:
+		// each client's ShareFetch is authorized first, as a broker
+		// does (READ on the group and on each topic), so that no record
+		// reaches a client the brokers would refuse it to.
+		w.shareService = proxy.AuthorizedShares(w.shares, acfg)
+	}
 	// Refresh ahead of expiry so that requests rarely wait for
 	// DescribeAcls: one that does holds up the requests behind it on its
 	// connection (the session's reader decides).

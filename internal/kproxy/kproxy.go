@@ -201,6 +201,9 @@ type Server struct {
 	upstreamOpts []kgo.Opt
 	engine       *groupstate.Engine // nil with groups forwarded
 	shares       *shares.Service    // nil unless share groups are served
+	// shareService is what the proxy hands share requests to: shares,
+	// authorized when group authorization is on (authz.go).
+	shareService proxy.ShareService
 	fleet        *fleetRuntime      // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
@@ -254,8 +257,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		pcfg.Logger = log
 	}
 	pcfg.Coordinator = s.coordinator
-	if s.shares != nil {
-		pcfg.Shares = s.shares
+	if s.shareService != nil {
+		pcfg.Shares = s.shareService
 	}
 	if s.watcher != nil {
 		pcfg.Forwarder = s.watcher
@@ -371,7 +374,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 			w.close(context.Background())
 			return nil, err
 		}
-		w.shares = svc
+		w.shares, w.shareService = svc, svc
 		// The service closes before the engine it asks.
 		w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
 	}

@@ -1,0 +1,187 @@
+package authz
+
+import (
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
+)
+
+// The share-group requests (KIP-932) kproxy serves itself, authorized as
+// Kafka 4.4's KafkaApis authorizes them:
+//
+//   - ShareGroupHeartbeat: READ on the group;
+//   - ShareGroupDescribe, DescribeShareGroupOffsets: DESCRIBE on each
+//     group;
+//   - AlterShareGroupOffsets: READ on the group; DeleteShareGroupOffsets:
+//     DELETE on the group;
+//   - ShareFetch, ShareAcknowledge: READ on the group (else the whole
+//     request is GROUP_AUTHORIZATION_FAILED), and READ on each topic: a
+//     topic the principal may not read is left out of the request and
+//     answered TOPIC_AUTHORIZATION_FAILED, so no record of it reaches
+//     the client.
+
+// shareRequest authorizes a share-group request; ok=false for a request
+// of another kind.
+func shareRequest(req kmsg.Request, can Can, name TopicName) (Decision, bool) {
+	deny := func() Decision { return Decision{Answer: codec.GroupErrorResponse(req, codeGroupAuth)} }
+	switch r := req.(type) {
+	case *kmsg.ShareGroupHeartbeatRequest:
+		if !can(group, r.GroupID, read) {
+			return deny(), true
+		}
+	case *kmsg.ShareGroupDescribeRequest:
+		for _, g := range r.GroupIDs {
+			if !can(group, g, desc) {
+				return shareDescribe(r, can), true
+			}
+		}
+	case *kmsg.DescribeShareGroupOffsetsRequest:
+		for _, g := range r.Groups {
+			if !can(group, g.GroupID, desc) {
+				return deny(), true
+			}
+		}
+	case *kmsg.AlterShareGroupOffsetsRequest:
+		if !can(group, r.GroupID, read) {
+			return deny(), true
+		}
+	case *kmsg.DeleteShareGroupOffsetsRequest:
+		if !can(group, r.GroupID, del) {
+			return deny(), true
+		}
+	case *kmsg.ShareFetchRequest:
+		if r.GroupID == nil || !can(group, *r.GroupID, read) {
+			resp := kmsg.NewPtrShareFetchResponse()
+			resp.SetVersion(r.Version)
+			resp.ErrorCode = codeGroupAuth
+			return Decision{Answer: resp}, true
+		}
+		return shareFetch(r, can, name), true
+	case *kmsg.ShareAcknowledgeRequest:
+		if r.GroupID == nil || !can(group, *r.GroupID, read) {
+			resp := kmsg.NewPtrShareAcknowledgeResponse()
+			resp.SetVersion(r.Version)
+			resp.ErrorCode = codeGroupAuth
+			return Decision{Answer: resp}, true
+		}
+		return shareAcknowledge(r, can, name), true
+	default:
+		return Decision{}, false
+	}
+	return Decision{Pass: req}, true
+}
+
+// readable reports whether the principal may read the topic of id.
+func readable(id [16]byte, can Can, name TopicName) bool {
+	if id == ([16]byte{}) {
+		return false
+	}
+	n, ok := topicOf("", id, name)
+	return ok && can(topic, n, read)
+}
+
+// shareDescribe answers the denied groups of a ShareGroupDescribe and
+// passes the others.
+func shareDescribe(r *kmsg.ShareGroupDescribeRequest, can Can) Decision {
+	allowed, denied, _ := splitGroups(r.GroupIDs, can, desc)
+	merge := func(inner []kmsg.ShareGroupDescribeResponseGroup) []kmsg.ShareGroupDescribeResponseGroup {
+		out := make([]kmsg.ShareGroupDescribeResponseGroup, 0, len(r.GroupIDs))
+		next := 0
+		for i, g := range r.GroupIDs {
+			if denied[i] {
+				rg := kmsg.NewShareGroupDescribeResponseGroup()
+				rg.GroupID, rg.ErrorCode = g, codeGroupAuth
+				out = append(out, rg)
+				continue
+			}
+			if next < len(inner) {
+				out = append(out, inner[next])
+				next++
+			}
+		}
+		return append(out, inner[min(next, len(inner)):]...)
+	}
+	if len(allowed) == 0 {
+		resp := kmsg.NewPtrShareGroupDescribeResponse()
+		resp.SetVersion(r.Version)
+		resp.Groups = merge(nil)
+		return Decision{Answer: resp}
+	}
+	cp := *r
+	cp.GroupIDs = allowed
+	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
+		if dr, ok := resp.(*kmsg.ShareGroupDescribeResponse); ok {
+			dr.Groups = merge(dr.Groups)
+		}
+		return resp
+	}}
+}
+
+// shareFetch leaves out the topics the principal may not read and
+// answers their partitions TOPIC_AUTHORIZATION_FAILED.
+func shareFetch(r *kmsg.ShareFetchRequest, can Can, name TopicName) Decision {
+	var keep []kmsg.ShareFetchRequestTopic
+	var denied []kmsg.ShareFetchResponseTopic
+	for _, t := range r.Topics {
+		if readable(t.TopicID, can, name) {
+			keep = append(keep, t)
+			continue
+		}
+		rt := kmsg.NewShareFetchResponseTopic()
+		rt.TopicID = t.TopicID
+		for _, p := range t.Partitions {
+			rp := kmsg.NewShareFetchResponseTopicPartition()
+			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
+			if len(p.AcknowledgementBatches) > 0 {
+				rp.AcknowledgeErrorCode = codeTopicAuth
+			}
+			rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		denied = append(denied, rt)
+	}
+	if len(denied) == 0 {
+		return Decision{Pass: r}
+	}
+	cp := *r
+	cp.Topics = keep
+	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
+		if fr, ok := resp.(*kmsg.ShareFetchResponse); ok && fr.ErrorCode == 0 {
+			fr.Topics = append(fr.Topics, denied...)
+		}
+		return resp
+	}}
+}
+
+// shareAcknowledge leaves out the topics the principal may not read and
+// answers their partitions TOPIC_AUTHORIZATION_FAILED.
+func shareAcknowledge(r *kmsg.ShareAcknowledgeRequest, can Can, name TopicName) Decision {
+	var keep []kmsg.ShareAcknowledgeRequestTopic
+	var denied []kmsg.ShareAcknowledgeResponseTopic
+	for _, t := range r.Topics {
+		if readable(t.TopicID, can, name) {
+			keep = append(keep, t)
+			continue
+		}
+		rt := kmsg.NewShareAcknowledgeResponseTopic()
+		rt.TopicID = t.TopicID
+		for _, p := range t.Partitions {
+			rp := kmsg.NewShareAcknowledgeResponseTopicPartition()
+			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
+			rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		denied = append(denied, rt)
+	}
+	if len(denied) == 0 {
+		return Decision{Pass: r}
+	}
+	cp := *r
+	cp.Topics = keep
+	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
+		if ar, ok := resp.(*kmsg.ShareAcknowledgeResponse); ok && ar.ErrorCode == 0 {
+			ar.Topics = append(ar.Topics, denied...)
+		}
+		return resp
+	}}
+}
