@@ -76,7 +76,7 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 func newAuthzEnvWith(t *testing.T, mode kproxy.GroupsMode, clusterOpts []kfake.Opt, configure func(*kproxy.Config)) *authzEnv {
 	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
-		kfake.SeedTopics(2, "authz-t1", "authz-t2"), kfake.GroupMinSessionTimeout(500*time.Millisecond),
+		kfake.SeedTopics(2, "authz-t1", "authz-t2"), kfake.GroupMinSessionTimeout(500 * time.Millisecond),
 		kfake.Superuser("SCRAM-SHA-256", "kproxy", authzKproxyPass),
 		kfake.User("PLAIN", "alice", authzAlicePass),
 		kfake.User("SCRAM-SHA-256", "bob", authzBobPass),

@@ -204,7 +204,7 @@ type Server struct {
 	// shareService is what the proxy hands share requests to: shares,
 	// authorized when group authorization is on (authz.go).
 	shareService proxy.ShareService
-	fleet        *fleetRuntime      // nil unless groups are distributed
+	fleet        *fleetRuntime // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
 	// forwarder names the groups the cluster's coordinator serves (nil
