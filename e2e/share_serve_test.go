@@ -760,7 +760,7 @@ func TestShareGroupsServedRenew(t *testing.T) {
 		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
 			s := newShareStack(t, func(c *kproxy.Config) {
 				c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
-					return groupstate.ShareSettings{AutoOffsetReset: "earliest", LockDuration: 2 * time.Second}
+					return groupstate.ShareSettings{AutoOffsetReset: "earliest", LockDuration: 3 * time.Second}
 				}
 			})
 			ctx := context.Background()
@@ -798,9 +798,10 @@ func TestShareGroupsServedRenew(t *testing.T) {
 				defer mu.Unlock()
 				return append([]kgo.ShareAckResult(nil), results...)
 			}
-			// Three lock periods' worth of 1.2 s steps, renewing at each.
-			for range 3 {
-				time.Sleep(1200 * time.Millisecond)
+			// 4 s in 1 s steps against 3 s locks: a renew at each step
+			// leaves 2 s for it to arrive on a loaded machine.
+			for range 4 {
+				time.Sleep(time.Second)
 				if renew {
 					cl.MarkAcks(kgo.AckRenew, recs...)
 					for _, r := range flush() {
@@ -824,7 +825,7 @@ func TestShareGroupsServedRenew(t *testing.T) {
 				t.Errorf("%d locks timed out though they were renewed", timeouts)
 			}
 			if !renew && timeouts < 10 {
-				t.Errorf("%d locks timed out in 3.6 s of 2 s locks without a renew, want 10", timeouts)
+				t.Errorf("%d locks timed out in 4 s of 3 s locks without a renew, want 10", timeouts)
 			}
 		})
 	}
