@@ -106,8 +106,8 @@ type rollStep struct {
 // member, as the members' callbacks say, and no partition may ever have
 // had two owners at once.
 //
-// For longer runs: KPROXY_ROLL_MODE=local or distributed runs one mode,
-// KPROXY_ROLL_DEFAULTS=1 gives the classic members franz-go's default
+// For longer runs: -run 'TestMigrationRollsKeepEveryPartitionOwned$/local'
+// (or /distributed) runs one mode, KPROXY_ROLL_DEFAULTS=1 gives the classic members franz-go's default
 // session (45 s) and heartbeat (3 s), and KPROXY_ROLL_AUTOCOMMIT=1 runs
 // the members as plain consumers (autocommit, rebalances not held by
 // the poll loop), KPROXY_ROLL_SURGE=1 starts each new instance a second
@@ -121,9 +121,6 @@ func TestMigrationRollsKeepEveryPartitionOwned(t *testing.T) {
 // testMigrationRollsOwned runs TestMigrationRollsKeepEveryPartitionOwned
 // in one groups mode.
 func testMigrationRollsOwned(t *testing.T, mode kproxy.GroupsMode) {
-	if m := os.Getenv("KPROXY_ROLL_MODE"); m != "" && m != string(mode) {
-		t.Skipf("KPROXY_ROLL_MODE=%s", m)
-	}
 	opts := []stackOpt{func(c *kproxy.Config) {
 		c.Groups.Mode = mode
 		c.Groups.Fleet.Name = "owners-" + string(mode)
@@ -225,9 +222,6 @@ func rollOwned(t *testing.T, topic string, parts, rounds int, start func(i int, 
 // other; the group's owner is either), KPROXY_ROLL_REPEAT rounds, 4 by
 // default.
 func TestMigrationRollsKeepEveryPartitionOwnedFleet(t *testing.T) {
-	if m := os.Getenv("KPROXY_ROLL_MODE"); m != "" && m != "fleet" {
-		t.Skipf("KPROXY_ROLL_MODE=%s", m)
-	}
 	const topic, parts = "owners", 6
 	// KIP-848 members heartbeat every 500 ms (the cluster's setting,
 	// which kproxy reads), so a roll is not paced by 5 s heartbeats.

@@ -1,3 +1,5 @@
+//go:build jaeger
+
 package tap
 
 import (
@@ -20,13 +22,14 @@ import (
 // it starts Jaeger v2 (KPROXY_JAEGER_BIN: a jaeger binary, for example
 // built from github.com/jaegertracing/jaeger/cmd/jaeger v1.76.0, which is
 // Jaeger 2.x), exports the scenarios of scenarios_test.go to it over
-// OTLP/gRPC, and checks the traces Jaeger's query API returns. Without
-// KPROXY_JAEGER_BIN it is skipped; TestOTLPScenariosInProcess covers the
-// same scenarios in every run.
+// OTLP/gRPC, and checks the traces Jaeger's query API returns. It is
+// built only with the jaeger build tag (go test -tags jaeger), and fails
+// without KPROXY_JAEGER_BIN; TestOTLPScenariosInProcess covers the same
+// scenarios in every run.
 func TestJaegerScenarios(t *testing.T) {
 	bin := os.Getenv("KPROXY_JAEGER_BIN")
 	if bin == "" {
-		t.Skip("KPROXY_JAEGER_BIN not set: the Jaeger tier runs on demand (see tap/README.md)")
+		t.Fatal("KPROXY_JAEGER_BIN not set: this tier needs a Jaeger v2 binary (see tap/README.md)")
 	}
 	clearOTELEnv(t)
 	otlpPort, queryPort, queryGRPCPort := freePort(t), freePort(t), freePort(t)
