@@ -90,13 +90,7 @@ func BenchmarkShareServe(b *testing.B) {
 	dcl := prefill(direct)
 	prefill(served)
 
-	type pathStats struct {
-		name    string
-		addr    string
-		elapsed time.Duration
-		lat     []time.Duration
-	}
-	paths := []*pathStats{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}}
+	paths := []*shareBenchPath{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}}
 	for round, order := range [][]int{{0, 1}, {1, 0}} {
 		for _, i := range order {
 			p := paths[i]
@@ -109,20 +103,7 @@ func BenchmarkShareServe(b *testing.B) {
 			p.lat = append(p.lat, lat...)
 		}
 	}
-	d := paths[0]
-	dRate := float64(2*n) / d.elapsed.Seconds()
-	d50, d99 := p50p99(d.lat)
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir")
-	for _, p := range paths {
-		rate := float64(2*n) / p.elapsed.Seconds()
-		p50, p99 := p50p99(p.lat)
-		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99))
-		b.ReportMetric(rate, p.name+"-records/s")
-		b.ReportMetric(ms(p50), p.name+"-fetch-p50-ms")
-		b.ReportMetric(ms(p99), p.name+"-fetch-p99-ms")
-	}
 	c := k.Engine().ShareCounters()
 	b.Logf("share groups served, %d records twice per path; kproxy wrote %d share records (mean %.2f ms):\n%s",
-		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), sb.String())
+		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), reportShareBench(b, 2*n, paths))
 }

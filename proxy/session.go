@@ -361,24 +361,9 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		resp.ApiKeys = append(resp.ApiKeys, k)
 		return s.queueLocal(h, start, resp)
 	}
-	if err := s.authGate(h); err != nil {
-		return err
-	}
-	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
-		s.p.metrics.refused(refusedTooLarge)
-		return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
-			codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
-	}
-	frame, done, err := s.readFrame(total)
+	req, frame, err := s.readLocal(h, total)
 	if err != nil {
 		return err
-	}
-	req := kmsg.RequestForKey(h.Key)
-	req.SetVersion(h.Version)
-	err = req.ReadFrom(frame[4+h.Len:])
-	done()
-	if err != nil {
-		return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
 	}
 	if fc, ok := req.(*kmsg.FindCoordinatorRequest); ok && fc.CoordinatorType != 0 {
 		// Transactions (and anything else that is not a group) belong
@@ -399,6 +384,32 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 		}
 	}
 	return s.queueCoordinator(h, start, req)
+}
+
+// readLocal reads and decodes a request kproxy serves itself, once the
+// client may send it (authGate) and if it is within MaxGroupRequest; it
+// returns the decoded request and its frame, which the request aliases.
+func (s *session) readLocal(h codec.RequestHeader, total int) (kmsg.Request, []byte, error) {
+	if err := s.authGate(h); err != nil {
+		return nil, nil, err
+	}
+	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
+		s.p.metrics.refused(refusedTooLarge)
+		return nil, nil, fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
+			codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
+	}
+	frame, done, err := s.readFrame(total)
+	if err != nil {
+		return nil, nil, err
+	}
+	req := kmsg.RequestForKey(h.Key)
+	req.SetVersion(h.Version)
+	err = req.ReadFrom(frame[4+h.Len:])
+	done()
+	if err != nil {
+		return nil, nil, fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
+	}
+	return req, frame, nil
 }
 
 func truncated(err error) error {

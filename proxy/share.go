@@ -76,24 +76,9 @@ func (s *session) routeShare(h codec.RequestHeader, start int64, total int) erro
 	if !codec.ServedShareVersion(h.Key, h.Version) {
 		return fmt.Errorf("%w: %s v%d: not a version kproxy serves share groups at", codec.ErrBadVersion, kmsg.NameForKey(h.Key), h.Version)
 	}
-	if err := s.authGate(h); err != nil {
-		return err
-	}
-	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {
-		s.p.metrics.refused(refusedTooLarge)
-		return fmt.Errorf("%w: %s request of %d bytes, over the %d byte limit for requests kproxy serves itself (max_group_request_bytes)",
-			codec.ErrFrameTooLarge, kmsg.NameForKey(h.Key), total-4, limit)
-	}
-	frame, done, err := s.readFrame(total)
+	req, _, err := s.readLocal(h, total)
 	if err != nil {
 		return err
-	}
-	req := kmsg.RequestForKey(h.Key)
-	req.SetVersion(h.Version)
-	err = req.ReadFrom(frame[4+h.Len:])
-	done()
-	if err != nil {
-		return fmt.Errorf("malformed %s v%d request: %w", kmsg.NameForKey(h.Key), h.Version, err)
 	}
 	switch r := req.(type) {
 	case *kmsg.ShareFetchRequest:
