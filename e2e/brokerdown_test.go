@@ -145,7 +145,8 @@ func clientLogger(name string, start time.Time) kgo.Logger {
 // idempotent producer and a consumer group run: once directly, once
 // through kproxy. Through kproxy there must be no failed produce and no
 // commit error, every acknowledged record must be consumed, and the
-// stall must stay within a second or two of the direct path's.
+// stall must stay within 1.5 s of the direct path's (measured: both
+// resume 0.5-0.85 s after the kill, kproxy within 0.3 s of direct).
 func TestBrokerKilledSameAsDirect(t *testing.T) {
 	direct := runBrokerKill(t, false)
 	t.Logf("direct:  %+v", direct)
@@ -163,7 +164,7 @@ func TestBrokerKilledSameAsDirect(t *testing.T) {
 	if viaProxy.maxAckGap > direct.maxAckGap+2*time.Second {
 		t.Errorf("produce stall through kproxy %v, directly %v", viaProxy.maxAckGap, direct.maxAckGap)
 	}
-	if viaProxy.resumed > direct.resumed+2*time.Second {
+	if viaProxy.resumed > direct.resumed+1500*time.Millisecond {
 		t.Errorf("consumption of moved partitions resumed after %v through kproxy, %v directly", viaProxy.resumed, direct.resumed)
 	}
 }
@@ -173,6 +174,12 @@ func runBrokerKill(t *testing.T, throughProxy bool) outage {
 	const (
 		topic = "kill"
 		group = "kill-group"
+		// refreshAge is how soon the clients may refresh metadata again.
+		// franz-go's default (5 s) quantizes when a client learns of the
+		// new leaders, so one run's stall could differ from another's by
+		// seconds whichever path it took; with a short age the stall
+		// measures the path, which is what the test compares.
+		refreshAge = 250 * time.Millisecond
 	)
 	var lns []*cutListener
 	c, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.AllowAutoTopicCreation(), kfake.SeedTopics(6, topic),
@@ -240,7 +247,7 @@ func runBrokerKill(t *testing.T, throughProxy bool) outage {
 	var resumedAt atomic.Int64
 
 	cons, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
-		kgo.FetchMaxWait(200*time.Millisecond), kgo.AutoCommitInterval(300*time.Millisecond),
+		kgo.FetchMaxWait(200*time.Millisecond), kgo.AutoCommitInterval(300*time.Millisecond), kgo.MetadataMinAge(refreshAge),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.WithHooks(eofs), kgo.WithLogger(clientLogger("consumer", start)),
 		kgo.AutoCommitCallback(func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
 			if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed) {
@@ -284,7 +291,7 @@ func runBrokerKill(t *testing.T, throughProxy bool) outage {
 	}()
 	defer func() { cancel(); <-consDone; cons.Close() }()
 
-	prod, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.WithHooks(eofs), kgo.WithLogger(clientLogger("producer", start)))
+	prod, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.RoundRobinPartitioner()), kgo.MetadataMinAge(refreshAge), kgo.WithHooks(eofs), kgo.WithLogger(clientLogger("producer", start)))
 	if err != nil {
 		t.Fatal(err)
 	}
