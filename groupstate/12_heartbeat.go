@@ -47,6 +47,9 @@ func (s *shard) heartbeatCode(r *kmsg.HeartbeatRequest) int16 {
 		return errUnknownMemberID
 	case statePreparingRebalance:
 		g.rearmSession(m)
+		if m.askedAt.IsZero() && m.joinReply == nil {
+			m.askedAt = g.s.e.clock.Now()
+		}
 		return errRebalanceInProgress
 	default:
 		g.rearmSession(m)

@@ -64,6 +64,9 @@ func (s *shard) syncGroup(r *kmsg.SyncGroupRequest, reply func(kmsg.Response)) {
 			m.answerSync(syncError(errRebalanceInProgress))
 		}
 		m.syncReply = reply
+		if m.syncAt.IsZero() {
+			m.syncAt = g.s.e.clock.Now()
+		}
 		delete(g.pendingSync, m.id)
 		if m.id != g.leader {
 			return
@@ -170,6 +173,9 @@ func (g *classicGroup) completeSync(given map[string][]byte) {
 	if g.s.e.cfg.Events != nil {
 		ev := g.event(EventSyncCompleted)
 		ev.Members = g.membersList(true)
+		for i := range ev.Members {
+			ev.Members[i].SyncedAt = g.members[ev.Members[i].MemberID].syncAt
+		}
 		g.s.emit(ev)
 	}
 	for _, id := range g.order {

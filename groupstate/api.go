@@ -159,6 +159,14 @@ type Member struct {
 	// of this rebalance arrived (zero for a static member that did not
 	// rejoin).
 	JoinedAt time.Time
+	// AskedAt is, in EventJoinCompleted, when the member was first told
+	// to rejoin in this rebalance (its Heartbeat or SyncGroup answered
+	// REBALANCE_IN_PROGRESS); zero if it rejoined unasked (the member
+	// that caused the rebalance, or one whose heartbeat had not come).
+	AskedAt time.Time
+	// SyncedAt is, in EventSyncCompleted, when the member's SyncGroup of
+	// the new generation arrived (zero if it had not yet).
+	SyncedAt time.Time
 	// Epoch, State and Revoking are set in EventMemberReconciling: the
 	// member epoch, the member's reconciliation state as Kafka names it
 	// (STABLE, UNREVOKED_PARTITIONS, UNRELEASED_PARTITIONS) and the

@@ -93,6 +93,14 @@ type classicMember struct {
 	// joinAt is when the member's latest JoinGroup was parked (for
 	// EventJoinCompleted).
 	joinAt time.Time
+	// askedAt is when the member was first told to rejoin in the current
+	// rebalance (a Heartbeat or SyncGroup answered REBALANCE_IN_PROGRESS);
+	// zero if it was not, or rejoined on its own. Reported and cleared at
+	// EventJoinCompleted.
+	askedAt time.Time
+	// syncAt is when the member's SyncGroup of the current generation
+	// arrived (for EventSyncCompleted); cleared when a join completes.
+	syncAt time.Time
 	timer  timerRef
 	// sessionTimer says that timer is the session timer, armed to fire
 	// at sessionFireAt; sessionDeadline is when the session really ends,

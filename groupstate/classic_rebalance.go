@@ -31,6 +31,7 @@ func (g *classicGroup) prepareRebalance(cause string, causer *classicMember) {
 			m.assignment, m.owned = nil, nil
 			if m.syncReply != nil {
 				m.answerSync(syncError(errRebalanceInProgress))
+				m.askedAt = g.s.e.clock.Now()
 			}
 		}
 	}
@@ -152,6 +153,7 @@ func (g *classicGroup) completeJoin() {
 		} else {
 			m.joinAt = time.Time{} // it did not rejoin in this round
 		}
+		m.syncAt = time.Time{}
 		g.rearmSession(m)
 		m.isNew = false
 		g.pendingSync[m.id] = struct{}{}
@@ -161,9 +163,13 @@ func (g *classicGroup) completeJoin() {
 		ev := g.event(EventJoinCompleted)
 		ev.Members = g.membersList(false)
 		for i := range ev.Members {
-			ev.Members[i].JoinedAt = g.members[ev.Members[i].MemberID].joinAt
+			m := g.members[ev.Members[i].MemberID]
+			ev.Members[i].JoinedAt, ev.Members[i].AskedAt = m.joinAt, m.askedAt
 		}
 		g.s.emit(ev)
+	}
+	for _, m := range g.members {
+		m.askedAt = time.Time{}
 	}
 	g.s.e.log.Debug("groupstate: join completed", "group", g.id, "generation", g.generation,
 		"members", len(g.members), "leader", g.leader, "protocol", g.protocol)

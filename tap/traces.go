@@ -68,6 +68,8 @@ const (
 	attrMemberState    = attribute.Key("kproxy.member.state")
 	attrJoinWait       = attribute.Key("kproxy.member.join_wait_ms")
 	attrLastToJoin     = attribute.Key("kproxy.member.last_to_join")
+	attrRejoinTook     = attribute.Key("kproxy.member.rejoin_ms")
+	attrSyncWait       = attribute.Key("kproxy.member.sync_wait_ms")
 	attrLastMember     = attribute.Key("kproxy.rebalance.last_member.id")
 	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
 	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
@@ -246,6 +248,12 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		if rb.phase != nil {
 			for i := range ev.Members {
 				m := &ev.Members[i]
+				if at := m.SyncedAt; !at.IsZero() && !at.Before(rb.phaseAt) && !at.After(ev.Time) {
+					// When the member's SyncGroup arrived: the leader's
+					// is the one the group waited for.
+					attrs := append(memberAttrs(m), attrSyncWait.Int64(at.Sub(rb.phaseAt).Milliseconds()))
+					rb.phase.AddEvent("sync_received", trace.WithTimestamp(at), trace.WithAttributes(attrs...))
+				}
 				attrs := memberAttrs(m)
 				attrs = append(attrs, assignmentAttrs(ev.ProtocolType, m.Assignment)...)
 				rb.phase.AddEvent("assignment", trace.WithTimestamp(ev.Time), trace.WithAttributes(attrs...))
@@ -429,6 +437,13 @@ func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
 			}
 			if i == last {
 				attrs = append(attrs, attrLastToJoin.Bool(true))
+			}
+			if a := m.AskedAt; !a.IsZero() && !a.Before(rb.start) && !a.After(at) {
+				// The member was told to rejoin at a and took the rest:
+				// a long rejoin_ms is a slow poll loop or revocation, a
+				// late rejoin_requested a slow heartbeat.
+				rb.phase.AddEvent("rejoin_requested", trace.WithTimestamp(a), trace.WithAttributes(memberAttrs(m)...))
+				attrs = append(attrs, attrRejoinTook.Int64(at.Sub(a).Milliseconds()))
 			}
 			rb.phase.AddEvent("member", trace.WithTimestamp(at), trace.WithAttributes(attrs...))
 		}

@@ -2,6 +2,7 @@ package tap
 
 import (
 	"context"
+	"errors"
 	"net/http/httptest"
 	"sort"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -503,5 +505,121 @@ func TestEngineKIP848ReconciliationTrace(t *testing.T) {
 		t.Errorf("b's assigned events %v", sb.Events)
 	} else {
 		wantAttr(t, "b assigned", as[0].Attributes, "kproxy.member.assigned_partitions", "2")
+	}
+}
+
+// TestEngineClassicMemberTimes: a third member joins a stable group of
+// two; each old member learns of the rebalance at its own heartbeat and
+// rejoins later, the followers send SyncGroup before the leader. The
+// trace shows, per member, when it was asked to rejoin and how long it
+// took to answer, and when its SyncGroup arrived.
+func TestEngineClassicMemberTimes(t *testing.T) {
+	e, tp, exp, clk := newClockedEngineTap(t, -1, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const g = "member-times"
+	m1, m2, m3 := newMember(e, g, "m1"), newMember(e, g, "m2"), newMember(e, g, "m3")
+	if err := groupdriver.Rebalance(ctx, m1, m2); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, e, tp, g)
+	exp.Reset()
+
+	j3 := joinNow(t, ctx, e, m3) // starts the rebalance at t0
+	t0 := clk.Now()
+	clk.Advance(200 * time.Millisecond)
+	if err := m1.Heartbeat(ctx); !errors.Is(err, kerr.RebalanceInProgress) {
+		t.Fatalf("m1 heartbeat: %v, want REBALANCE_IN_PROGRESS", err)
+	}
+	clk.Advance(300 * time.Millisecond)
+	j1 := joinNow(t, ctx, e, m1) // 300 ms after it was asked
+	clk.Advance(100 * time.Millisecond)
+	if err := m2.Heartbeat(ctx); !errors.Is(err, kerr.RebalanceInProgress) {
+		t.Fatalf("m2 heartbeat: %v, want REBALANCE_IN_PROGRESS", err)
+	}
+	// A second heartbeat does not move the time m2 was asked.
+	clk.Advance(100 * time.Millisecond)
+	if err := m2.Heartbeat(ctx); !errors.Is(err, kerr.RebalanceInProgress) {
+		t.Fatalf("m2 heartbeat: %v, want REBALANCE_IN_PROGRESS", err)
+	}
+	clk.Advance(300 * time.Millisecond)
+	j2 := m2.JoinAsync(ctx) // 400 ms after it was asked; completes the join at t0+1s
+	rs := map[*groupdriver.Member]groupdriver.JoinResult{m1: <-j1, m2: <-j2, m3: <-j3}
+	var leader *groupdriver.Member
+	for m, r := range rs {
+		if r.Err != nil {
+			t.Fatalf("%s join: %v", m.ClientID, r.Err)
+		}
+		if r.Resp.LeaderID == m.ID {
+			leader = m
+		}
+	}
+	if leader == nil {
+		t.Fatal("no member leads")
+	}
+	// Followers sync 50 ms after the join completed, the leader 250 ms.
+	clk.Advance(50 * time.Millisecond)
+	var syncs []<-chan error
+	for _, m := range []*groupdriver.Member{m1, m2, m3} {
+		if m != leader {
+			syncs = append(syncs, m.SyncAsync(ctx, rs[m].Resp))
+		}
+	}
+	e.Group(g) // the followers' SyncGroups have run on the loop
+	clk.Advance(200 * time.Millisecond)
+	syncs = append(syncs, leader.SyncAsync(ctx, rs[leader].Resp))
+	for _, ch := range syncs {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(t, e, tp, g)
+
+	roots := rootsOf(exp.GetSpans(), g)
+	if len(roots) != 1 || outcomeOf(roots[0]) != "completed" {
+		t.Fatalf("rebalances %v, want one completed", names(exp.GetSpans()))
+	}
+	join, ok := spanWithName(exp.GetSpans(), roots[0], "join")
+	if !ok {
+		t.Fatal("no join span")
+	}
+	asked := map[string]time.Time{}
+	for _, ev := range eventsOf(join, "rejoin_requested") {
+		asked[attrMap(ev.Attributes)["messaging.client.id"].String()] = ev.Time
+	}
+	want := map[string]time.Time{"client-m1": t0.Add(200 * time.Millisecond), "client-m2": t0.Add(600 * time.Millisecond)}
+	if len(asked) != len(want) || !asked["client-m1"].Equal(want["client-m1"]) || !asked["client-m2"].Equal(want["client-m2"]) {
+		t.Errorf("rejoin_requested at %v, want %v (m3 joined unasked)", asked, want)
+	}
+	took := map[string]int64{}
+	for _, ev := range eventsOf(join, "member") {
+		a := attrMap(ev.Attributes)
+		if v, ok := a["kproxy.member.rejoin_ms"]; ok {
+			took[a["messaging.client.id"].String()] = v.AsInt64()
+		}
+	}
+	if len(took) != 2 || took["client-m1"] != 300 || took["client-m2"] != 400 {
+		t.Errorf("rejoin_ms %v, want m1 300 and m2 400", took)
+	}
+
+	sync, ok := spanWithName(exp.GetSpans(), roots[0], "sync")
+	if !ok {
+		t.Fatal("no sync span")
+	}
+	waits := map[string]int64{}
+	for _, ev := range eventsOf(sync, "sync_received") {
+		waits[attrMap(ev.Attributes)["messaging.client.id"].String()] = attrMap(ev.Attributes)["kproxy.member.sync_wait_ms"].AsInt64()
+	}
+	for _, m := range []*groupdriver.Member{m1, m2, m3} {
+		w := int64(50)
+		if m == leader {
+			w = 250
+		}
+		if got, ok := waits[m.ClientID]; !ok || got != w {
+			t.Errorf("%s sync_wait_ms %d (reported %v), want %d", m.ClientID, got, ok, w)
+		}
+	}
+	if d := sync.EndTime.Sub(sync.StartTime); d != 250*time.Millisecond {
+		t.Errorf("sync span %v, want 250ms (the leader's SyncGroup)", d)
 	}
 }

@@ -45,10 +45,8 @@ type Member struct {
 
 // do sends req and waits for the reply or ctx.
 func (m *Member) do(ctx context.Context, req kmsg.Request) (kmsg.Response, error) {
-	ch := make(chan kmsg.Response, 1)
-	m.Engine.Handle(groupstate.RequestContext{ClientID: m.ClientID, ClientHost: m.Host}, req, func(r kmsg.Response) { ch <- r })
 	select {
-	case r := <-ch:
+	case r := <-m.post(req):
 		return r, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for api key %d: %w", req.Key(), ctx.Err())
@@ -64,32 +62,62 @@ type JoinResult struct {
 // Join sends JoinGroup (v5, retrying once on MEMBER_ID_REQUIRED) and
 // waits for the join phase to complete.
 func (m *Member) Join(ctx context.Context) (*kmsg.JoinGroupResponse, error) {
-	for range 2 {
-		req := kmsg.NewPtrJoinGroupRequest()
-		req.Version = 5
-		req.Group = m.Group
-		req.SessionTimeoutMillis = m.SessionMillis
-		req.RebalanceTimeoutMillis = m.RebalanceMillis
-		req.MemberID = m.ID
-		if m.InstanceID != "" {
-			iid := m.InstanceID
-			req.InstanceID = &iid
+	r := <-m.JoinAsync(ctx)
+	return r.Resp, r.Err
+}
+
+// JoinAsync sends JoinGroup as Join does and returns at once: the first
+// JoinGroup is posted to the engine before JoinAsync returns, so a later
+// request of the caller's (Engine.Group, say) runs after it. The channel
+// yields Join's result once the join phase completes.
+func (m *Member) JoinAsync(ctx context.Context) <-chan JoinResult {
+	ch := make(chan JoinResult, 1)
+	first := m.post(m.joinRequest())
+	go func() {
+		resp, err := m.awaitJoin(ctx, first)
+		ch <- JoinResult{resp, err}
+	}()
+	return ch
+}
+
+func (m *Member) joinRequest() *kmsg.JoinGroupRequest {
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Version = 5
+	req.Group = m.Group
+	req.SessionTimeoutMillis = m.SessionMillis
+	req.RebalanceTimeoutMillis = m.RebalanceMillis
+	req.MemberID = m.ID
+	if m.InstanceID != "" {
+		iid := m.InstanceID
+		req.InstanceID = &iid
+	}
+	req.ProtocolType = "consumer"
+	meta := kmsg.NewConsumerMemberMetadata()
+	meta.Topics = m.Topics
+	p := kmsg.NewJoinGroupRequestProtocol()
+	p.Name = "range"
+	p.Metadata = meta.AppendTo(nil)
+	req.Protocols = append(req.Protocols, p)
+	return req
+}
+
+// awaitJoin waits for the answer to the posted JoinGroup, rejoining once
+// with the member id a MEMBER_ID_REQUIRED answer gave.
+func (m *Member) awaitJoin(ctx context.Context, answer <-chan kmsg.Response) (*kmsg.JoinGroupResponse, error) {
+	for try := 0; ; try++ {
+		var resp *kmsg.JoinGroupResponse
+		select {
+		case r := <-answer:
+			resp = r.(*kmsg.JoinGroupResponse)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for api key 11: %w", ctx.Err())
 		}
-		req.ProtocolType = "consumer"
-		meta := kmsg.NewConsumerMemberMetadata()
-		meta.Topics = m.Topics
-		p := kmsg.NewJoinGroupRequestProtocol()
-		p.Name = "range"
-		p.Metadata = meta.AppendTo(nil)
-		req.Protocols = append(req.Protocols, p)
-		r, err := m.do(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		resp := r.(*kmsg.JoinGroupResponse)
-		if err := kerr.ErrorForCode(resp.ErrorCode); err == kerr.MemberIDRequired {
+		if err := kerr.ErrorForCode(resp.ErrorCode); err == kerr.MemberIDRequired && try == 0 {
 			m.ID = resp.MemberID
+			answer = m.post(m.joinRequest())
 			continue
+		} else if err == kerr.MemberIDRequired {
+			return nil, fmt.Errorf("join group %s: member id required twice", m.Group)
 		} else if err != nil {
 			return resp, fmt.Errorf("join group %s: %w", m.Group, err)
 		}
@@ -97,22 +125,27 @@ func (m *Member) Join(ctx context.Context) (*kmsg.JoinGroupResponse, error) {
 		m.Generation = resp.Generation
 		return resp, nil
 	}
-	return nil, fmt.Errorf("join group %s: member id required twice", m.Group)
 }
 
-// JoinAsync runs Join in a goroutine.
-func (m *Member) JoinAsync(ctx context.Context) <-chan JoinResult {
-	ch := make(chan JoinResult, 1)
-	go func() {
-		resp, err := m.Join(ctx)
-		ch <- JoinResult{resp, err}
-	}()
+// post hands req to the engine and returns where its answer will be.
+func (m *Member) post(req kmsg.Request) <-chan kmsg.Response {
+	ch := make(chan kmsg.Response, 1)
+	m.Engine.Handle(groupstate.RequestContext{ClientID: m.ClientID, ClientHost: m.Host}, req, func(r kmsg.Response) { ch <- r })
 	return ch
 }
 
 // Sync sends SyncGroup. When join says this member leads, it assigns the
 // partitions of every member's topics round-robin.
 func (m *Member) Sync(ctx context.Context, join *kmsg.JoinGroupResponse) error {
+	return <-m.SyncAsync(ctx, join)
+}
+
+// SyncAsync sends SyncGroup as Sync does and returns at once: the request
+// is posted to the engine before SyncAsync returns, so a later request of
+// the caller's (Engine.Group, say) runs after it. The channel yields
+// Sync's error once the engine answers.
+func (m *Member) SyncAsync(ctx context.Context, join *kmsg.JoinGroupResponse) <-chan error {
+	done := make(chan error, 1)
 	req := kmsg.NewPtrSyncGroupRequest()
 	req.Version = 3
 	req.Group = m.Group
@@ -125,15 +158,25 @@ func (m *Member) Sync(ctx context.Context, join *kmsg.JoinGroupResponse) error {
 	if join != nil && join.LeaderID == m.ID {
 		plan, err := m.assign(join.Members)
 		if err != nil {
-			return err
+			done <- err
+			return done
 		}
 		req.GroupAssignment = plan
 	}
-	r, err := m.do(ctx, req)
-	if err != nil {
-		return err
-	}
-	resp := r.(*kmsg.SyncGroupResponse)
+	ch := m.post(req)
+	go func() {
+		select {
+		case r := <-ch:
+			done <- m.synced(r.(*kmsg.SyncGroupResponse))
+		case <-ctx.Done():
+			done <- fmt.Errorf("waiting for api key %d: %w", req.Key(), ctx.Err())
+		}
+	}()
+	return done
+}
+
+// synced takes a SyncGroup answer's assignment.
+func (m *Member) synced(resp *kmsg.SyncGroupResponse) error {
 	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
 		return fmt.Errorf("sync group %s: %w", m.Group, err)
 	}
