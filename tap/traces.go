@@ -2,6 +2,7 @@ package tap
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -70,6 +71,8 @@ const (
 	attrLastToJoin     = attribute.Key("kproxy.member.last_to_join")
 	attrRejoinTook     = attribute.Key("kproxy.member.rejoin_ms")
 	attrSyncWait       = attribute.Key("kproxy.member.sync_wait_ms")
+	attrGaveUp         = attribute.Key("kproxy.member.revoked_partitions")
+	attrGaveUpTopics   = attribute.Key("kproxy.member.revoked_topics")
 	attrLastMember     = attribute.Key("kproxy.rebalance.last_member.id")
 	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
 	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
@@ -113,8 +116,13 @@ type rebalanceTracker struct {
 	inst    *instruments
 	open    map[string]*rebalance         // group -> rebalance in progress
 	pending map[string][]groupstate.Event // group -> recent member events outside a rebalance
-	handled int                           // events seen, to sweep pending now and then
-	owner   string                        // this kproxy's id, on every root span; immutable
+	// given is each classic group's assignment of its last completed
+	// sync, member -> topic -> partitions, to tell what a member gave
+	// up in the next one. Dropped when the group empties, is deleted,
+	// converted or unloaded.
+	given   map[string]map[string]map[string][]int32
+	handled int    // events seen, to sweep pending now and then
+	owner   string // this kproxy's id, on every root span; immutable
 }
 
 // rebalance is the trace state of one rebalance in progress.
@@ -174,6 +182,7 @@ func newRebalanceTracker(tracer trace.Tracer, inst *instruments, owner string) *
 		inst:    inst,
 		open:    map[string]*rebalance{},
 		pending: map[string][]groupstate.Event{},
+		given:   map[string]map[string]map[string][]int32{},
 	}
 }
 
@@ -242,7 +251,18 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 		rb.extra++
 		rt.joinCompleted(rb, ev)
 	case groupstate.EventSyncCompleted:
+		now := map[string]map[string][]int32{}
+		for i := range ev.Members {
+			if tps, err := decodeAssignment(ev.ProtocolType, ev.Members[i].Assignment); err == nil && tps != nil {
+				byTopic := map[string][]int32{}
+				for _, tp := range tps {
+					byTopic[tp.Topic] = tp.Partitions
+				}
+				now[ev.Members[i].MemberID] = byTopic
+			}
+		}
 		if rb == nil {
+			rt.given[ev.Group] = now
 			return
 		}
 		if rb.phase != nil {
@@ -256,9 +276,11 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 				}
 				attrs := memberAttrs(m)
 				attrs = append(attrs, assignmentAttrs(ev.ProtocolType, m.Assignment)...)
+				attrs = append(attrs, rt.gaveUp(ev.Group, m.MemberID, now[m.MemberID])...)
 				rb.phase.AddEvent("assignment", trace.WithTimestamp(ev.Time), trace.WithAttributes(attrs...))
 			}
 		}
+		rt.given[ev.Group] = now
 		rt.finish(ev.Group, rb, ev.Time, outcomeCompleted, "")
 	case groupstate.EventMemberReconciling:
 		if rb == nil || ev.Member == nil {
@@ -312,11 +334,13 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			rt.finish(ev.Group, rb, ev.Time, outcomeEmpty, "")
 		}
 		delete(rt.pending, ev.Group)
+		delete(rt.given, ev.Group)
 	case groupstate.EventGroupDeleted:
 		if rb != nil {
 			rt.finish(ev.Group, rb, ev.Time, outcomeDeleted, "group deleted during the rebalance")
 		}
 		delete(rt.pending, ev.Group)
+		delete(rt.given, ev.Group)
 	case groupstate.EventGroupConverted:
 		// The group changed protocol online (KIP-848's upgrade or
 		// downgrade path): a rebalance under the old protocol ends here;
@@ -326,6 +350,7 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			rt.finish(ev.Group, rb, ev.Time, outcomeConverted, "group converted: "+causeOrUnknown(ev.Cause))
 		}
 		rt.pending[ev.Group] = append(rt.pending[ev.Group], ev)
+		delete(rt.given, ev.Group)
 	case groupstate.EventGroupUnloaded:
 		// The group moved to another kproxy of the fleet (or its state
 		// was dropped after a failed write): this one's trace ends, the
@@ -334,6 +359,7 @@ func (rt *rebalanceTracker) handle(ev groupstate.Event) {
 			rt.finish(ev.Group, rb, ev.Time, outcomeUnloaded, "group unloaded during the rebalance: "+causeOrUnknown(ev.Cause))
 		}
 		delete(rt.pending, ev.Group)
+		delete(rt.given, ev.Group)
 	}
 }
 
@@ -535,6 +561,31 @@ func (rt *rebalanceTracker) memberReconciling(rb *rebalance, ev groupstate.Event
 		ms.span.End(trace.WithTimestamp(ev.Time))
 		ms.span = nil
 	}
+}
+
+// gaveUp describes the partitions member held after the group's previous
+// sync and does not hold in now: what the rebalance took from it.
+func (rt *rebalanceTracker) gaveUp(group, member string, now map[string][]int32) []attribute.KeyValue {
+	before := rt.given[group][member]
+	n := 0
+	var topics []string
+	for topic, parts := range before {
+		lost := 0
+		for _, p := range parts {
+			if !slices.Contains(now[topic], p) {
+				lost++
+			}
+		}
+		if lost > 0 {
+			n += lost
+			topics = append(topics, topic)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	slices.Sort(topics)
+	return []attribute.KeyValue{attrGaveUp.Int(n), attrGaveUpTopics.String(strings.Join(topics, ","))}
 }
 
 // countParts counts the partitions of tps and lists their topics.

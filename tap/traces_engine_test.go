@@ -3,7 +3,9 @@ package tap
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -524,6 +526,15 @@ func TestEngineClassicMemberTimes(t *testing.T) {
 	}
 	settle(t, e, tp, g)
 	exp.Reset()
+	before := map[string]map[int32]bool{}
+	for _, m := range []*groupdriver.Member{m1, m2} {
+		before[m.ClientID] = map[int32]bool{}
+		for _, at := range m.Assigned.Topics {
+			for _, p := range at.Partitions {
+				before[m.ClientID][p] = true
+			}
+		}
+	}
 
 	j3 := joinNow(t, ctx, e, m3) // starts the rebalance at t0
 	t0 := clk.Now()
@@ -618,6 +629,33 @@ func TestEngineClassicMemberTimes(t *testing.T) {
 		if got, ok := waits[m.ClientID]; !ok || got != w {
 			t.Errorf("%s sync_wait_ms %d (reported %v), want %d", m.ClientID, got, ok, w)
 		}
+	}
+	// What each member gave up: the partitions it held in generation 1
+	// and not in generation 2.
+	gaveUp := map[string]int64{}
+	for _, ev := range eventsOf(sync, "assignment") {
+		a := attrMap(ev.Attributes)
+		if v, ok := a["kproxy.member.revoked_partitions"]; ok {
+			gaveUp[a["messaging.client.id"].String()] = v.AsInt64()
+			wantAttr(t, "assignment", ev.Attributes, "kproxy.member.revoked_topics", "payments")
+		}
+	}
+	lost := map[string]int64{}
+	total := int64(0)
+	for _, m := range []*groupdriver.Member{m1, m2} {
+		for p := range before[m.ClientID] {
+			kept := false
+			for _, at := range m.Assigned.Topics {
+				kept = kept || slices.Contains(at.Partitions, p)
+			}
+			if !kept {
+				lost[m.ClientID]++
+				total++
+			}
+		}
+	}
+	if total == 0 || !maps.Equal(gaveUp, lost) {
+		t.Errorf("revoked_partitions %v, want %v (m3 took %d partitions)", gaveUp, lost, total)
 	}
 	if d := sync.EndTime.Sub(sync.StartTime); d != 250*time.Millisecond {
 		t.Errorf("sync span %v, want 250ms (the leader's SyncGroup)", d)
