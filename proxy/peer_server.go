@@ -346,6 +346,10 @@ func decodeInner(b []byte) (codec.RequestHeader, kmsg.Request, int16, error) {
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request: %w", err)
 	case err != nil:
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request header: %w", err)
+	case codec.IsShareCoordinatorKey(h.Key): // share groups' membership and offsets
+		if !codec.ServedShareVersion(h.Key, h.Version) {
+			return h, nil, errUnsupportedVersion, fmt.Errorf("inner request %s v%d: %w", kmsg.NameForKey(h.Key), h.Version, codec.ErrBadVersion)
+		}
 	case !codec.IsGroupKey(h.Key): // an envelope carries only group APIs
 		return h, nil, errInvalidRequest, fmt.Errorf("inner request %s is not a group API", kmsg.NameForKey(h.Key))
 	case h.Version > codec.MaxVersion(h.Key):

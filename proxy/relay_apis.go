@@ -70,6 +70,22 @@ var groupAPIs = map[int16]groupAPI{
 		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.ConsumerGroupHeartbeatRequest).Group} },
 	},
 	69: consumerGroupDescribeAPI,
+	// Share groups (KIP-932), when kproxy serves them: membership,
+	// description and offsets go to the group's owner like the other
+	// group APIs. ShareFetch and ShareAcknowledge do not pass here: the
+	// share service of the member's kproxy serves them and asks the
+	// owner only what the member acquires (internal/shares).
+	76: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.ShareGroupHeartbeatRequest).GroupID} },
+	},
+	77: shareGroupDescribeAPI,
+	90: describeShareGroupOffsetsAPI,
+	91: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.AlterShareGroupOffsetsRequest).GroupID} },
+	},
+	92: {
+		groups: func(r kmsg.Request) []string { return []string{r.(*kmsg.DeleteShareGroupOffsetsRequest).GroupID} },
+	},
 }
 
 // multiAPI describes a multi-group API whose request is a *Q holding a
@@ -235,3 +251,35 @@ func offsetFetchGroups(r kmsg.Request) []string {
 	}
 	return offsetFetchV8.groups(r)
 }
+
+var shareGroupDescribeAPI = multiAPI[kmsg.ShareGroupDescribeRequest, kmsg.ShareGroupDescribeResponse, string, kmsg.ShareGroupDescribeResponseGroup]{
+	reqItems: func(q *kmsg.ShareGroupDescribeRequest) *[]string { return &q.GroupIDs },
+	reqName:  func(g string) string { return g },
+	newResp:  kmsg.NewPtrShareGroupDescribeResponse,
+	items: func(s *kmsg.ShareGroupDescribeResponse) *[]kmsg.ShareGroupDescribeResponseGroup {
+		return &s.Groups
+	},
+	name: func(g kmsg.ShareGroupDescribeResponseGroup) string { return g.GroupID },
+	errItem: func(group string, code int16) kmsg.ShareGroupDescribeResponseGroup {
+		g := kmsg.NewShareGroupDescribeResponseGroup()
+		g.GroupID, g.ErrorCode = group, code
+		return g
+	},
+}.api()
+
+var describeShareGroupOffsetsAPI = multiAPI[kmsg.DescribeShareGroupOffsetsRequest, kmsg.DescribeShareGroupOffsetsResponse, kmsg.DescribeShareGroupOffsetsRequestGroup, kmsg.DescribeShareGroupOffsetsResponseGroup]{
+	reqItems: func(q *kmsg.DescribeShareGroupOffsetsRequest) *[]kmsg.DescribeShareGroupOffsetsRequestGroup {
+		return &q.Groups
+	},
+	reqName: func(g kmsg.DescribeShareGroupOffsetsRequestGroup) string { return g.GroupID },
+	newResp: kmsg.NewPtrDescribeShareGroupOffsetsResponse,
+	items: func(s *kmsg.DescribeShareGroupOffsetsResponse) *[]kmsg.DescribeShareGroupOffsetsResponseGroup {
+		return &s.Groups
+	},
+	name: func(g kmsg.DescribeShareGroupOffsetsResponseGroup) string { return g.GroupID },
+	errItem: func(group string, code int16) kmsg.DescribeShareGroupOffsetsResponseGroup {
+		g := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
+		g.GroupID, g.ErrorCode = group, code
+		return g
+	},
+}.api()

@@ -32,8 +32,9 @@ import (
 
 // Config configures a Service.
 type Config struct {
-	// Engine serves the share groups' state; required.
-	Engine *groupstate.Engine
+	// Engine serves the share groups' state; required. A
+	// *groupstate.Engine, or in a fleet Routed over it (fleet.go).
+	Engine Ops
 	// NewClient makes a client of the cluster for fetches; required.
 	// Each fetch holds a client of its own (a broker answers one
 	// connection's requests in order, so fetches waiting MaxWaitMs on
