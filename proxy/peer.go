@@ -16,6 +16,11 @@ package proxy
 //     correlation id equals the envelope's;
 //   - ClientHostAddress: the client's IP address, 4 or 16 bytes.
 //
+// RequestData may instead hold a kproxy message, one kproxy's word to
+// another (a takeover report): it starts with the kproxy-private API
+// key keyPeerMessage, and peer_message.go describes its framing, its
+// versions and what a kproxy of an earlier version answers it.
+//
 // The answer is a response header v1 (correlation id, tags) and an
 // Envelope response. A non-zero ErrorCode means the owner refused the
 // envelope itself (not a group API, a version it cannot read, a request
@@ -204,18 +209,18 @@ func newPeerPool(dial Dialer, dialTimeout, keepalive time.Duration, log *slog.Lo
 	}
 }
 
-// relayCall is one request relayed to a peer, or a keepalive. done is
-// called exactly once, by whoever removes the call from its connection's
-// pending set: the reader (an answer), the timer (timeout) or fail
-// (connection lost). A keepalive has no done and no timer: the watchdog
-// watches it.
+// relayCall is one request relayed to a peer, a kproxy message
+// (peer_message.go), or a keepalive. answer is called exactly once, by
+// whoever removes the call from its connection's pending set: the reader
+// (with the answer frame after its size prefix, and outcomeOK), the timer
+// (timeout) or fail (connection lost), both with a nil frame. A
+// keepalive has no answer and no timer: the watchdog watches it.
 type relayCall struct {
-	corr         int32
-	key, version int16
-	keepalive    bool
-	frame        []byte // the envelope frame; owned by the writer once queued
-	done         func(kmsg.Response, outcome)
-	timer        *time.Timer // guarded by the connection's mu
+	corr      int32
+	keepalive bool
+	frame     []byte // the envelope frame; owned by the writer once queued
+	answer    func(frame []byte, o outcome)
+	timer     *time.Timer // guarded by the connection's mu
 }
 
 // do relays req from c to the owner at addr. done gets the owner's answer
@@ -225,27 +230,47 @@ type relayCall struct {
 // buffers.
 func (p *peerPool) do(addr string, c Client, req kmsg.Request, timeout time.Duration, done func(kmsg.Response, outcome)) {
 	corr := p.corr.Add(1)
-	call := &relayCall{corr: corr, key: req.Key(), version: req.GetVersion(), done: done}
+	key, version := req.Key(), req.GetVersion()
+	p.call(addr, corr, timeout, func() []byte { return appendEnvelope(nil, corr, c, req) }, func(frame []byte, o outcome) {
+		if o != outcomeOK {
+			done(nil, o)
+			return
+		}
+		resp, o, err := decodeRelayed(frame, key, version)
+		if err != nil && o == outcomeBadResponse {
+			p.log.Warn("bad answer from peer", "peer", addr, "api", kmsg.NameForKey(key), "reason", err.Error())
+		}
+		done(resp, o)
+	})
+}
+
+// call sends the frame encode builds (with correlation id corr) to the
+// peer at addr; answer gets the answer frame with outcomeOK, or nil and
+// the reason there is none, after at most timeout; at once with
+// outcomeOwnerDown while addr is unreachable. encode runs before call
+// returns, or not at all.
+func (p *peerPool) call(addr string, corr int32, timeout time.Duration, encode func() []byte, answer func([]byte, outcome)) {
+	call := &relayCall{corr: corr, answer: answer}
 	// A connection can fail between get and enqueue; the call was not
 	// sent, so it may go on the replacement.
 	for range 3 {
 		pc, down := p.get(addr)
 		switch {
 		case down:
-			done(nil, outcomeOwnerDown)
+			answer(nil, outcomeOwnerDown)
 			return
 		case pc == nil:
-			done(nil, outcomeClosed)
+			answer(nil, outcomeClosed)
 			return
 		}
 		if call.frame == nil {
-			call.frame = appendEnvelope(nil, corr, c, req)
+			call.frame = encode()
 		}
 		if pc.enqueue(call, timeout) {
 			return
 		}
 	}
-	done(nil, outcomeUnreachable)
+	answer(nil, outcomeUnreachable)
 }
 
 // get returns the live connection to addr, starting one if there is none;
@@ -433,7 +458,7 @@ func (pc *peerConn) enqueue(call *relayCall, timeout time.Duration) bool {
 	if !call.keepalive {
 		call.timer = time.AfterFunc(timeout, func() {
 			if c := pc.take(corr); c != nil {
-				c.done(nil, outcomeTimeout)
+				c.answer(nil, outcomeTimeout)
 			}
 		})
 	}
@@ -488,14 +513,14 @@ func (pc *peerConn) fail(err error, o outcome) {
 	}
 	pc.pool.connFailed(pc, err, o, len(calls))
 	for _, c := range calls {
-		c.done(nil, o)
+		c.answer(nil, o)
 	}
 }
 
 // sendKeepalive queues a keepalive; false if the connection failed.
 func (pc *peerConn) sendKeepalive() bool {
 	corr := pc.pool.corr.Add(1)
-	return pc.enqueue(&relayCall{corr: corr, key: keyEnvelope, keepalive: true, frame: appendKeepalive(nil, corr)}, 0)
+	return pc.enqueue(&relayCall{corr: corr, keepalive: true, frame: appendKeepalive(nil, corr)}, 0)
 }
 
 // watchdog sends a keepalive after half the keepalive period without a
@@ -637,10 +662,6 @@ func (pc *peerConn) readLoop(conn net.Conn) {
 			pc.pool.log.Debug("peer answered a request that is no longer waiting", "peer", pc.addr, "correlation_id", corr)
 			continue
 		}
-		resp, o, err := decodeRelayed(frame, c.key, c.version)
-		if err != nil && o == outcomeBadResponse {
-			pc.pool.log.Warn("bad answer from peer", "peer", pc.addr, "api", kmsg.NameForKey(c.key), "reason", err.Error())
-		}
-		c.done(resp, o)
+		c.answer(frame, outcomeOK)
 	}
 }

@@ -45,6 +45,9 @@ type PeerServerConfig struct {
 	// relaying side answered its client only then. nil: every relayed
 	// request waits for the coordinator's answer.
 	Serving func(group string) bool
+	// Messages serves the kproxy messages other kproxies send
+	// (peer_message.go); nil answers each PeerUnknownType.
+	Messages *PeerMessages
 }
 
 // PeerServer is the owner's side of the peer wire (peer.go): it accepts
@@ -52,7 +55,8 @@ type PeerServerConfig struct {
 // the group request inside to the coordinator with the original client's
 // id and address, and writes each answer as soon as it is ready, so a
 // JoinGroup parked for a rebalance does not hold up the requests behind
-// it.
+// it. Kproxy messages (peer_message.go) go to their handler in
+// PeerServerConfig.Messages instead of the coordinator.
 type PeerServer struct {
 	cfg PeerServerConfig // immutable after NewPeerServer
 	log *slog.Logger     // immutable
@@ -218,6 +222,9 @@ type peerAnswer struct {
 	resp         kmsg.Response
 	code         int16
 	keepalive    bool // an answer to a keepalive: no response data
+	// message: an answer to a kproxy message, data its ResponseData.
+	message bool
+	data    []byte
 }
 
 // close closes the connection once, logging why unless it is an ordinary
@@ -311,6 +318,10 @@ func (c *peerServerConn) serve(corr int32, env *kmsg.EnvelopeRequest) {
 		c.push(peerAnswer{corr: corr, keepalive: true})
 		return
 	}
+	if isPeerMessage(env.RequestData) {
+		c.serveMessage(corr, env.RequestData)
+		return
+	}
 	ih, req, code, err := decodeInner(env.RequestData)
 	if err != nil {
 		c.warnRefused(err)
@@ -334,6 +345,36 @@ func (c *peerServerConn) serve(corr int32, env *kmsg.EnvelopeRequest) {
 	whileServed(func() bool { return c.s.cfg.Serving(group) }, func(reply func(kmsg.Response)) {
 		c.s.cfg.Coordinator.Handle(cl, req, reply)
 	}, answer, func() { answer(fallback) })
+}
+
+// serveMessage hands a kproxy message to its handler on a goroutine of
+// its own (a handler may wait, and the requests behind it must not) and
+// queues the answer. A message that does not decode, or that no handler
+// takes, is answered with an error code at once; the connection and the
+// other requests on it go on.
+func (c *peerServerConn) serveMessage(corr int32, b []byte) {
+	m, err := parsePeerMessage(b)
+	if err != nil {
+		c.warnRefused(err)
+		c.push(peerAnswer{corr: corr, message: true, data: appendPeerAnswer(nil, PeerMalformed, err.Error(), nil)})
+		return
+	}
+	fn, perr := c.s.cfg.Messages.lookup(m.typ, m.version)
+	if perr != nil {
+		c.warnRefused(perr)
+		c.push(peerAnswer{corr: corr, message: true, data: appendPeerAnswer(nil, perr.Code, perr.Text, nil)})
+		return
+	}
+	c.s.wg.Add(1) // the reader is one of s.wg's: Close has not begun waiting
+	go func() {
+		defer c.s.wg.Done()
+		out, perr := runPeerHandler(c.s.ctx, fn, m.version, m.payload)
+		if perr != nil {
+			c.push(peerAnswer{corr: corr, message: true, data: appendPeerAnswer(nil, perr.Code, perr.Text, nil)})
+			return
+		}
+		c.push(peerAnswer{corr: corr, message: true, data: appendPeerAnswer(nil, PeerOK, "", out)})
+	}()
 }
 
 // decodeInner decodes the request an envelope carries. A request that is
@@ -408,6 +449,8 @@ func (c *peerServerConn) encode(dst []byte, a peerAnswer) []byte {
 	env := kmsg.NewPtrEnvelopeResponse()
 	switch {
 	case a.keepalive:
+	case a.message:
+		env.ResponseData = a.data
 	case a.code != 0:
 		env.ErrorCode = a.code
 	case a.resp == nil || a.resp.Key() != a.key:

@@ -72,6 +72,10 @@ type RouterConfig struct {
 	// consumer.session.timeout.ms, as the owners apply it); zero means
 	// ConsumerSessionTimeout.
 	ConsumerSessionTimeoutOf func(group string) time.Duration
+	// Messages serves the kproxy messages (peer_message.go) SendPeer
+	// sends for groups owned here; give the PeerServer the same
+	// registry. nil: such messages are answered PeerUnknownType.
+	Messages *PeerMessages
 	// Logger; nil discards.
 	Logger *slog.Logger
 	// MeterProvider records kproxy.relay.requests and
@@ -115,6 +119,11 @@ type Router struct {
 	// maxRebalance is the longest JoinGroup rebalance timeout relayed so
 	// far, in milliseconds; it bounds a relayed SyncGroup.
 	maxRebalance atomic.Int64
+
+	// unknownTypes holds the peer address and message type pairs
+	// already logged as unknown to the peer (SendPeer); safe for
+	// concurrent use.
+	unknownTypes sync.Map
 
 	closing   chan struct{} // closed by Close: waits for an owner end
 	closeOnce sync.Once

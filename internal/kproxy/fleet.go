@@ -156,6 +156,11 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		host, _, _ := net.SplitHostPort(cfg.Proxy.Listen)
 		listen = net.JoinHostPort(host, "0")
 	}
+	// Kproxy messages from other kproxies, and for groups owned here.
+	messages := proxy.NewPeerMessages()
+	if w.watcher != nil {
+		messages.Handle(reportType, reportVersion, w.watcher.handleReport)
+	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
 		Listen:      listen,
 		Coordinator: w.engineCoordinator(eng),
@@ -163,6 +168,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		MaxFrame:    cfg.Proxy.MaxFrame,
 		TLS:         fc.PeerTLS,
 		Serving:     f.owns,
+		Messages:    messages,
 	})
 	if err != nil {
 		return fmt.Errorf("peer listener: %w", err)
@@ -235,6 +241,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Dialer:        dialer,
 		Local:         w.engineCoordinator(eng),
 		Locator:       f,
+		Messages:      messages,
 		Logger:        log.With("component", "router"),
 		MeterProvider: w.meterProvider,
 
@@ -248,7 +255,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router
 	if w.watcher != nil {
-		w.watcher.id, w.watcher.send = f.id, router.Handle
+		w.watcher.id, w.watcher.send = f.id, router.SendPeer
 		w.startWatcher()
 	}
 	w.fleet = f
@@ -257,13 +264,13 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 }
 
 // engineCoordinator is eng as the fleet's coordinator: with anchors, the
-// takeover reports of other kproxies are answered before eng sees them
-// (takeover_fleet.go).
+// takeover reports of kproxies of an earlier version are refused before
+// eng sees them (takeover_fleet.go).
 func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
 	if w.watcher == nil {
 		return engineCoordinator{e: eng, gc: w.groupConfigs}
 	}
-	return takeoverCoordinator{Coordinator: engineCoordinator{e: eng, gc: w.groupConfigs}, w: w.watcher}
+	return legacyReportGuard{Coordinator: engineCoordinator{e: eng, gc: w.groupConfigs}}
 }
 
 // lastOwner reports whether no other kproxy owns a partition in this

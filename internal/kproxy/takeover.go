@@ -103,10 +103,11 @@ type forwardWatcher struct {
 	log   *slog.Logger      // immutable
 
 	// id names this kproxy in its reports to other kproxies; send
-	// relays a report to the group's owner (the fleet's Router); nil
-	// in local mode. Both set before run starts, immutable after.
+	// sends a kproxy message to the group's owner (the fleet's
+	// Router.SendPeer); nil in local mode. Both set before run starts,
+	// immutable after.
 	id   string
-	send func(proxy.Client, kmsg.Request, func(kmsg.Response))
+	send func(ctx context.Context, group, typ string, version int16, payload []byte) ([]byte, error)
 
 	mu     sync.Mutex
 	groups map[string]*watchedGroup // guarded by mu

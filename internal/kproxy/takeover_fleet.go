@@ -3,6 +3,7 @@ package kproxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -14,19 +15,30 @@ import (
 // forwards members of a group another kproxy owns tells that owner, every
 // takeoverInterval, what it knows of them (memberReport), and the owner
 // answers whether to stop forwarding the group (it is taking the group
-// over). The report travels as the fleet's relayed requests do (the
-// Router, the peer wire): a JoinGroup of the group with protocol type
-// reportProtocolType, from client reportClientID with no client address,
-// whose one protocol's metadata is the report in JSON. Requests of real
-// clients always carry the client's address, so no client can send one;
-// takeoverCoordinator answers it before the engine sees it.
+// over). A report is a kproxy message of its own on the peer wire
+// (proxy/peer_message.go): type reportType, version reportVersion, the
+// report in JSON; the answer is a reportAnswer in JSON. An owner that
+// does not know the type (a kproxy of an earlier version) answers with
+// an error: the report is not delivered, so that owner takes over no
+// group whose members are behind this kproxy, and the group stays
+// forwarded until the upgrade reaches it.
 
 const (
-	reportClientID     = "kproxy-takeover"
-	reportProtocolType = "kproxy-takeover-report"
+	reportType    = "takeover.report"
+	reportVersion = 0
 	// reportFresh is how long a report counts.
 	reportFresh = 3 * time.Second
 )
+
+// reportAnswer is the owner's answer to a report.
+type reportAnswer struct {
+	// Release: stop forwarding the group, the owner takes it over.
+	Release bool `json:"release"`
+	// Members are the member ids the anchor replaces: the reporter
+	// keeps serving the group here while the cluster's group still
+	// lists one of them (forwardSet.decide).
+	Members []string `json:"members,omitempty"`
+}
 
 // memberReport is one kproxy's report on the members of one group it
 // forwards.
@@ -172,56 +184,43 @@ func (w *forwardWatcher) report(ctx context.Context, r memberReport) {
 	}()
 }
 
-// sendReport relays r to its group's owner and reports whether the owner
+// sendReport sends r to its group's owner and reports whether the owner
 // answered that it takes the group over, and the member ids the anchor
 // replaces then.
 func (w *forwardWatcher) sendReport(ctx context.Context, r memberReport) (release bool, members []string) {
 	body, err := json.Marshal(r)
 	if err != nil {
+		w.log.Error("takeover: encoding a report", "group", r.Group, "err", err)
 		return false, nil
 	}
-	req := kmsg.NewPtrJoinGroupRequest()
-	req.Group = r.Group
-	req.ProtocolType = reportProtocolType
-	req.SessionTimeoutMillis, req.RebalanceTimeoutMillis = 1000, 1000
-	p := kmsg.NewJoinGroupRequestProtocol()
-	p.Name, p.Metadata = "report", body
-	req.Protocols = append(req.Protocols, p)
-	req.SetVersion(5)
-	type answer struct {
-		release bool
-		members []string
-	}
-	ch := make(chan answer, 1)
-	w.send(proxy.Client{ID: reportClientID}, req, func(resp kmsg.Response) {
-		jr, ok := resp.(*kmsg.JoinGroupResponse)
-		var a answer
-		if !ok || jr.ErrorCode != 0 {
-			code := int16(-1)
-			if ok {
-				code = jr.ErrorCode
-			}
-			w.log.Debug("takeover: the group's owner did not take the report", "group", r.Group, "error_code", code)
-		}
-		if ok && jr.ErrorCode == 0 && jr.Protocol != nil && *jr.Protocol == "release" {
-			a.release = true
-			for _, m := range jr.Members {
-				a.members = append(a.members, m.MemberID)
-			}
-		}
-		ch <- a
-	})
-	t := time.NewTimer(reportTimeout)
-	defer t.Stop()
-	select {
-	case a := <-ch:
-		return a.release, a.members
-	case <-t.C:
-		w.log.Debug("takeover: the group's owner did not answer the report in time", "group", r.Group, "timeout", reportTimeout)
-		return false, nil
-	case <-ctx.Done():
+	ctx, cancel := context.WithTimeout(ctx, reportTimeout)
+	defer cancel()
+	out, err := w.send(ctx, r.Group, reportType, reportVersion, body)
+	if err != nil {
+		w.log.Debug("takeover: the group's owner did not take the report", "group", r.Group, "reason", err.Error())
 		return false, nil
 	}
+	var a reportAnswer
+	if err := json.Unmarshal(out, &a); err != nil {
+		w.log.Warn("takeover: the group's owner answered a report with something unreadable", "group", r.Group, "err", err)
+		return false, nil
+	}
+	return a.Release, a.Members
+}
+
+// handleReport is the handler of reportType messages: the report of
+// another kproxy, answered with a reportAnswer.
+func (w *forwardWatcher) handleReport(_ context.Context, _ int16, payload []byte) ([]byte, error) {
+	var r memberReport
+	if err := json.Unmarshal(payload, &r); err != nil {
+		return nil, fmt.Errorf("takeover report: %w: %w", proxy.ErrPeerMalformed, err)
+	}
+	if r.Group == "" || r.From == "" {
+		return nil, fmt.Errorf("takeover report without a group or a sender: %w", proxy.ErrPeerMalformed)
+	}
+	var a reportAnswer
+	a.Release, a.Members = w.onReport(r)
+	return json.Marshal(a)
 }
 
 // onReport records a report from another kproxy and answers whether it
@@ -259,39 +258,30 @@ func (w *forwardWatcher) onReport(r memberReport) (release bool, members []strin
 	return false, nil
 }
 
-// takeoverCoordinator is the engine's Coordinator in a fleet, answering
-// the takeover reports of other kproxies itself.
-type takeoverCoordinator struct {
+// legacyReportGuard is the engine's Coordinator in a fleet with anchors:
+// it refuses the takeover reports of kproxies from before reports were
+// kproxy messages, which arrive as JoinGroups of protocol type
+// legacyReportProtocolType from client legacyReportClientID with no
+// client address (real clients' requests always carry one), so that the
+// engine never admits one as a member. Refused, such a report is not
+// delivered, as a report to an owner of that version is not.
+type legacyReportGuard struct {
 	proxy.Coordinator
-	w *forwardWatcher
 }
 
-func (c takeoverCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+const (
+	legacyReportClientID     = "kproxy-takeover"
+	legacyReportProtocolType = "kproxy-takeover-report"
+)
+
+func (c legacyReportGuard) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
 	jr, ok := req.(*kmsg.JoinGroupRequest)
-	if !ok || cl.Host != "" || cl.ID != reportClientID || jr.ProtocolType != reportProtocolType {
+	if !ok || cl.Host != "" || cl.ID != legacyReportClientID || jr.ProtocolType != legacyReportProtocolType {
 		c.Coordinator.Handle(cl, req, reply)
 		return
 	}
 	resp := kmsg.NewPtrJoinGroupResponse()
 	resp.SetVersion(jr.GetVersion())
-	var r memberReport
-	if len(jr.Protocols) != 1 || json.Unmarshal(jr.Protocols[0].Metadata, &r) != nil || r.Group != jr.Group {
-		resp.ErrorCode = 42 // INVALID_REQUEST
-		reply(resp)
-		return
-	}
-	answer := "keep"
-	if release, members := c.w.onReport(r); release {
-		// The answer names the members the anchor replaces: the
-		// reporter keeps serving the group here while the cluster's
-		// group still lists one of them (forwardSet.decide).
-		answer = "release"
-		for _, id := range members {
-			m := kmsg.NewJoinGroupResponseMember()
-			m.MemberID = id
-			resp.Members = append(resp.Members, m)
-		}
-	}
-	resp.Protocol = &answer
+	resp.ErrorCode = 42 // INVALID_REQUEST
 	reply(resp)
 }

@@ -2,9 +2,10 @@ package kproxy
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -172,8 +173,7 @@ func TestTakeoverLocal(t *testing.T) {
 // TestTakeoverFleet: the owner counts the members other kproxies report,
 // answers them "release" once it takes the group over, and completes the
 // takeover only when each said it stopped forwarding with nothing on its
-// way; a report from a real client's connection never reaches the
-// watcher.
+// way. Reports travel as kproxy messages over a real peer wire.
 func TestTakeoverFleet(t *testing.T) {
 	ctx := context.Background()
 	owner, st := newTestWatcher(t, func(string) bool { return true })
@@ -184,47 +184,89 @@ func TestTakeoverFleet(t *testing.T) {
 	if len(reports) != 1 || len(reports[0].Members) != 1 {
 		t.Fatalf("relay's reports %+v", reports)
 	}
-	engine := &countingCoordinator{}
-	coord := takeoverCoordinator{Coordinator: engine, w: owner}
-	send := func(c proxy.Client, r memberReport) string {
-		req := kmsg.NewPtrJoinGroupRequest()
-		body, _ := json.Marshal(r)
-		req.Group, req.ProtocolType = r.Group, reportProtocolType
-		req.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "report", Metadata: body}}
-		var got string
-		coord.Handle(c, req, func(resp kmsg.Response) {
-			if p := resp.(*kmsg.JoinGroupResponse).Protocol; p != nil {
-				got = *p
-			}
-		})
-		return got
-	}
-	if got := send(proxy.Client{ID: reportClientID}, reports[0]); got != "keep" {
-		t.Fatalf("first report answered %q", got)
+	relay.send = peerWire(t, owner)
+	if release, _ := relay.sendReport(ctx, reports[0]); release {
+		t.Fatal("first report answered release")
 	}
 	st.group = describedGroup("m1")
 	if err := owner.tryTakeover(ctx, "g"); err != nil || len(st.prepared) != 1 {
 		t.Fatalf("owner did not take over (err %v)", err)
 	}
-	if got := send(proxy.Client{ID: reportClientID}, reports[0]); got != "release" {
-		t.Fatalf("report during the takeover answered %q, want release", got)
+	if release, members := relay.sendReport(ctx, reports[0]); !release || !slices.Equal(members, []string{"m1"}) {
+		t.Fatalf("report during the takeover answered release=%v members=%v", release, members)
 	}
 	owner.finishReleases()
 	if st.ready["g"] {
 		t.Fatal("takeover completed before the relay stopped forwarding")
 	}
-	send(proxy.Client{ID: reportClientID}, memberReport{Group: "g", From: "relay-1", Released: true})
+	relay.sendReport(ctx, memberReport{Group: "g", From: "relay-1", Released: true})
 	owner.finishReleases()
 	if !st.ready["g"] {
 		t.Fatal("takeover not completed after the relay stopped forwarding")
 	}
-	if engine.asked != 0 {
-		t.Fatalf("the engine was asked %d times for reports", engine.asked)
+}
+
+// peerWire returns a send function that carries kproxy messages to
+// owner's report handler over a peer server and a router, as in a fleet
+// where owner owns every group.
+func peerWire(t *testing.T, owner *forwardWatcher) func(context.Context, string, string, int16, []byte) ([]byte, error) {
+	t.Helper()
+	msgs := proxy.NewPeerMessages()
+	msgs.Handle(reportType, reportVersion, owner.handleReport)
+	ps, err := proxy.NewPeerServer(proxy.PeerServerConfig{Listen: "127.0.0.1:0", Coordinator: &countingCoordinator{}, Messages: msgs})
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The same JoinGroup from a client's connection goes to the engine.
-	send(proxy.Client{ID: reportClientID, Host: "10.0.0.9"}, reports[0])
+	t.Cleanup(ps.Close)
+	r := proxy.NewRouter(proxy.RouterConfig{Locator: remoteLocator(ps.Addr())})
+	t.Cleanup(r.Close)
+	return r.SendPeer
+}
+
+// remoteLocator locates every group at one peer address.
+type remoteLocator string
+
+func (l remoteLocator) Locate(string) (bool, string, bool) { return false, string(l), true }
+func (remoteLocator) Changed() <-chan struct{}             { return nil }
+func (l remoteLocator) Peers() []string                    { return []string{string(l)} }
+
+// TestTakeoverReportMalformed: a report that does not decode, or names
+// no group, is refused as malformed and recorded nowhere.
+func TestTakeoverReportMalformed(t *testing.T) {
+	owner, _ := newTestWatcher(t, func(string) bool { return true })
+	send := peerWire(t, owner)
+	for _, payload := range []string{"{not json", `{"from":"relay-1"}`, `{"group":"g"}`} {
+		if _, err := send(context.Background(), "g", reportType, reportVersion, []byte(payload)); !errors.Is(err, proxy.ErrPeerMalformed) {
+			t.Fatalf("report %s: %v", payload, err)
+		}
+	}
+	owner.mu.Lock()
+	n := len(owner.remote)
+	owner.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d groups recorded from malformed reports", n)
+	}
+}
+
+// TestLegacyReportGuard: a takeover report in the JoinGroup disguise of
+// an earlier version is refused without reaching the engine; the same
+// JoinGroup from a client's connection goes to the engine.
+func TestLegacyReportGuard(t *testing.T) {
+	engine := &countingCoordinator{}
+	guard := legacyReportGuard{Coordinator: engine}
+	req := kmsg.NewPtrJoinGroupRequest()
+	req.Group, req.ProtocolType = "g", legacyReportProtocolType
+	req.Protocols = []kmsg.JoinGroupRequestProtocol{{Name: "report", Metadata: []byte("{}")}}
+	var code int16 = -1
+	guard.Handle(proxy.Client{ID: legacyReportClientID}, req, func(resp kmsg.Response) {
+		code = resp.(*kmsg.JoinGroupResponse).ErrorCode
+	})
+	if code != 42 || engine.asked != 0 {
+		t.Fatalf("legacy report: code %d, engine asked %d times", code, engine.asked)
+	}
+	guard.Handle(proxy.Client{ID: legacyReportClientID, Host: "10.0.0.9"}, req, func(kmsg.Response) {})
 	if engine.asked != 1 {
-		t.Fatal("a report from a client address was answered by the watcher, not the engine")
+		t.Fatal("a JoinGroup from a client address did not reach the engine")
 	}
 }
 
