@@ -63,10 +63,18 @@ type shareLedger struct {
 	rejected   map[string]time.Time // value -> when its reject was answered OK
 	violations []string
 	errs       []error
+	byMember   map[string]int // client id -> deliveries
 }
 
 func newShareLedger() *shareLedger {
-	return &shareLedger{deliveries: map[string][]int32{}, accepted: map[string]time.Time{}, rejected: map[string]time.Time{}}
+	return &shareLedger{deliveries: map[string][]int32{}, accepted: map[string]time.Time{}, rejected: map[string]time.Time{}, byMember: map[string]int{}}
+}
+
+// final counts the records accepted or rejected, answered OK.
+func (l *shareLedger) final() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.accepted) + len(l.rejected)
 }
 
 // deliver records one delivery; a record delivered after its accept or
@@ -96,6 +104,14 @@ type shareAction func(value string, delivery int32) kgo.AckStatus
 func consumeShareLedger(t *testing.T, addr, group, topic string, members, n int, within time.Duration, act shareAction) *shareLedger {
 	t.Helper()
 	l := newShareLedger()
+	consumeShareLedgerOn(t, l, []string{addr}, group, topic, members, n, within, act)
+	return l
+}
+
+// consumeShareLedgerOn is consumeShareLedger into l, with member i
+// connected to addrs[i%len(addrs)].
+func consumeShareLedgerOn(t *testing.T, l *shareLedger, addrs []string, group, topic string, members, n int, within time.Duration, act shareAction) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	final := func() int {
@@ -111,7 +127,8 @@ func consumeShareLedger(t *testing.T, addr, group, topic string, members, n int,
 	for i := range members {
 		var results []kgo.ShareAckResult
 		var rmu sync.Mutex
-		cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ClientID("ledger-"+strconv.Itoa(i)),
+		name := "ledger-" + strconv.Itoa(i)
+		cl, err := kgo.NewClient(kgo.SeedBrokers(addrs[i%len(addrs)]), kgo.ClientID(name),
 			kgo.ShareGroup(group), kgo.ConsumeTopics(topic),
 			kgo.ShareAckCallback(func(_ *kgo.Client, rs kgo.ShareAckResults) {
 				rmu.Lock()
@@ -143,6 +160,9 @@ func consumeShareLedger(t *testing.T, addr, group, topic string, members, n int,
 				var ms []marked
 				fs.EachRecord(func(r *kgo.Record) {
 					l.deliver(r)
+					l.mu.Lock()
+					l.byMember[name]++
+					l.mu.Unlock()
 					st := act(string(r.Value), r.DeliveryCount())
 					r.Ack(st)
 					ms = append(ms, marked{string(r.Value), st, r.Partition})
@@ -191,7 +211,6 @@ func consumeShareLedger(t *testing.T, addr, group, topic string, members, n int,
 		}()
 	}
 	wg.Wait()
-	return l
 }
 
 // waitShareStarts waits until every share-partition of group in the

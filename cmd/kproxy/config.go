@@ -118,8 +118,8 @@ type logConfig struct {
 type groupsConfig struct {
 	Mode string `yaml:"mode"` // distributed, local or forward
 	// Shares says who serves share groups (KIP-932): forward (the
-	// cluster), serve (kproxy, --groups local only) or auto (serve where
-	// the cluster lacks them and groups are local).
+	// cluster), serve (kproxy's engine, local or distributed) or auto
+	// (serve where the cluster lacks them and kproxy serves groups).
 	Shares                string        `yaml:"shares"`
 	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
 	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
@@ -271,8 +271,8 @@ func (c *fileConfig) validate() error {
 	switch c.Groups.Shares {
 	case "forward", "auto":
 	case "serve":
-		if c.Groups.Mode != "local" {
-			errs = append(errs, fmt.Errorf("groups.shares serve needs groups.mode local (a fleet does not serve share groups yet), not %q", c.Groups.Mode))
+		if c.Groups.Mode == "forward" {
+			errs = append(errs, fmt.Errorf("groups.shares serve needs groups.mode local or distributed (kproxy's engine serves share groups), not %q", c.Groups.Mode))
 		}
 	default:
 		errs = append(errs, fmt.Errorf("groups.shares %q: want forward, serve or auto", c.Groups.Shares))

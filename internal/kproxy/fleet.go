@@ -21,6 +21,7 @@ import (
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -161,6 +162,12 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	if w.watcher != nil {
 		messages.Handle(reportType, reportVersion, w.watcher.handleReport)
 	}
+	if cfg.Groups.ServeShares {
+		// Share steps of members behind other kproxies (internal/shares).
+		for _, kind := range shares.MsgKinds {
+			messages.Handle(kind, 0, shares.PeerHandler(eng, kind))
+		}
+	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
 		Listen:      listen,
 		Coordinator: w.engineCoordinator(eng),
@@ -254,6 +261,11 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	})
 	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
 	w.coordinator = router
+	if cfg.Groups.ServeShares {
+		if err := w.startShares(shares.Routed(eng, f, router, log.With("component", "shares")), log); err != nil {
+			return err
+		}
+	}
 	if w.watcher != nil {
 		w.watcher.id, w.watcher.send = f.id, router.SendPeer
 		w.startWatcher()

@@ -307,7 +307,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		w.close(context.Background())
 		return nil, err
 	}
-	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode == GroupsLocal {
+	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsForward {
 		serve, err := clusterLacksShares(ctx, cl)
 		switch {
 		case err != nil:
@@ -319,9 +319,9 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 			log.Info("share groups: the cluster serves them; kproxy forwards them")
 		}
 	}
-	if cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsLocal {
+	if cfg.Groups.ServeShares && cfg.Groups.Mode == GroupsForward {
 		w.close(context.Background())
-		return nil, fmt.Errorf("serving share groups needs groups mode local, not %q (a fleet does not serve share groups yet)", cfg.Groups.Mode)
+		return nil, fmt.Errorf("serving share groups needs groups mode local or distributed, not %q", cfg.Groups.Mode)
 	}
 	if cfg.Groups.Mode == GroupsForward {
 		return w, nil
@@ -361,24 +361,33 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
 	if cfg.Groups.ServeShares {
-		scfg := shares.Config{
-			Engine:    eng,
-			NewClient: func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
-			Logger:    log.With("component", "shares"),
-		}
-		if w.groupConfigs != nil {
-			scfg.ConfigsRead = w.groupConfigs.unread
-		}
-		svc, err := shares.New(scfg)
-		if err != nil {
+		if err := w.startShares(eng, log); err != nil {
 			w.close(context.Background())
 			return nil, err
 		}
-		w.shares, w.shareService = svc, svc
-		// The service closes before the engine it asks.
-		w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
 	}
 	return w, nil
+}
+
+// startShares starts the share service over ops: the engine, or in a
+// fleet the engine behind the router (shares.Routed).
+func (w *Server) startShares(ops shares.Ops, log *slog.Logger) error {
+	scfg := shares.Config{
+		Engine:    ops,
+		NewClient: func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
+		Logger:    log.With("component", "shares"),
+	}
+	if w.groupConfigs != nil {
+		scfg.ConfigsRead = w.groupConfigs.unread
+	}
+	svc, err := shares.New(scfg)
+	if err != nil {
+		return err
+	}
+	w.shares, w.shareService = svc, svc
+	// The service closes before the engine it asks.
+	w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
+	return nil
 }
 
 // clusterLacksShares reports whether the cluster's brokers do not
