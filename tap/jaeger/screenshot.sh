@@ -24,9 +24,14 @@ for tool in node npm go curl; do command -v "$tool" >/dev/null || fail "$tool is
 
 work=$(mktemp -d)
 pids=()
+# cleanup stops the processes in the reverse order of their start (the
+# driver's clients leave while kproxy still answers), then removes $work.
 cleanup() {
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	local i
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -124,11 +129,22 @@ pids+=("$kproxy_pid")
 waiturl "http://127.0.0.1:$kp_admin/readyz" 60 "$work/kproxy.log" "$kproxy_pid"
 echo "screenshot: kproxy dev at 127.0.0.1:$kp_listen" >&2
 
-timeout 180 "$work/driver" -bootstrap "127.0.0.1:$kp_listen" || { cat "$work/kproxy.log" >&2; fail "driver failed"; }
+# Long steps run in the background and are waited for, so that a signal
+# reaches the trap at once and the cleanup stops them. The driver bounds
+# itself (3 minutes).
+"$work/driver" -bootstrap "127.0.0.1:$kp_listen" &
+pids+=($!)
+wait "${pids[-1]}" || { cat "$work/kproxy.log" >&2; fail "driver failed"; }
 
 # Stopping kproxy flushes the spans its batch exporter still holds.
 kill -TERM "$kproxy_pid"
-timeout 30 tail --pid="$kproxy_pid" -f /dev/null || fail "kproxy did not stop within 30 s"
+for _ in $(seq 150); do
+	kill -0 "$kproxy_pid" 2>/dev/null || break
+	sleep 0.2
+done
+kill -0 "$kproxy_pid" 2>/dev/null && fail "kproxy did not stop within 30 s"
 
 mkdir -p "$out"
-CHROMIUM="$chromium" JAEGER_URL="$query" OUT_DIR="$out" timeout 180 node "$here/shoot.mjs"
+CHROMIUM="$chromium" JAEGER_URL="$query" OUT_DIR="$out" timeout 180 node "$here/shoot.mjs" &
+pids+=($!)
+wait "${pids[-1]}" || fail "shoot.mjs failed"
