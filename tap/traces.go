@@ -76,6 +76,7 @@ const (
 	attrLastMember     = attribute.Key("kproxy.rebalance.last_member.id")
 	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
 	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
+	attrInitialWaited  = attribute.Key("kproxy.rebalance.initial_delay_waited_ms")
 	attrSupersededBy   = attribute.Key("kproxy.rebalance.superseded_by.cause")
 	attrUntraced       = attribute.Key("kproxy.rebalance.members_without_span")
 )
@@ -164,8 +165,7 @@ type rebalance struct {
 	untraced int
 	// initialDelay is the initial rebalance delay's child span, open
 	// until the join phase ends or the delay is over.
-	initialDelay    trace.Span
-	initialDelayEnd time.Time
+	initialDelay trace.Span
 }
 
 // memberSpan is one KIP-848 member's reconciliation within a rebalance.
@@ -451,15 +451,24 @@ func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
 				last = i
 			}
 		}
+		// Events go out in time order, each within the span: the
+		// JoinGroup that started the rebalance arrived just before it.
+		type stamped struct {
+			name  string
+			at    time.Time
+			attrs []attribute.KeyValue
+		}
+		var evs []stamped
 		for i := range ev.Members {
 			m := &ev.Members[i]
 			attrs := append(memberAttrs(m), attrIsLeader.Bool(m.MemberID == ev.Leader))
 			at := ev.Time
 			if j := m.JoinedAt; !j.IsZero() && !j.After(ev.Time) {
 				at = j
-				if !j.Before(rb.start) {
-					attrs = append(attrs, attrJoinWait.Int64(j.Sub(rb.start).Milliseconds()))
+				if j.Before(rb.start) {
+					at = rb.start
 				}
+				attrs = append(attrs, attrJoinWait.Int64(at.Sub(rb.start).Milliseconds()))
 			}
 			if i == last {
 				attrs = append(attrs, attrLastToJoin.Bool(true))
@@ -468,10 +477,14 @@ func (rt *rebalanceTracker) joinCompleted(rb *rebalance, ev groupstate.Event) {
 				// The member was told to rejoin at a and took the rest:
 				// a long rejoin_ms is a slow poll loop or revocation, a
 				// late rejoin_requested a slow heartbeat.
-				rb.phase.AddEvent("rejoin_requested", trace.WithTimestamp(a), trace.WithAttributes(memberAttrs(m)...))
+				evs = append(evs, stamped{"rejoin_requested", a, memberAttrs(m)})
 				attrs = append(attrs, attrRejoinTook.Int64(at.Sub(a).Milliseconds()))
 			}
-			rb.phase.AddEvent("member", trace.WithTimestamp(at), trace.WithAttributes(attrs...))
+			evs = append(evs, stamped{"member", at, attrs})
+		}
+		slices.SortStableFunc(evs, func(a, b stamped) int { return a.at.Compare(b.at) })
+		for _, e := range evs {
+			rb.phase.AddEvent(e.name, trace.WithTimestamp(e.at), trace.WithAttributes(e.attrs...))
 		}
 		if last >= 0 {
 			rb.phase.SetAttributes(attrLastMember.String(ev.Members[last].MemberID))
@@ -697,7 +710,6 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 		_, rb.initialDelay = rt.tracer.Start(rb.phaseCtx, spanInitialDelay,
 			trace.WithTimestamp(ev.Time),
 			trace.WithAttributes(semconv.MessagingConsumerGroupName(ev.Group), attrInitialDelay.Int64(ev.InitialDelay.Milliseconds())))
-		rb.initialDelayEnd = ev.Time.Add(ev.InitialDelay)
 	}
 	rt.open[ev.Group] = rb
 	return rb
@@ -709,11 +721,11 @@ func (rt *rebalanceTracker) endInitialDelay(rb *rebalance, at time.Time) {
 	if rb.initialDelay == nil {
 		return
 	}
-	end := rb.initialDelayEnd
-	if at.Before(end) {
-		end = at
-	}
-	rb.initialDelay.End(trace.WithTimestamp(end))
+	// The delay ends when the join does: members joining during it
+	// extend it (Kafka's InitialDelayedJoin), so it may have lasted
+	// longer than group.initial.rebalance.delay.ms.
+	rb.initialDelay.SetAttributes(attrInitialWaited.Int64(at.Sub(rb.start).Milliseconds()))
+	rb.initialDelay.End(trace.WithTimestamp(at))
 	rb.initialDelay = nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -342,14 +343,34 @@ func TestEngineInitialDelayIsMarked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const g = "delayed"
-	m1 := newMember(e, g, "m1")
+	m1, m2 := newMember(e, g, "m1"), newMember(e, g, "m2")
 	j1 := joinNow(t, ctx, e, m1)
-	clk.Advance(3 * time.Second)
-	r1 := <-j1
-	if r1.Err != nil {
-		t.Fatal(r1.Err)
+	// m2 joins a second into the delay: Kafka's delayed initial join
+	// waits the delay again from there (up to the rebalance timeout).
+	clk.Advance(time.Second)
+	j2 := joinNow(t, ctx, e, m2)
+	start := clk.Now()
+	var r1, r2 groupdriver.JoinResult
+	for r1.Resp == nil || r2.Resp == nil {
+		select {
+		case r1 = <-j1:
+		case r2 = <-j2:
+		case <-time.After(10 * time.Millisecond):
+			clk.Advance(100 * time.Millisecond)
+		}
+		if r1.Err != nil || r2.Err != nil {
+			t.Fatal(r1.Err, r2.Err)
+		}
 	}
-	if err := m1.Sync(ctx, r1.Resp); err != nil {
+	waited := clk.Now().Sub(start) + time.Second
+	if waited <= 3*time.Second {
+		t.Fatalf("the join completed %v after the first member, want the delay extended past 3s", waited)
+	}
+	s1, s2 := m1.SyncAsync(ctx, r1.Resp), m2.SyncAsync(ctx, r2.Resp)
+	if err := <-s1; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-s2; err != nil {
 		t.Fatal(err)
 	}
 	settle(t, e, tp, g)
@@ -366,9 +387,10 @@ func TestEngineInitialDelayIsMarked(t *testing.T) {
 	if !ok {
 		t.Fatalf("no initial_delay span under join: %v", names(exp.GetSpans()))
 	}
-	if d := delay.EndTime.Sub(delay.StartTime); d != 3*time.Second {
-		t.Errorf("initial_delay span lasted %v, want 3s", d)
+	if d := delay.EndTime.Sub(delay.StartTime); d != join.EndTime.Sub(join.StartTime) || d < waited-100*time.Millisecond || d > waited {
+		t.Errorf("initial_delay span lasted %v, join %v, want the whole wait (about %v, the delay extended by m2's join)", d, join.EndTime.Sub(join.StartTime), waited)
 	}
+	wantAttr(t, "initial_delay", delay.Attributes, "kproxy.rebalance.initial_delay_waited_ms", strconv.FormatInt(delay.EndTime.Sub(delay.StartTime).Milliseconds(), 10))
 }
 
 // consumerHeartbeat sends a KIP-848 heartbeat and returns the response.
