@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -94,6 +95,23 @@ type routed struct {
 	loc   proxy.Locator // immutable
 	peers Peers         // immutable
 	log   *slog.Logger  // immutable
+
+	// lastWarn (unix nanoseconds) and suppressed rate-limit the
+	// warnings of failed steps: while an owner is gone every fetch of
+	// its group fails one.
+	lastWarn   atomic.Int64
+	suppressed atomic.Int64
+}
+
+// warn logs a failed step, at most once a second.
+func (r *routed) warn(msg string, err error) {
+	now := time.Now().UnixNano()
+	last := r.lastWarn.Load()
+	if now-last < int64(time.Second) || !r.lastWarn.CompareAndSwap(last, now) {
+		r.suppressed.Add(1)
+		return
+	}
+	r.log.Warn(msg, "err", err, "suppressed", r.suppressed.Swap(0))
 }
 
 // owner locates group's owner, waiting up to ownerWait for one: local,
@@ -148,7 +166,7 @@ func (r *routed) SharePrepare(group, member string, acks map[groupstate.ShareTP]
 		go func() {
 			var out wirePlan
 			if err := r.call(MsgPrepare, group, prepareMsg(group, member, acks, fetch), &out); err != nil {
-				r.log.Warn("shares: a share step at the group's owner failed", "err", err)
+				r.warn("shares: a share step at the group's owner failed", err)
 				done(groupstate.SharePlan{Code: kerr.CoordinatorNotAvailable.Code})
 				return
 			}
@@ -168,7 +186,7 @@ func (r *routed) ShareInitialize(group string, starts map[groupstate.ShareTP]int
 		go func() {
 			var out wireCode
 			if err := r.call(MsgInitialize, group, wireInitialize{Group: group, Starts: tpOffsets(starts)}, &out); err != nil {
-				r.log.Warn("shares: a share step at the group's owner failed", "err", err)
+				r.warn("shares: a share step at the group's owner failed", err)
 				done(kerr.CoordinatorNotAvailable.Code)
 				return
 			}
@@ -192,7 +210,7 @@ func (r *routed) ShareAcquire(group, member string, fetched map[groupstate.Share
 			}
 			var out wireAcquired
 			if err := r.call(MsgAcquire, group, in, &out); err != nil {
-				r.log.Warn("shares: a share step at the group's owner failed", "err", err)
+				r.warn("shares: a share step at the group's owner failed", err)
 				done(nil, kerr.CoordinatorNotAvailable.Code)
 				return
 			}
@@ -209,7 +227,7 @@ func (r *routed) ShareAdvance(group string, logStarts map[groupstate.ShareTP]int
 	case ok:
 		go func() {
 			if err := r.call(MsgAdvance, group, wireInitialize{Group: group, Starts: tpOffsets(logStarts)}, nil); err != nil {
-				r.log.Warn("shares: a share step at the group's owner failed (the next fetch finds the log start again)", "err", err)
+				r.warn("shares: a share step at the group's owner failed (the next fetch finds the log start again)", err)
 			}
 		}()
 	}
@@ -224,11 +242,11 @@ func (r *routed) ShareReleaseMember(group, member string, partitions []groupstat
 		go func() {
 			in := wireRelease{Group: group, Member: member, Partitions: wireTPs(partitions)}
 			if err := r.call(MsgRelease, group, in, nil); err != nil {
-				r.log.Warn("shares: releasing a closed session's records at the group's owner failed (their locks end them)", "err", err)
+				r.warn("shares: releasing a closed session's records at the group's owner failed (their locks end them)", err)
 			}
 		}()
 	default:
-		r.log.Warn("shares: no owner to release a closed session's records at (their locks end them)", "group", group, "member", member)
+		r.warn("shares: no owner to release a closed session's records at (their locks end them)", fmt.Errorf("group %q, member %q: no owner within %v", group, member, ownerWait))
 	}
 }
 

@@ -141,6 +141,9 @@ func TestRoutedStepsReachTheOwnerIntact(t *testing.T) {
 		t.Errorf("acquired %v (code %d), want the owner's %v", a.m, a.code, owner.acquired)
 	}
 	ops.ShareAdvance("g", map[groupstate.ShareTP]int64{tpA: 30})
+	// Advance and release answer nothing: their messages go out on
+	// their own goroutines, so one at a time.
+	waitUntil(t, "the owner to see the advance", func() bool { return len(owner.recorded()) == 4 })
 	ops.ShareReleaseMember("g", "m", []groupstate.ShareTP{tpB})
 
 	want := []any{

@@ -312,6 +312,41 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 		}
 	}
 	plan := s.prepare(group, member, acks, fetch)
+	out := newShareFetchOut(resp)
+	deadline := time.Now().Add(time.Duration(req.MaxWaitMillis) * time.Millisecond)
+	if ownerUnavailable(plan.Code) {
+		// The group's owner could not be asked (it moves to another
+		// kproxy, or is unreachable). The session's epoch moved on, so
+		// the answer is the session's: its acknowledgements failed
+		// (ackLost), and its fetch waits within MaxWaitMs for an owner,
+		// then fetches, or acquires nothing, as a fetch that found no
+		// records. A partition error would make clients set the
+		// partition aside until their next metadata refresh, seconds
+		// after the owner is back.
+		for tp := range acks {
+			ackCodes[tp] = ackLost
+		}
+		for !ackOnly && ownerUnavailable(plan.Code) && time.Until(deadline) > ownerRetry {
+			select {
+			case <-time.After(ownerRetry):
+			case <-s.ctx.Done():
+				fail(kerr.CoordinatorNotAvailable.Code, "")
+				return
+			}
+			plan = s.prepare(group, member, nil, fetch)
+		}
+		if ownerUnavailable(plan.Code) {
+			for tp, code := range ackCodes {
+				out.partition(tp).AcknowledgeErrorCode = code
+			}
+			// The group's lock duration is the owner's to say; a
+			// client takes a missing one as 1 s. Kafka's default
+			// stands in.
+			resp.AcquisitionLockTimeoutMillis = defaultLockMillis
+			reply(resp)
+			return
+		}
+	}
 	if plan.Code != 0 {
 		fail(plan.Code, "")
 		return
@@ -320,7 +355,6 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 		ackCodes[tp] = code
 	}
 	resp.AcquisitionLockTimeoutMillis = int32(plan.Settings.LockDuration / time.Millisecond)
-	out := newShareFetchOut(resp)
 	for tp, code := range ackCodes {
 		out.partition(tp).AcknowledgeErrorCode = code
 	}
@@ -357,7 +391,6 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 			plan = s.prepare(group, member, nil, fetch)
 		}
 	}
-	deadline := time.Now().Add(time.Duration(req.MaxWaitMillis) * time.Millisecond)
 	for {
 		got := s.fetchAndAcquire(c, group, member, req, plan, out, deadline)
 		if got || len(ackCodes) > 0 || !time.Now().Add(50*time.Millisecond).Before(deadline) {
@@ -378,6 +411,30 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 		}
 	}
 	reply(resp)
+}
+
+// ackLost answers an acknowledgement the group's owner could not be
+// asked for: NOT_LEADER_OR_FOLLOWER, what a broker answers when a
+// share-partition's leader changed, since either way the records the
+// member held are no longer held for it (an owner that died took its
+// acquisitions with it; the next one finds them available) and clients
+// do not send such an acknowledgement again. The records come back to
+// the group for another delivery.
+var ackLost = kerr.NotLeaderForPartition.Code
+
+// ownerRetry is how often a fetch asks again for a group whose owner
+// could not be asked.
+const ownerRetry = 100 * time.Millisecond
+
+// defaultLockMillis is share.record.lock.duration.ms's default, answered
+// when the group's owner could not be asked.
+const defaultLockMillis = 30000
+
+// ownerUnavailable says whether code means the group's state could not
+// be reached for now (its owner moving, unreachable, or not this engine
+// any more) rather than that the request was wrong.
+func ownerUnavailable(code int16) bool {
+	return code == kerr.CoordinatorNotAvailable.Code || code == kerr.NotCoordinator.Code || code == kerr.CoordinatorLoadInProgress.Code
 }
 
 // validate checks acknowledgement batches as Kafka 4.4 does; a partition
@@ -682,7 +739,13 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 	}
 	codes := s.validate(acks, req.Version >= 2 && req.IsRenewAck)
 	plan := s.prepare(group, member, acks, nil)
-	if plan.Code != 0 {
+	if ownerUnavailable(plan.Code) {
+		// As in shareFetch: the session's epoch moved on; each
+		// partition's acknowledgement failed.
+		for tp := range acks {
+			codes[tp] = ackLost
+		}
+	} else if plan.Code != 0 {
 		fail(plan.Code, "")
 		return
 	}
@@ -694,6 +757,9 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 	}
 	if req.Version >= 2 {
 		resp.AcquisitionLockTimeoutMillis = int32(plan.Settings.LockDuration / time.Millisecond)
+		if resp.AcquisitionLockTimeoutMillis <= 0 {
+			resp.AcquisitionLockTimeoutMillis = defaultLockMillis
+		}
 	}
 	byTopic := make(map[[16]byte]int)
 	for tp, code := range codes {
