@@ -1,19 +1,24 @@
 // Package coexist is kproxy living beside the cluster's own group
-// coordinator (docs/anchors.md): which groups are forwarded to it and
-// when (forward.go), the takeover of a forwarded group by the engine
-// (takeover.go, takeover_kip848.go; between the kproxies of a fleet,
-// takeover_fleet.go), and the reactions to the anchors' news from the
-// store (an anchor lost, a group handed back, a group found live on the
-// cluster). The anchors themselves, the classic members through which
-// commits reach the cluster's coordinator, are still in
-// groupstate/kafkastore (anchor.go, takeover*.go, handback.go); the
-// engine's side of takeover and hand-back is in groupstate
-// (consumer_takeover.go, classic_handback.go, anchor.go) behind Engine.
+// coordinator (docs/anchors.md), in one place:
+//
+//   - the anchors (anchor.go): one classic member per group the engine
+//     serves, in the cluster's group of the same id, under whose
+//     identity the group's commits reach the cluster's coordinator; the
+//     store asks them through kafkastore.Anchors;
+//   - the takeover of a forwarded group, the anchors' part
+//     (anchor_takeover.go, anchor_takeover_kip848.go) and the watching
+//     and deciding part (takeover.go, takeover_kip848.go; across a
+//     fleet, takeover_fleet.go);
+//   - the hand-back of a group to the cluster (anchor_handback.go);
+//   - which groups are forwarded to the cluster's coordinator, and when
+//     (forward.go), and what the anchors' news changes there (Enable).
 //
 // It has one entry for each side: Coexist.AttachEngine for the engine
-// (the Engine interface is all it asks of it) and Coexist.Forwarder for
-// the data path (the proxy.GroupForwarder that proxy/forward.go asks).
-// The assembly (internal/kproxy) builds it with Enable and wires those.
+// (the Engine interface is all it asks of it; the engine's own side of
+// takeover and hand-back stays in groupstate: consumer_takeover.go,
+// classic_handback.go, anchor.go) and Coexist.Forwarder for the data
+// path (the proxy.GroupForwarder that proxy/forward.go asks). The
+// assembly (internal/kproxy) builds it with Enable and wires those.
 //
 // It is internal: its API is the assembly's wiring, not for programs
 // that embed kproxy, like internal/shares beside it.
@@ -58,8 +63,10 @@ type Config struct {
 	// Store is the engine's store over the cluster; Enable turns its
 	// anchors on. Required.
 	Store *kafkastore.Store
-	// InstanceID is the anchors' group.instance.id.
-	InstanceID string
+	// FleetName is the fleet's name ("" for a single kproxy): the
+	// anchors' group.instance.id is DefaultAnchorInstanceID, with
+	// ".<FleetName>" appended in a fleet.
+	FleetName string
 	// SessionTimeout and HeartbeatInterval are the anchors'; zero
 	// takes kafkastore's defaults.
 	SessionTimeout, HeartbeatInterval time.Duration
@@ -84,10 +91,10 @@ type Config struct {
 // Built by Enable during the assembly; its methods are safe for
 // concurrent use once Start ran.
 type Coexist struct {
-	store   *kafkastore.Store // immutable
-	fw      *forwardSet       // immutable
-	watcher *forwardWatcher   // immutable
-	log     *slog.Logger      // immutable
+	anchors *Anchors        // immutable
+	fw      *forwardSet     // immutable
+	watcher *forwardWatcher // immutable
+	log     *slog.Logger    // immutable
 	// engine is the attached Engine (AttachEngine), nil before; read by
 	// the store's anchor callbacks on their goroutines.
 	engine atomic.Pointer[engineRef]
@@ -106,11 +113,14 @@ func Enable(cfg Config) *Coexist {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	fw := newForwardSet(cfg.Store)
-	c := &Coexist{store: cfg.Store, fw: fw, log: log}
-	c.watcher = newForwardWatcher(fw, cfg.Store, cfg.Owns, log)
-	cfg.Store.EnableAnchors(kafkastore.AnchorOptions{
-		InstanceID:        cfg.InstanceID,
+	c := &Coexist{log: log}
+	var fw *forwardSet
+	instance := DefaultAnchorInstanceID
+	if cfg.FleetName != "" {
+		instance += "." + cfg.FleetName
+	}
+	as := newAnchors(cfg.Store, AnchorOptions{
+		InstanceID:        instance,
 		SessionTimeout:    cfg.SessionTimeout,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		NewClient:         cfg.NewClient,
@@ -121,8 +131,8 @@ func Enable(cfg Config) *Coexist {
 			}
 			return 0
 		},
-		OnLost: func(group string, why kafkastore.AnchorLoss) {
-			if why == kafkastore.AnchorLiveOnCluster || why == kafkastore.AnchorHandedBack || cfg.Local {
+		OnLost: func(group string, why AnchorLoss) {
+			if why == AnchorLiveOnCluster || why == AnchorHandedBack || cfg.Local {
 				fw.mark(group)
 			}
 			if e := c.attached(); e != nil {
@@ -153,6 +163,10 @@ func Enable(cfg Config) *Coexist {
 			fw.mark(group)
 		},
 	})
+	fw = newForwardSet(as)
+	c.anchors, c.fw = as, fw
+	c.watcher = newForwardWatcher(fw, as, cfg.Owns, log)
+	as.start() // the callbacks above run from here on
 	return c
 }
 
@@ -222,5 +236,5 @@ func (c *Coexist) Stop() {
 // CloseAnchors ends the anchors, leaving their groups when leave is
 // true; bounded by ctx. Call it before the store's client closes.
 func (c *Coexist) CloseAnchors(ctx context.Context, leave bool) {
-	c.store.CloseAnchors(ctx, leave)
+	c.anchors.Close(ctx, leave)
 }

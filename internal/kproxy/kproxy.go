@@ -536,13 +536,9 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 	if ac.Disabled {
 		return
 	}
-	instance := kafkastore.DefaultAnchorInstanceID
-	if cfg.Groups.Fleet.Name != "" {
-		instance += "." + cfg.Groups.Fleet.Name
-	}
 	c := coexist.Enable(coexist.Config{
 		Store:             store,
-		InstanceID:        instance,
+		FleetName:         cfg.Groups.Fleet.Name,
 		SessionTimeout:    ac.SessionTimeout,
 		HeartbeatInterval: ac.HeartbeatInterval,
 		// Each join and sync on a client of its own: one the cluster
