@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
@@ -81,7 +82,7 @@ func TestAnchorClusterKnows(t *testing.T) {
 	// owns: direct tools show them assigned.
 	d := waitDirect(ctx, t, adm, group, "anchored with the member's partitions", func(d kadm.DescribedGroup) bool {
 		if d.State != "Stable" || len(d.Members) != 1 || d.Members[0].InstanceID == nil ||
-			*d.Members[0].InstanceID != kafkastore.DefaultAnchorInstanceID {
+			*d.Members[0].InstanceID != coexist.DefaultAnchorInstanceID {
 			return false
 		}
 		a, ok := d.Members[0].Assigned.AsConsumer()
@@ -181,15 +182,17 @@ func TestAnchorFencesStaleOwner(t *testing.T) {
 
 	type loss struct {
 		group string
-		why   kafkastore.AnchorLoss
+		why   coexist.AnchorLoss
 	}
+	anchorsOf := map[*kafkastore.Store]*coexist.Anchors{}
 	newStore := func(lost chan<- loss) *kafkastore.Store {
 		st := kafkastore.New(directClient(t, s))
-		st.EnableAnchors(kafkastore.AnchorOptions{
+		as := coexist.EnableAnchors(st, coexist.AnchorOptions{
 			SessionTimeout: 30 * time.Second,
-			OnLost:         func(g string, why kafkastore.AnchorLoss) { lost <- loss{g, why} },
+			OnLost:         func(g string, why coexist.AnchorLoss) { lost <- loss{g, why} },
 		})
-		t.Cleanup(func() { st.CloseAnchors(ctx, false) })
+		t.Cleanup(func() { as.Close(ctx, false) })
+		anchorsOf[st] = as
 		return st
 	}
 	spec := groupstate.Anchor{Members: 1, ProtocolType: "consumer", Protocols: []string{"range"},
@@ -205,7 +208,7 @@ func TestAnchorFencesStaleOwner(t *testing.T) {
 	waitAnchored := func(st *kafkastore.Store) string {
 		deadline := time.Now().Add(15 * time.Second)
 		for {
-			if id, _, ok := st.AnchorIdentity(group); ok {
+			if id, _, ok := anchorsOf[st].AnchorIdentity(group); ok {
 				return id
 			}
 			if time.Now().After(deadline) {
@@ -247,7 +250,7 @@ func TestAnchorFencesStaleOwner(t *testing.T) {
 	}
 	select {
 	case l := <-lostA:
-		if l.group != group || l.why != kafkastore.AnchorFenced {
+		if l.group != group || l.why != coexist.AnchorFenced {
 			t.Fatalf("stale owner lost %v", l)
 		}
 	case <-time.After(5 * time.Second):
@@ -370,8 +373,8 @@ func TestAnchorThatCannotJoin(t *testing.T) {
 	const group, topic = "unanchorable", "unanchorable-t"
 	s.produce(ctx, topic, 1, 1)
 	st := kafkastore.New(directClient(t, s))
-	st.EnableAnchors(kafkastore.AnchorOptions{SessionTimeout: 24 * time.Hour})
-	t.Cleanup(func() { st.CloseAnchors(ctx, false) })
+	as := coexist.EnableAnchors(st, coexist.AnchorOptions{SessionTimeout: 24 * time.Hour})
+	t.Cleanup(func() { as.Close(ctx, false) })
 	st.Anchor(group, groupstate.Anchor{Members: 1, ProtocolType: "consumer", Protocols: []string{"range"}, Topics: []string{topic}})
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
@@ -383,7 +386,7 @@ func TestAnchorThatCannotJoin(t *testing.T) {
 	if code := res[0].Partitions[0].ErrorCode; code != 0 {
 		t.Fatalf("commit with an anchor that cannot join: %v", kerr.ErrorForCode(code))
 	}
-	if _, _, ok := st.AnchorIdentity(group); ok {
+	if _, _, ok := as.AnchorIdentity(group); ok {
 		t.Fatal("the anchor joined with a session timeout the cluster refuses")
 	}
 }
@@ -448,7 +451,7 @@ func TestRollbackMemberByMember(t *testing.T) {
 				return len(d.Members) == 2 && d.State == "Stable"
 			})
 			for _, m := range d.Members {
-				if m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, kafkastore.DefaultAnchorInstanceID) {
+				if m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, coexist.DefaultAnchorInstanceID) {
 					t.Fatalf("the anchor stayed in the cluster's group after the hand-back: %+v", m)
 				}
 			}

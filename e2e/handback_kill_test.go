@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 )
 
 // TestHandBackOwnerKilled: the kproxy serving a classic group is
@@ -96,7 +96,7 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
 	isAnchor := func(m kadm.DescribedGroupMember) bool {
-		return m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, kafkastore.DefaultAnchorInstanceID)
+		return m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, coexist.DefaultAnchorInstanceID)
 	}
 	others := func(d kadm.DescribedGroup) (anchored bool, ids []string) {
 		for _, m := range d.Members {
@@ -119,7 +119,7 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	moved := time.Now()
 	c2 := startMemberAt(t, brokers[0], "c-direct", mc())
 	defer c2.leave()
-	const begun = "kafkastore: a member reached the cluster's group directly: handing the group back"
+	const begun = "a member reached the cluster's group directly: handing the group back to the cluster's coordinator"
 	waitLog(t, k, begun, 15*time.Second)
 	t.Logf("kproxy began the hand-back %s after c-direct started", time.Since(moved).Round(time.Millisecond))
 
@@ -135,7 +135,7 @@ func handBackOwnerKilled(t *testing.T, point string) {
 		t.Logf("a joined the cluster's group through kproxy %s after c-direct started: %s, members %v",
 			time.Since(moved).Round(time.Millisecond), d.State, ids)
 	}
-	if strings.Contains(k.log(), "kafkastore: group handed back to the cluster's coordinator") {
+	if strings.Contains(k.log(), "group handed back to the cluster's coordinator") {
 		t.Fatalf("the hand-back completed before kproxy could be killed in the middle of it (%s): the test proves nothing", point)
 	}
 
@@ -147,7 +147,7 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("kproxy did not exit within 5s of SIGKILL")
 	}
-	if strings.Contains(k.log(), "kafkastore: group handed back to the cluster's coordinator") {
+	if strings.Contains(k.log(), "group handed back to the cluster's coordinator") {
 		t.Fatalf("the hand-back completed before kproxy died (%s): the test proves nothing", point)
 	}
 	d := describeDirect(ctx, t, adm, group)

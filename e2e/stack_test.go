@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
@@ -156,7 +156,7 @@ func (s *stack) assertBrokersSawNoGroupTraffic() {
 // static member in the cluster's group, docs/anchors.md) rather than
 // from a client.
 func anchorRequest(req kmsg.Request) bool {
-	is := func(id *string) bool { return id != nil && strings.HasPrefix(*id, kafkastore.DefaultAnchorInstanceID) }
+	is := func(id *string) bool { return id != nil && strings.HasPrefix(*id, coexist.DefaultAnchorInstanceID) }
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		return is(r.InstanceID)

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
@@ -51,7 +51,7 @@ func TestVisibilityOfClusterGroups(t *testing.T) {
 	// The cluster sees kproxy's group through its anchor.
 	waitDirect(ctx, t, adm, proxyG, "anchored", func(d kadm.DescribedGroup) bool {
 		return d.State == "Stable" && len(d.Members) == 1 && d.Members[0].InstanceID != nil &&
-			*d.Members[0].InstanceID == kafkastore.DefaultAnchorInstanceID
+			*d.Members[0].InstanceID == coexist.DefaultAnchorInstanceID
 	})
 	waitDirect(ctx, t, adm, directG, "stable", func(d kadm.DescribedGroup) bool { return d.State == "Stable" && len(d.Members) == 1 })
 
@@ -244,7 +244,7 @@ func realMembers(code int16, state string, members []kmsg.DescribeGroupsResponse
 		return "kproxy's group: " + state + " " + itoa(len(members)) + " members, code " + itoa(int(code))
 	}
 	for _, m := range members {
-		if m.InstanceID != nil && *m.InstanceID == kafkastore.DefaultAnchorInstanceID {
+		if m.InstanceID != nil && *m.InstanceID == coexist.DefaultAnchorInstanceID {
 			return "kproxy's anchor described as a member of its group"
 		}
 		if m.ClientID != "behind" {

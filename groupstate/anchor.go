@@ -40,12 +40,12 @@ type Anchor struct {
 	Owned map[string][]int32
 	// MemberIDs are the members' ids, sorted (KIP-848 groups only: the
 	// store waits for them to reach the cluster when it hands the group
-	// back, kafkastore/takeover_kip848.go).
+	// back, internal/coexist/anchor_takeover_kip848.go).
 	MemberIDs []string
 	// InstanceIDs are the static members' group.instance.ids, sorted
 	// (classic groups): when it hands the group back the store knows a
 	// static member there by its instance id, whichever process holds
-	// it (kafkastore/handback.go).
+	// it (internal/coexist/anchor_handback.go).
 	InstanceIDs []string
 }
 

@@ -118,7 +118,7 @@ func (s *Store) DescribeClusterConsumerGroups(ctx context.Context, groups []stri
 // of key: its ApiVersions was read and does not list it (a failed
 // ApiVersions proves nothing).
 func (s *Store) lacksKey(ctx context.Context, key int16) bool {
-	if s.supportsKey(ctx, key) {
+	if s.SupportsKey(ctx, key) {
 		return false
 	}
 	s.mu.Lock()

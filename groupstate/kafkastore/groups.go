@@ -354,12 +354,13 @@ func (s *Store) produceGroupRecord(ctx context.Context, group string, value []by
 // its call.
 func (s *Store) LoadGroupMetadata(ctx context.Context, group string) ([]byte, bool, error) {
 	if s.anchors != nil {
-		rec, err := s.anchors.checkLoad(ctx, group)
+		rec, err := s.anchors.CheckLoad(ctx, group)
 		if err != nil {
 			return nil, false, err
 		}
 		if rec != nil {
-			// Taken over from the cluster's coordinator (takeover.go):
+			// Taken over from the cluster's coordinator
+			// (internal/coexist/anchor_takeover.go):
 			// written as the group's record, so that the next owner
 			// after a failover resumes it too.
 			if err := s.SaveGroupMetadata(ctx, group, rec); err != nil {

@@ -1,15 +1,18 @@
 // Package kafkastore is kproxy's store over the upstream Kafka cluster:
-// committed offsets in the cluster's own __consumer_offsets (as simple
-// commits, so lag tools see them) and group metadata in a compacted
-// topic (groups.go). It implements the store interfaces of package
-// groupstate (OffsetStore, TopicResolver, GroupMetadataStore,
-// TopicMetadataStore).
+// committed offsets in the cluster's own __consumer_offsets (so lag
+// tools see them) and group metadata in a compacted topic (groups.go).
+// It implements the store interfaces of package groupstate
+// (OffsetStore, TopicResolver, GroupMetadataStore, TopicMetadataStore,
+// AnchorStore, ClusterGroups).
 //
 // Loads read only committed records (load.go). In local mode writes are
-// plain produces and simple commits. In transactional mode
-// (EnableTransactions, txn.go, for a fleet of kproxies, docs/fleet.md)
-// each groups partition is claimed through its own transactional id and
-// every write of its groups rides in its transactions.
+// plain produces and simple commits (generation -1, no member). In
+// transactional mode (EnableTransactions, txn.go, for a fleet of
+// kproxies, docs/fleet.md) each groups partition is claimed through its
+// own transactional id and every write of its groups rides in its
+// transactions. With anchors (anchors.go; package internal/coexist holds
+// them), the commits of a group with members in the engine go instead
+// under its anchor's member id and generation, in every mode.
 package kafkastore
 
 import (
@@ -23,6 +26,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/clientpool"
 )
 
 // Store is the groupstate.OffsetStore over the upstream cluster: offsets are
@@ -56,16 +60,16 @@ type Store struct {
 	// txn is the transactional mode (txn.go), nil in local mode; set
 	// once by EnableTransactions before the store is shared.
 	txn *txnMode
-	// anchors holds the groups' anchors (anchor.go), nil when anchoring
-	// is off; set once by EnableAnchors before the store is shared.
-	anchors *anchorSet
-	// apiKeys caches the API keys the cluster answers (supportsKey);
+	// anchors are the groups' anchors (anchors.go), nil when anchoring
+	// is off; set once by SetAnchors before the store is shared.
+	anchors Anchors
+	// apiKeys caches the API keys the cluster answers (SupportsKey);
 	// guarded by mu.
 	apiKeys map[int16]bool
 	// reqs lends a client to each request for a group sent to its
-	// coordinator (lend, clientpool.go); nil sends them on cl. Set once
-	// by EnableAnchors before the store is shared.
-	reqs *clientPool
+	// coordinator (lend, internal/clientpool); nil sends them on cl. Set
+	// once by SetAnchors before the store is shared.
+	reqs *clientpool.Pool
 }
 
 var (
@@ -172,13 +176,20 @@ func (s *Store) nameOf(name string, id [16]byte) string {
 // the group's partition (AddOffsetsToTxn + TxnOffsetCommit, generation
 // -1, no member) and the call returns once that transaction committed.
 //
-// With anchors (anchor.go) a group that has members in the engine
+// With anchors (anchors.go) a group that has members in the engine
 // commits as one OffsetCommit under its anchor's identity instead, in
 // every mode: the cluster's member and generation checks fence it.
 func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, error) {
 	if s.anchors != nil {
-		if res, anchored, err := s.anchoredCommit(ctx, group, topics); anchored || err != nil {
-			return res, err
+		resp, anchored, err := s.anchors.Commit(ctx, group, func() *kmsg.OffsetCommitRequest { return s.commitRequest(ctx, group, topics) })
+		if err != nil {
+			return nil, err
+		}
+		if anchored {
+			for i := range resp.Topics {
+				resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
+			}
+			return resp.Topics, nil
 		}
 	}
 	if s.txn != nil {
@@ -224,7 +235,7 @@ func (s *Store) commitRequest(ctx context.Context, group string, topics []kmsg.O
 // TxnCommitOffsets implements groupstate.OffsetStore by forwarding the request to
 // the upstream group coordinator, identity fields cleared; with anchors,
 // a group with members in the engine sends it under its anchor's
-// identity instead (anchoredTxnCommit).
+// identity instead (Anchors.TxnCommit).
 func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, error) {
 	names := make([]string, len(in.Topics))
 	for i, t := range in.Topics {
@@ -240,8 +251,15 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 		req.Topics = append(req.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: t.Topic, TopicID: ids[t.Topic], Partitions: t.Partitions})
 	}
 	if s.anchors != nil {
-		if resp, anchored, err := s.anchoredTxnCommit(ctx, req); anchored || err != nil {
-			return resp, err
+		resp, anchored, err := s.anchors.TxnCommit(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if anchored {
+			for i := range resp.Topics {
+				resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
+			}
+			return resp, nil
 		}
 	}
 	resp, err := req.RequestWith(ctx, lent{s})
@@ -369,7 +387,7 @@ func (s *Store) DeleteOffsets(ctx context.Context, group string, topics []kmsg.O
 // refuses to delete a group with members.
 func (s *Store) DeleteGroup(ctx context.Context, group string) error {
 	if s.anchors != nil {
-		if err := s.anchors.awaitGone(ctx, group); err != nil {
+		if err := s.anchors.AwaitGone(ctx, group); err != nil {
 			return fmt.Errorf("kafkastore: delete group %q: %w", group, err)
 		}
 	}

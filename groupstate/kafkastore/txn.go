@@ -768,7 +768,7 @@ func (s *Store) produceTxn(ctx context.Context, tp *txnPart, recs []kmsg.Record)
 		// numbers: the broker recognizes it as a duplicate. On a lent
 		// client, so that the writes of other groups partitions, which
 		// go to the same leader, do not wait out this one's acks=all
-		// (clientpool.go); tp has one produce in flight at a time, so
+		// (internal/clientpool); tp has one produce in flight at a time, so
 		// its sequence numbers still arrive in order.
 		cl, put, err := s.lend(ctx)
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/clientpool"
 )
 
 // The transactional write path speaks the KIP-98 protocol as it was
@@ -142,21 +144,21 @@ func (s *Store) coordRequest(ctx context.Context, typ int8, key string, req kmsg
 }
 
 // lend returns a client for one request to a coordinator, on a
-// connection no other request waits on (clientpool.go), and the function
+// connection no other request waits on (internal/clientpool), and the function
 // that gives it back: one of the store's pooled clients, or the store's
 // own client when it has no pool or its pool closed (kproxy stopping).
 func (s *Store) lend(ctx context.Context) (*kgo.Client, func(), error) {
 	if s.reqs == nil {
 		return s.cl, func() {}, nil
 	}
-	cl, err := s.reqs.get(ctx)
-	if errors.Is(err, errClientPoolClosed) {
+	cl, err := s.reqs.Get(ctx)
+	if errors.Is(err, clientpool.ErrClosed) {
 		return s.cl, func() {}, nil
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	return cl, func() { s.reqs.put(cl) }, nil
+	return cl, func() { s.reqs.Put(cl) }, nil
 }
 
 // lent is a kmsg.Requestor sending each request (kgo routes it to its

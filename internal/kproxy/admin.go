@@ -49,8 +49,8 @@ func (w *Server) startAdmin(ctx context.Context) error {
 	if w.engine != nil {
 		w.tap.SetGroupSource(w.engine)
 	}
-	if w.forwarder != nil {
-		w.tap.SetForwardedSource(w.forwarder.list)
+	if w.coexist != nil {
+		w.tap.SetForwardedSource(w.coexist.Forwarded)
 	}
 	addr := w.cfg.AdminListen
 	if addr == "" {

@@ -150,6 +150,9 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	f.engine = eng
 	w.engine = eng
+	if w.coexist != nil {
+		w.coexist.AttachEngine(eng)
+	}
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
 
 	listen := fc.PeerListen
@@ -159,8 +162,8 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	// Kproxy messages from other kproxies, and for groups owned here.
 	messages := proxy.NewPeerMessages()
-	if w.watcher != nil {
-		messages.Handle(reportType, reportVersion, w.watcher.handleReport)
+	if w.coexist != nil {
+		w.coexist.RegisterMessages(messages)
 	}
 	if cfg.Groups.ServeShares {
 		// Share steps of members behind other kproxies (internal/shares).
@@ -266,9 +269,9 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 			return err
 		}
 	}
-	if w.watcher != nil {
-		w.watcher.id, w.watcher.send = f.id, router.SendPeer
-		w.startWatcher()
+	if w.coexist != nil {
+		w.coexist.JoinFleet(f.id, router.SendPeer)
+		w.startCoexist()
 	}
 	w.fleet = f
 	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fleetRole(fc))
@@ -279,10 +282,10 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 // takeover reports of kproxies of an earlier version are refused before
 // eng sees them (takeover_fleet.go).
 func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
-	if w.watcher == nil {
+	if w.coexist == nil {
 		return engineCoordinator{e: eng, gc: w.groupConfigs}
 	}
-	return legacyReportGuard{Coordinator: engineCoordinator{e: eng, gc: w.groupConfigs}}
+	return w.coexist.Guard(engineCoordinator{e: eng, gc: w.groupConfigs})
 }
 
 // lastOwner reports whether no other kproxy owns a partition in this

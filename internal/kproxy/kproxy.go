@@ -23,6 +23,7 @@ import (
 
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
@@ -207,12 +208,10 @@ type Server struct {
 	fleet        *fleetRuntime // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
-	// forwarder names the groups the cluster's coordinator serves (nil
-	// with anchors off or groups forwarded); immutable after wiring.
-	forwarder *forwardSet
-	// watcher watches what the forwarder forwards and takes groups over
-	// (takeover.go); set with forwarder.
-	watcher       *forwardWatcher
+	// coexist is the coexistence with the cluster's coordinator:
+	// anchors, forwarding, takeover (nil with anchors off or groups
+	// forwarded); immutable after wiring.
+	coexist       *coexist.Coexist
 	meterProvider metric.MeterProvider
 	events        []func(groupstate.Event)
 	proxy         *proxy.Proxy
@@ -260,8 +259,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.shareService != nil {
 		pcfg.Shares = s.shareService
 	}
-	if s.watcher != nil {
-		pcfg.Forwarder = s.watcher
+	if s.coexist != nil {
+		pcfg.Forwarder = s.coexist.Forwarder()
 	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
@@ -356,8 +355,11 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, w.groupSettings.engineError(err)
 	}
 	w.engine = eng
+	if w.coexist != nil {
+		w.coexist.AttachEngine(eng)
+	}
 	w.coordinator = engineCoordinator{e: eng, gc: w.groupConfigs}
-	w.startWatcher()
+	w.startCoexist()
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
 	if cfg.Groups.ServeShares {
@@ -411,18 +413,14 @@ func clusterLacksShares(ctx context.Context, cl *kgo.Client) (bool, error) {
 	return true, nil
 }
 
-// startWatcher starts the takeover loop of the forward watcher, if
-// there is one (takeover.go), once wiring set it up.
-func (w *Server) startWatcher() {
-	if w.watcher == nil {
+// startCoexist starts the takeover loop of the coexistence with the
+// cluster's coordinator, if there is one, once wiring set it up.
+func (w *Server) startCoexist() {
+	if w.coexist == nil {
 		return
 	}
-	if w.engine != nil {
-		w.watcher.consumerRecord = w.engine.ConsumerTakeoverRecord
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	go w.watcher.run(ctx)
-	w.closers = append(w.closers, func(context.Context) error { stop(); return nil })
+	w.coexist.Start()
+	w.closers = append(w.closers, func(context.Context) error { w.coexist.Stop(); return nil })
 }
 
 // publish fans an engine event out to the sinks registered at wiring
@@ -534,31 +532,22 @@ func (w *Server) close(ctx context.Context) error {
 }
 
 // enableAnchors turns on the anchors of store and the per-group
-// forwarding that goes with them (docs/anchors.md), unless disabled. An
-// anchor lost (another kproxy's replaced it, or the cluster serves the
-// group itself) unloads its group here; in local mode its clients are
-// then sent to the cluster's coordinator. leaveOnClose, asked when
-// kproxy stops, makes the anchors leave their groups then: in local
-// mode always (nobody takes them over), in a fleet when no other owner
-// is left to replace them (the last kproxy of the fleet stops: the
-// application's members go on on the brokers at once, without waiting
-// for the anchors' sessions to expire).
-//
-// owns says which groups this kproxy serves (nil: all, local mode): a
-// forwarded group is taken over (takeover.go) by its owner.
+// forwarding that goes with them (package coexist, docs/anchors.md),
+// unless disabled. leaveOnClose, asked when kproxy stops, makes the
+// anchors leave their groups then: in local mode always (nobody takes
+// them over), in a fleet when no other owner is left to replace them
+// (the last kproxy of the fleet stops: the application's members go on
+// on the brokers at once, without waiting for the anchors' sessions to
+// expire). owns says which groups this kproxy serves (nil: all, local
+// mode).
 func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose func() bool, owns func(string) bool) {
 	ac := cfg.Groups.Anchors
 	if ac.Disabled {
 		return
 	}
-	instance := kafkastore.DefaultAnchorInstanceID
-	if cfg.Groups.Fleet.Name != "" {
-		instance += "." + cfg.Groups.Fleet.Name
-	}
-	fw := newForwardSet(store)
-	log := w.log.With("component", "anchors")
-	store.EnableAnchors(kafkastore.AnchorOptions{
-		InstanceID:        instance,
+	c := coexist.Enable(coexist.Config{
+		Store:             store,
+		FleetName:         cfg.Groups.Fleet.Name,
 		SessionTimeout:    ac.SessionTimeout,
 		HeartbeatInterval: ac.HeartbeatInterval,
 		// Each join and sync on a client of its own: one the cluster
@@ -566,51 +555,16 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 		// waiting for the cluster's members) holds up no other.
 		NewClient:   func() (*kgo.Client, error) { return kgo.NewClient(w.upstreamOpts...) },
 		JoinClients: ac.JoinClients,
-		MemberHeartbeatInterval: func() time.Duration {
-			if eng := w.engine; eng != nil {
-				return eng.ConsumerHeartbeatInterval()
-			}
-			return 0
-		},
-		OnLost: func(group string, why kafkastore.AnchorLoss) {
-			if why == kafkastore.AnchorLiveOnCluster || why == kafkastore.AnchorHandedBack || cfg.Groups.Mode == GroupsLocal {
-				fw.mark(group)
-			}
-			if eng := w.engine; eng != nil {
-				eng.Unload(func(g string) bool { return g == group })
-			}
-			log.Info("group handed to the cluster's coordinator", "group", group, "why", why.String())
-		},
-		OnHandBack: func(group string) (time.Duration, bool) {
-			eng := w.engine
-			if eng == nil {
-				return 0, false
-			}
-			// Forwarding first: the members' JoinGroups after the
-			// engine's REBALANCE_IN_PROGRESS go to the cluster.
-			fw.handBack(group)
-			wait, ok := eng.HandBack(group)
-			if !ok {
-				fw.set(group, forwardEntry{at: time.Now()})
-				return 0, false
-			}
-			log.Info("a member reached the cluster's group directly: handing the group back", "group", group)
-			return wait, true
-		},
-		OnLive: func(group string) {
-			if !fw.Forwarded(group) {
-				log.Info("group live on the cluster's coordinator: forwarded to it", "group", group)
-			}
-			fw.mark(group)
-		},
+		Local:       cfg.Groups.Mode == GroupsLocal,
+		Owns:        owns,
+		Logger:      w.log.With("component", "anchors"),
 	})
-	w.forwarder = fw
-	w.watcher = newForwardWatcher(fw, store, owns, log)
+	w.coexist = c
 	// Runs before the upstream client closes (closers run in reverse).
 	w.closers = append(w.closers, func(ctx context.Context) error {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		store.CloseAnchors(lctx, leaveOnClose())
+		c.CloseAnchors(lctx, leaveOnClose())
 		return nil
 	})
 }

@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/tap"
 )
 
@@ -43,10 +42,10 @@ type forwardSet struct {
 	forwarded atomic.Int64
 }
 
-// clusterView is what the forwardSet asks the cluster; *kafkastore.Store
+// clusterView is what the forwardSet asks the cluster; *Anchors
 // implements it.
 type clusterView interface {
-	DescribeOnCluster(ctx context.Context, group string) (kafkastore.ClusterGroup, error)
+	DescribeOnCluster(ctx context.Context, group string) (ClusterGroup, error)
 	GroupCoordinator(ctx context.Context, group string) (int32, error)
 }
 

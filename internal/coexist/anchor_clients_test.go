@@ -1,4 +1,4 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
 )
 
@@ -22,7 +23,7 @@ import (
 // anchor's join into another group must not wait for it. On the store's
 // own client both go on one connection, which the broker serves one
 // request at a time: the shared case shows the wait, the pooled one
-// that it is gone (clientpool.go).
+// that it is gone (internal/clientpool).
 func TestAnchorJoinHeldHoldsUpNoOther(t *testing.T) {
 	const hold = 6 * time.Second // the rebalance timeout of every member
 	for _, pooled := range []bool{false, true} {
@@ -30,14 +31,13 @@ func TestAnchorJoinHeldHoldsUpNoOther(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			newClient := newKfakeClient(t)
-			store := New(newClient())
+			store := kafkastore.New(newClient())
 			o := AnchorOptions{SessionTimeout: 30 * time.Second, RebalanceTimeout: 30 * time.Second}
 			if pooled {
 				o.NewClient = func() (*kgo.Client, error) { return newClient(), nil }
 			}
-			store.EnableAnchors(o)
-			t.Cleanup(func() { store.CloseAnchors(context.Background(), false) })
-			as := store.anchors
+			as := EnableAnchors(store, o)
+			t.Cleanup(func() { as.Close(context.Background(), false) })
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 
@@ -98,10 +98,29 @@ func TestAnchorJoinHeldHoldsUpNoOther(t *testing.T) {
 			if !pooled && took < hold/2 {
 				t.Fatalf("on one client the second join took %v: the broker no longer serializes a connection's requests, the pool may be moot", took)
 			}
-			if pooled && as.joins.made() != 2 {
-				t.Fatalf("the pool made %d clients for two joins at once, want 2", as.joins.made())
+			if pooled && as.joins.Made() != 2 {
+				t.Fatalf("the pool made %d clients for two joins at once, want 2", as.joins.Made())
 			}
 		})
+	}
+}
+
+// newKfakeClient starts a one-broker kfake cluster and returns a maker
+// of clients of it.
+func newKfakeClient(t testing.TB) func() *kgo.Client {
+	t.Helper()
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(cluster.Close)
+	return func() *kgo.Client {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+		if err != nil {
+			t.Fatalf("kgo: %v", err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
 	}
 }
 
@@ -164,7 +183,7 @@ func (c *gatedConn) Write(b []byte) (int, error) {
 
 // TestCommitWaitsOnNoOtherGroupsCommit: a commit of one group must not
 // wait for the answer to another group's commit, as directly, where
-// each member has a connection of its own (clientpool.go). The shared
+// each member has a connection of its own (internal/clientpool). The shared
 // case shows the wait on the store's one client; the pooled case that
 // it is gone.
 func TestCommitWaitsOnNoOtherGroupsCommit(t *testing.T) {
@@ -192,13 +211,13 @@ func TestCommitWaitsOnNoOtherGroupsCommit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			store := New(cl)
+			store := kafkastore.New(cl)
 			o := AnchorOptions{}
 			if pooled {
 				o.NewClient = newClient
 			}
-			store.EnableAnchors(o)
-			t.Cleanup(func() { store.CloseAnchors(context.Background(), false) })
+			as := EnableAnchors(store, o)
+			t.Cleanup(func() { as.Close(context.Background(), false) })
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			commit := func(ctx context.Context, group string, offset int64) error {

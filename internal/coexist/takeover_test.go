@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
 )
 
@@ -22,7 +21,7 @@ import (
 type fakeTakeoverStore struct {
 	mu       sync.Mutex
 	group    kmsg.DescribeGroupsResponseGroup
-	prepared map[string][]kafkastore.TakeoverMember
+	prepared map[string][]TakeoverMember
 	records  map[string][]byte
 	ready    map[string]bool
 }
@@ -33,7 +32,7 @@ func (s *fakeTakeoverStore) DescribeClassicGroup(context.Context, string) (kmsg.
 	return s.group, nil
 }
 
-func (s *fakeTakeoverStore) PrepareTakeover(group string, rec []byte, members []kafkastore.TakeoverMember) error {
+func (s *fakeTakeoverStore) PrepareTakeover(group string, rec []byte, members []TakeoverMember) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.prepared[group], s.records[group] = members, rec
@@ -48,7 +47,7 @@ func (s *fakeTakeoverStore) TakeoverReady(group string) {
 
 func newTestWatcher(t *testing.T, owns func(string) bool) (*forwardWatcher, *fakeTakeoverStore) {
 	t.Helper()
-	st := &fakeTakeoverStore{prepared: map[string][]kafkastore.TakeoverMember{}, records: map[string][]byte{}, ready: map[string]bool{}}
+	st := &fakeTakeoverStore{prepared: map[string][]TakeoverMember{}, records: map[string][]byte{}, ready: map[string]bool{}}
 	fw := newForwardSet(nil)
 	fw.mark("g")
 	w := newForwardWatcher(fw, st, owns, slog.New(slog.NewTextHandler(io.Discard, nil)))

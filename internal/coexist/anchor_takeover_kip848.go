@@ -1,4 +1,4 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 )
 
 // Takeover of a forwarded KIP-848 group (docs/anchors.md, "Rolling
-// kproxy in"). As for a classic group (takeover.go) the engine is handed
+// kproxy in"). As for a classic group (anchor_takeover.go) the engine is handed
 // the group as the cluster holds it (a consumer group record:
 // groupstate.Engine.ConsumerTakeoverRecord) and its members' requests
 // stop being forwarded; the anchor's first join then takes their place.
@@ -32,14 +32,14 @@ import (
 // PrepareConsumerTakeover is PrepareTakeover for a KIP-848 group:
 // record is a consumer group record, and the anchor's first join takes
 // members out of the cluster's group before it joins.
-func (s *Store) PrepareConsumerTakeover(group string, record []byte, members []TakeoverMember) error {
-	return s.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{}), consumer: true})
+func (as *Anchors) PrepareConsumerTakeover(group string, record []byte, members []TakeoverMember) error {
+	return as.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{}), consumer: true})
 }
 
 // DescribeConsumerGroup returns what the cluster's coordinator answers
 // ConsumerGroupDescribe for group.
-func (s *Store) DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
-	return describeAnchored(s, group, func(as *anchorSet) (kmsg.ConsumerGroupDescribeResponseGroup, bool, error) {
+func (as *Anchors) DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
+	return describeAnchored(as, group, func(as *Anchors) (kmsg.ConsumerGroupDescribeResponseGroup, bool, error) {
 		return describeOne(ctx, as, group, &kmsg.ConsumerGroupDescribeRequest{Groups: []string{group}},
 			func(r *kmsg.ConsumerGroupDescribeResponse) []kmsg.ConsumerGroupDescribeResponseGroup { return r.Groups },
 			func(g kmsg.ConsumerGroupDescribeResponseGroup) int16 { return g.ErrorCode })
@@ -49,7 +49,7 @@ func (s *Store) DescribeConsumerGroup(ctx context.Context, group string) (kmsg.C
 // joinAfterLeaving completes a KIP-848 takeover: once no member request
 // is on its way to the cluster (plan.ready), the members leave the
 // cluster's group, then the anchor's JoinGroup req goes out.
-func (as *anchorSet) joinAfterLeaving(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
+func (as *Anchors) joinAfterLeaving(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
 	if err := as.awaitTakeoverReady(ctx, a, plan); err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (as *anchorSet) joinAfterLeaving(ctx context.Context, a *anchor, plan *take
 // not remove. A member the cluster no longer has is gone already; any
 // other failure is logged: the anchor's join then finds the group not
 // empty and hands it back (join).
-func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, members []TakeoverMember) {
+func (as *Anchors) removeConsumerMembers(ctx context.Context, group string, members []TakeoverMember) {
 	leave := kmsg.NewPtrLeaveGroupRequest()
 	leave.Group = group
 	reason := "taken over by kproxy"
@@ -74,7 +74,7 @@ func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, me
 	left := make(map[string]bool)
 	resp, err := as.request(ctx, group, leave, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
 	if err != nil {
-		as.s.log.Info("kafkastore: takeover: the members' LeaveGroup failed; they leave one by one", "group", group, "err", err)
+		as.log.Info("takeover: the members' LeaveGroup failed; they leave one by one", "group", group, "err", err)
 	} else {
 		for _, m := range resp.(*kmsg.LeaveGroupResponse).Members {
 			if m.ErrorCode == 0 {
@@ -91,11 +91,11 @@ func (as *anchorSet) removeConsumerMembers(ctx context.Context, group string, me
 		resp, err := as.request(ctx, group, hb, func(r kmsg.Response) int16 { return r.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode })
 		switch {
 		case err != nil:
-			as.s.log.Warn("kafkastore: takeover: a member's leave failed", "group", group, "member", m.MemberID, "err", err)
+			as.log.Warn("takeover: a member's leave failed", "group", group, "member", m.MemberID, "err", err)
 		case resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode == kerr.UnknownMemberID.Code:
 			// Gone already.
 		case resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode != 0:
-			as.s.log.Warn("kafkastore: takeover: a member's leave was refused", "group", group, "member", m.MemberID,
+			as.log.Warn("takeover: a member's leave was refused", "group", group, "member", m.MemberID,
 				"err", kerr.ErrorForCode(resp.(*kmsg.ConsumerGroupHeartbeatResponse).ErrorCode))
 		}
 	}
@@ -113,7 +113,7 @@ const handBackSlack = time.Second
 
 // memberHeartbeatInterval is AnchorOptions.MemberHeartbeatInterval, 5s
 // when unset.
-func (as *anchorSet) memberHeartbeatInterval() time.Duration {
+func (as *Anchors) memberHeartbeatInterval() time.Duration {
 	if f := as.opts.MemberHeartbeatInterval; f != nil {
 		if d := f(); d > 0 {
 			return d
@@ -145,8 +145,8 @@ func (as *anchorSet) memberHeartbeatInterval() time.Duration {
 // heartbeat interval after the unload every one of kproxy's members
 // that can reach the cluster was told, and dropped its partitions,
 // whoever the members counted are); or after handBackWait.
-func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID string) bool {
-	d, err := as.s.DescribeConsumerGroup(ctx, a.group)
+func (as *Anchors) handBackConsumer(ctx context.Context, a *anchor, memberID string) bool {
+	d, err := as.DescribeConsumerGroup(ctx, a.group)
 	if err != nil || d.ErrorCode != 0 {
 		return false
 	}
@@ -162,7 +162,7 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 	a.mu.Lock()
 	ids := a.want.MemberIDs
 	a.mu.Unlock()
-	as.s.log.Warn("kafkastore: a member reached the cluster's group directly; handing the KIP-848 group back once kproxy's members rejoined there",
+	as.log.Warn("a member reached the cluster's group directly; handing the KIP-848 group back once kproxy's members rejoined there",
 		"group", a.group, "direct_members", len(direct), "kproxy_members", len(ids))
 	as.lose(a, AnchorLiveOnCluster)
 	began := time.Now()
@@ -171,7 +171,7 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 	for time.Since(began) < handBackWait && ctx.Err() == nil && back < len(ids) &&
 		(joined < len(ids) || time.Since(began) < told) {
 		time.Sleep(200 * time.Millisecond)
-		d, err := as.s.DescribeConsumerGroup(ctx, a.group)
+		d, err := as.DescribeConsumerGroup(ctx, a.group)
 		if err != nil || d.ErrorCode != 0 {
 			continue
 		}
@@ -187,9 +187,9 @@ func (as *anchorSet) handBackConsumer(ctx context.Context, a *anchor, memberID s
 		}
 	}
 	if err := as.leave(ctx, a.group, memberID); err != nil {
-		as.s.log.Warn("kafkastore: the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
+		as.log.Warn("the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
 	}
-	as.s.log.Info("kafkastore: KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
+	as.log.Info("KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
 		"members_joined", joined, "of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
 	return true
 }

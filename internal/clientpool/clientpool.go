@@ -1,4 +1,8 @@
-package kafkastore
+// Package clientpool lends kgo clients of the cluster to exchanges that
+// must not wait behind each other on one connection: the store's
+// requests to group coordinators (groupstate/kafkastore) and the
+// anchors' joins (internal/coexist).
+package clientpool
 
 import (
 	"context"
@@ -35,11 +39,11 @@ import (
 // behind another. Joins and the short requests have pools of their own,
 // so that joins the cluster holds never use up the clients commits need.
 
-// clientPool lends kgo clients to exchanges with the cluster, one
+// Pool lends kgo clients to exchanges with the cluster, one
 // exchange per client at a time. Clients are made on demand, up to the
 // pool's size, and kept: an idle one costs a metadata refresh every few
 // minutes, its connections close by themselves when idle.
-type clientPool struct {
+type Pool struct {
 	what      string                      // immutable: what the clients are for, in errors
 	newClient func() (*kgo.Client, error) // immutable
 	// slots bounds the clients lent at once; a lease holds one slot.
@@ -51,17 +55,18 @@ type clientPool struct {
 	closed bool
 }
 
-// newClientPool makes a pool of at most size clients from newClient,
-// for what (in errors).
-func newClientPool(what string, size int, newClient func() (*kgo.Client, error)) *clientPool {
-	return &clientPool{what: what, newClient: newClient, slots: make(chan struct{}, size)}
+// New makes a pool of at most size clients from newClient, for what
+// (in errors).
+func New(what string, size int, newClient func() (*kgo.Client, error)) *Pool {
+	return &Pool{what: what, newClient: newClient, slots: make(chan struct{}, size)}
 }
 
-var errClientPoolClosed = errors.New("kafkastore: the store's pooled clients are closed")
+// ErrClosed is Get's error once the pool closed.
+var ErrClosed = errors.New("the pooled clients are closed")
 
-// get lends a client until put: a free one, else a new one; it waits
+// Get lends a client until Put: a free one, else a new one; it waits
 // while every slot is lent.
-func (p *clientPool) get(ctx context.Context) (*kgo.Client, error) {
+func (p *Pool) Get(ctx context.Context) (*kgo.Client, error) {
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -71,7 +76,7 @@ func (p *clientPool) get(ctx context.Context) (*kgo.Client, error) {
 	if p.closed {
 		p.mu.Unlock()
 		<-p.slots
-		return nil, errClientPoolClosed
+		return nil, ErrClosed
 	}
 	if n := len(p.free); n > 0 {
 		cl := p.free[n-1]
@@ -83,22 +88,22 @@ func (p *clientPool) get(ctx context.Context) (*kgo.Client, error) {
 	cl, err := p.newClient()
 	if err != nil {
 		<-p.slots
-		return nil, fmt.Errorf("kafkastore: a client for %s: %w", p.what, err)
+		return nil, fmt.Errorf("a client for %s: %w", p.what, err)
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		cl.Close()
 		<-p.slots
-		return nil, errClientPoolClosed
+		return nil, ErrClosed
 	}
 	p.all = append(p.all, cl)
 	p.mu.Unlock()
 	return cl, nil
 }
 
-// put gives back a client get lent.
-func (p *clientPool) put(cl *kgo.Client) {
+// Put gives back a client Get lent.
+func (p *Pool) Put(cl *kgo.Client) {
 	p.mu.Lock()
 	if !p.closed {
 		p.free = append(p.free, cl)
@@ -107,16 +112,16 @@ func (p *clientPool) put(cl *kgo.Client) {
 	<-p.slots
 }
 
-// made is how many clients the pool made.
-func (p *clientPool) made() int {
+// Made is how many clients the pool made.
+func (p *Pool) Made() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.all)
 }
 
-// close closes every client made; later gets fail. Exchanges on a lent
+// Close closes every client made; later Gets fail. Exchanges on a lent
 // client fail with it.
-func (p *clientPool) close() {
+func (p *Pool) Close() {
 	p.mu.Lock()
 	all := p.all
 	p.all, p.free, p.closed = nil, nil, true

@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
 	"github.com/kproxy/kproxy/proxy"
 )
@@ -24,10 +23,10 @@ import (
 // members are behind it, at which generation, with which subscriptions
 // and timeouts. Once the cluster's group is Stable and every one of its
 // members is one of those, the group's owner hands it to the engine as
-// the cluster holds it (kafkastore.Store.PrepareTakeover), stops
+// the cluster holds it (Anchors.PrepareTakeover, anchor_takeover.go), stops
 // forwarding it, waits for the requests still on their way to the
 // cluster, and lets the anchor take the members' place in the cluster's
-// group (kafkastore.Store.TakeoverReady). The members' next heartbeat is
+// group (Anchors.TakeoverReady). The members' next heartbeat is
 // answered by the engine at the same generation: no rebalance.
 //
 // In a fleet each kproxy sees only its own members' requests: the others
@@ -141,10 +140,10 @@ type forwardWatcher struct {
 }
 
 // takeoverStore is what a takeover asks of the store;
-// *kafkastore.Store implements it.
+// *Anchors implements it.
 type takeoverStore interface {
 	DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error)
-	PrepareTakeover(group string, record []byte, members []kafkastore.TakeoverMember) error
+	PrepareTakeover(group string, record []byte, members []TakeoverMember) error
 	TakeoverReady(group string)
 }
 
@@ -593,14 +592,14 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 	}
 	var rec []byte
 	var gen int32
-	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) ([]kafkastore.TakeoverMember, string) {
+	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) ([]TakeoverMember, string) {
 		r, members, g, ok := takeoverRecord(d, all)
 		if !ok {
 			return nil, "the cluster's members differ from those known here (ids, protocol or generation): " + describeMembers(all)
 		}
 		rec, gen = r, g
 		return members, ""
-	}, func(members []kafkastore.TakeoverMember) error {
+	}, func(members []TakeoverMember) error {
 		return w.store.PrepareTakeover(group, rec, members)
 	})
 	if rel == nil || err != nil {
@@ -618,7 +617,7 @@ func (w *forwardWatcher) tryTakeover(ctx context.Context, group string) error {
 // replaces; prepare then hands the group to the engine (the store's
 // Prepare*Takeover), and forwarding stops while the members' requests on
 // their way drain (startRelease). rel is nil when nothing was taken over.
-func (w *forwardWatcher) takeOver(group string, n int, match func(all map[string]*watchedMember) (members []kafkastore.TakeoverMember, why string), prepare func([]kafkastore.TakeoverMember) error) (rel *release, err error) {
+func (w *forwardWatcher) takeOver(group string, n int, match func(all map[string]*watchedMember) (members []TakeoverMember, why string), prepare func([]TakeoverMember) error) (rel *release, err error) {
 	now := time.Now()
 	w.mu.Lock()
 	all, ok := w.mergedLocked(group, now)
@@ -710,7 +709,7 @@ func (w *forwardWatcher) finishReleases() {
 
 // takeoverRecord builds the group record of the cluster's group d, whose
 // members watched describes; ok is false when they do not match.
-func takeoverRecord(d kmsg.DescribeGroupsResponseGroup, watched map[string]*watchedMember) (rec []byte, members []kafkastore.TakeoverMember, gen int32, ok bool) {
+func takeoverRecord(d kmsg.DescribeGroupsResponseGroup, watched map[string]*watchedMember) (rec []byte, members []TakeoverMember, gen int32, ok bool) {
 	v := kmsg.NewGroupMetadataValue()
 	v.Version = 3
 	v.ProtocolType = d.ProtocolType
@@ -751,7 +750,7 @@ func takeoverRecord(d kmsg.DescribeGroupsResponseGroup, watched map[string]*watc
 			vm.Assignment = []byte{}
 		}
 		v.Members = append(v.Members, vm)
-		members = append(members, kafkastore.TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(m.instanceID)})
+		members = append(members, TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(m.instanceID)})
 	}
 	if len(v.Members) == 0 {
 		return nil, nil, 0, false

@@ -1,4 +1,4 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
@@ -44,8 +44,8 @@ type handback struct {
 // a hand-back waits for the members.
 const handbackCheckEvery = 250 * time.Millisecond
 
-// clusterView is who the cluster's group holds besides the anchor.
-type clusterView struct {
+// memberView is who the cluster's group holds besides the anchor.
+type memberView struct {
 	others   int             // members other than the anchor
 	dynamic  int             // of those, members without an instance id
 	static   map[string]bool // the others' instance ids
@@ -54,8 +54,8 @@ type clusterView struct {
 
 // clusterMembers describes group on the cluster: who it holds besides
 // the anchor.
-func (as *anchorSet) clusterMembers(ctx context.Context, group string) (clusterView, error) {
-	var v clusterView
+func (as *Anchors) clusterMembers(ctx context.Context, group string) (memberView, error) {
+	var v memberView
 	g, found, err := as.describeGroup(ctx, group)
 	if err != nil {
 		return v, err
@@ -82,10 +82,10 @@ func (as *anchorSet) clusterMembers(ctx context.Context, group string) (clusterV
 	return v, nil
 }
 
-// joinView is the clusterView of a JoinGroup answer to the anchor as
+// joinView is the memberView of a JoinGroup answer to the anchor as
 // the group's leader (its member list).
-func (as *anchorSet) joinView(jr *kmsg.JoinGroupResponse) clusterView {
-	v := clusterView{static: make(map[string]bool)}
+func (as *Anchors) joinView(jr *kmsg.JoinGroupResponse) memberView {
+	v := memberView{static: make(map[string]bool)}
 	for _, m := range jr.Members {
 		switch {
 		case m.MemberID == jr.MemberID || m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID:
@@ -107,7 +107,7 @@ func (as *anchorSet) joinView(jr *kmsg.JoinGroupResponse) clusterView {
 // id there while kproxy still lists it, until its session ends: franz-go
 // and Java static members do not leave when they stop), and as many
 // members without one as the cluster had plus kproxy's dynamic members.
-func (hb *handback) arrived(v clusterView) bool {
+func (hb *handback) arrived(v memberView) bool {
 	for _, id := range hb.static {
 		if !v.static[id] {
 			return false
@@ -121,7 +121,7 @@ func (hb *handback) arrived(v clusterView) bool {
 // cluster's group and the engine can hand the group back, the hand-back
 // begins; otherwise the anchor rejoins.
 // During a hand-back it decides whether the anchor leaves now.
-func (as *anchorSet) checkHandback(a *anchor) error {
+func (as *Anchors) checkHandback(a *anchor) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	v, err := as.clusterMembers(ctx, a.group)
@@ -157,7 +157,7 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 		return nil // members still on their way
 	}
 	if err == nil && anchored && !hb.arrived(v) {
-		as.s.log.Warn("kafkastore: hand-back: not every member of kproxy's group reached the cluster's in time; the anchor leaves anyway",
+		as.log.Warn("hand-back: not every member of kproxy's group reached the cluster's in time; the anchor leaves anyway",
 			"group", a.group, "members", others, "static_expected", hb.static, "dynamic_expected", hb.dynamic, "waited", now.Sub(hb.since))
 	}
 	a.mu.Lock()
@@ -175,7 +175,7 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 	a.state, a.memberID, a.gen, a.handback = anchorOut, "", 0, nil
 	a.broadcastLocked()
 	a.mu.Unlock()
-	as.s.log.Info("kafkastore: group handed back to the cluster's coordinator", "group", a.group,
+	as.log.Info("group handed back to the cluster's coordinator", "group", a.group,
 		"members", others, "took", now.Sub(hb.since))
 	as.lose(a, AnchorHandedBack)
 	return nil
@@ -184,16 +184,16 @@ func (as *anchorSet) checkHandback(a *anchor) error {
 // handsBack reports whether a member of the cluster's own in a's group
 // may make the anchor hand it back (a.mu held). The members a takeover
 // replaced are not: the anchor's join that completes a takeover answers
-// once they left (takeover.go), and is never one that begins a
+// once they left (anchor_takeover.go), and is never one that begins a
 // hand-back.
-func (as *anchorSet) handsBack(a *anchor) bool {
+func (as *Anchors) handsBack(a *anchor) bool {
 	return as.opts.OnHandBack != nil && a.want.Members > 0
 }
 
 // beginHandback asks the engine to hand a's group back, the cluster's
 // group holding v besides the anchor, and reports whether it does: the
 // anchor then waits for the engine's members there.
-func (as *anchorSet) beginHandback(a *anchor, v clusterView) bool {
+func (as *Anchors) beginHandback(a *anchor, v memberView) bool {
 	a.mu.Lock()
 	members, static := a.want.Members, slices.Clone(a.want.InstanceIDs)
 	a.mu.Unlock()
@@ -208,7 +208,7 @@ func (as *anchorSet) beginHandback(a *anchor, v clusterView) bool {
 		deadline: now.Add(wait), nextCheck: now.Add(handbackCheckEvery)}
 	a.broadcastLocked()
 	a.mu.Unlock()
-	as.s.log.Info("kafkastore: a member reached the cluster's group directly: handing the group back to the cluster's coordinator",
+	as.log.Info("a member reached the cluster's group directly: handing the group back to the cluster's coordinator",
 		"group", a.group, "direct_members", v.others, "kproxy_members", members, "kproxy_static", len(static), "wait_at_most", wait)
 	return true
 }

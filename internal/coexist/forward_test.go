@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
 // TestForwardSetCounts: Forwarded answers from the decisions recorded,
@@ -33,11 +31,11 @@ func TestForwardSetCounts(t *testing.T) {
 // fakeCluster is a clusterView whose answers a test sets.
 type fakeCluster struct {
 	mu     sync.Mutex
-	groups map[string]kafkastore.ClusterGroup
+	groups map[string]ClusterGroup
 	asked  int
 }
 
-func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (kafkastore.ClusterGroup, error) {
+func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (ClusterGroup, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.asked++
@@ -53,7 +51,7 @@ func (c *fakeCluster) GroupCoordinator(context.Context, string) (int32, error) {
 // FindCoordinator keeps naming kproxy); the kind shows in the list.
 func TestForwardSetKinds(t *testing.T) {
 	ctx := context.Background()
-	c := &fakeCluster{groups: map[string]kafkastore.ClusterGroup{
+	c := &fakeCluster{groups: map[string]ClusterGroup{
 		"sh":       {Kind: "share"},
 		"st":       {Kind: "streams", Members: true},
 		"mine":     {Kind: "classic", Members: true, Anchored: true},
@@ -146,7 +144,7 @@ func TestForwardSetKinds(t *testing.T) {
 // anchor left, everything is forwarded.
 func TestForwardSetHandBack(t *testing.T) {
 	ctx := context.Background()
-	c := &fakeCluster{groups: map[string]kafkastore.ClusterGroup{
+	c := &fakeCluster{groups: map[string]ClusterGroup{
 		"g": {Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"direct-1"}},
 	}}
 	f := newForwardSet(c)
@@ -217,19 +215,19 @@ func TestForwardSetHandBack(t *testing.T) {
 // a hand-back, members without the anchor (handed back) are forwarded.
 func TestForwardSetTakeoverHold(t *testing.T) {
 	ctx := context.Background()
-	c := &fakeCluster{groups: map[string]kafkastore.ClusterGroup{}}
+	c := &fakeCluster{groups: map[string]ClusterGroup{}}
 	f := newForwardSet(c)
 	f.takeOver("g", []string{"m1", "m2"})
 	for _, step := range []struct {
 		what              string
-		cluster           kafkastore.ClusterGroup
+		cluster           ClusterGroup
 		forward, handback bool
 	}{
-		{"members still there, anchor not yet", kafkastore.ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"m1", "m2"}}, false, false},
-		{"anchor joining, one member left", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"m2"}}, false, false},
-		{"anchor alone", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true}, false, false},
-		{"a member joined directly", kafkastore.ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"d"}}, false, true},
-		{"handed back", kafkastore.ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"d", "m1-new"}}, true, false},
+		{"members still there, anchor not yet", ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"m1", "m2"}}, false, false},
+		{"anchor joining, one member left", ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"m2"}}, false, false},
+		{"anchor alone", ClusterGroup{Kind: "classic", Members: true, Anchored: true}, false, false},
+		{"a member joined directly", ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"d"}}, false, true},
+		{"handed back", ClusterGroup{Kind: "classic", Members: true, MemberIDs: []string{"d", "m1-new"}}, true, false},
 	} {
 		c.mu.Lock()
 		c.groups["g"] = step.cluster

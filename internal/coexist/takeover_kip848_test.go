@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/proxy"
 )
 
@@ -18,7 +17,7 @@ import (
 type fakeConsumerStore struct {
 	*fakeTakeoverStore
 	consumer kmsg.ConsumerGroupDescribeResponseGroup
-	kip848   map[string][]kafkastore.TakeoverMember
+	kip848   map[string][]TakeoverMember
 }
 
 func (s *fakeConsumerStore) DescribeConsumerGroup(context.Context, string) (kmsg.ConsumerGroupDescribeResponseGroup, error) {
@@ -27,7 +26,7 @@ func (s *fakeConsumerStore) DescribeConsumerGroup(context.Context, string) (kmsg
 	return s.consumer, nil
 }
 
-func (s *fakeConsumerStore) PrepareConsumerTakeover(group string, rec []byte, members []kafkastore.TakeoverMember) error {
+func (s *fakeConsumerStore) PrepareConsumerTakeover(group string, rec []byte, members []TakeoverMember) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.kip848[group], s.records[group] = members, rec
@@ -81,7 +80,7 @@ func described848(epoch int32, members map[string][]int32, target map[string][]i
 func TestTakeoverKIP848Local(t *testing.T) {
 	ctx := context.Background()
 	w, base := newTestWatcher(t, nil)
-	st := &fakeConsumerStore{fakeTakeoverStore: base, kip848: map[string][]kafkastore.TakeoverMember{}}
+	st := &fakeConsumerStore{fakeTakeoverStore: base, kip848: map[string][]TakeoverMember{}}
 	w.store = st
 	var got groupstate.ConsumerTakeover
 	w.consumerRecord = func(tk groupstate.ConsumerTakeover) ([]byte, error) { got = tk; return []byte("rec"), nil }

@@ -1,8 +1,7 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -31,7 +30,7 @@ type TakeoverMember struct {
 }
 
 // takeoverPlan is a pending takeover. Immutable but for ready, closed
-// once by TakeoverReady, and loaded, guarded by the anchorSet's mu.
+// once by TakeoverReady, and loaded, guarded by the Anchors's mu.
 type takeoverPlan struct {
 	record  []byte
 	members []TakeoverMember
@@ -40,7 +39,7 @@ type takeoverPlan struct {
 	// loaded is set once a load returned record: a later load (the
 	// group unloaded meanwhile) asks the cluster as usual.
 	loaded bool
-	// consumer marks a KIP-848 group's takeover (takeover_kip848.go):
+	// consumer marks a KIP-848 group's takeover (anchor_takeover_kip848.go):
 	// the members leave before the anchor joins. Set before the plan is
 	// published, immutable after.
 	consumer bool
@@ -61,21 +60,18 @@ const takeoverTTL = time.Minute
 // members' heartbeat intervals.
 const leaveDelay = 300 * time.Millisecond
 
-// PrepareTakeover makes the next load of group (LoadGroupMetadata)
+// PrepareTakeover makes the next load of group (the store's
+// LoadGroupMetadata, through CheckLoad)
 // return record, a classic group record (kmsg.GroupMetadataValue) of
 // the group as the cluster holds it, and the group's anchor, on its
 // first join, take members out of the cluster's group. It replaces a
 // pending takeover of the group.
-func (s *Store) PrepareTakeover(group string, record []byte, members []TakeoverMember) error {
-	return s.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{})})
+func (as *Anchors) PrepareTakeover(group string, record []byte, members []TakeoverMember) error {
+	return as.prepareTakeover(group, &takeoverPlan{record: record, members: members, ready: make(chan struct{})})
 }
 
 // prepareTakeover publishes plan as group's pending takeover.
-func (s *Store) prepareTakeover(group string, plan *takeoverPlan) error {
-	as := s.anchors
-	if as == nil {
-		return fmt.Errorf("kafkastore: takeover of group %q without anchors", group)
-	}
+func (as *Anchors) prepareTakeover(group string, plan *takeoverPlan) error {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if as.takeovers == nil {
@@ -94,11 +90,7 @@ func (s *Store) prepareTakeover(group string, plan *takeoverPlan) error {
 
 // TakeoverReady lets group's pending takeover complete: no request of
 // its members is on its way to the cluster any more.
-func (s *Store) TakeoverReady(group string) {
-	as := s.anchors
-	if as == nil {
-		return
-	}
+func (as *Anchors) TakeoverReady(group string) {
 	as.mu.Lock()
 	p := as.takeovers[group]
 	as.mu.Unlock()
@@ -114,7 +106,7 @@ func (s *Store) TakeoverReady(group string) {
 // takeTakeover hands group's pending takeover to its anchor a (the
 // group is being loaded) and returns its record; nil if none is
 // pending, or a load had it already.
-func (as *anchorSet) takeTakeover(group string, a *anchor) []byte {
+func (as *Anchors) takeTakeover(group string, a *anchor) []byte {
 	as.mu.Lock()
 	p := as.takeovers[group]
 	if p == nil || p.loaded {
@@ -132,7 +124,7 @@ func (as *anchorSet) takeTakeover(group string, a *anchor) []byte {
 
 // takeoverDone forgets plan once the anchor's join that completes it is
 // answered.
-func (as *anchorSet) takeoverDone(group string, plan *takeoverPlan) {
+func (as *Anchors) takeoverDone(group string, plan *takeoverPlan) {
 	as.mu.Lock()
 	if as.takeovers[group] == plan {
 		delete(as.takeovers, group)
@@ -148,7 +140,7 @@ type joinResult struct {
 
 // joinTakingOver sends the anchor's JoinGroup req and, with plan, the
 // LeaveGroup of the members the anchor replaces.
-func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
+func (as *Anchors) joinTakingOver(ctx context.Context, a *anchor, plan *takeoverPlan, req kmsg.Request) (kmsg.Response, error) {
 	code := func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode }
 	if plan == nil {
 		return as.request(ctx, a.group, req, code)
@@ -184,11 +176,11 @@ func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeov
 	resp, err := as.request(ctx, a.group, leave, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
 	switch {
 	case err != nil:
-		as.s.log.Warn("kafkastore: takeover: the members' LeaveGroup failed; the anchor's join waits for the cluster's rebalance", "group", a.group, "err", err)
+		as.log.Warn("takeover: the members' LeaveGroup failed; the anchor's join waits for the cluster's rebalance", "group", a.group, "err", err)
 	default:
 		for _, m := range resp.(*kmsg.LeaveGroupResponse).Members {
 			if m.ErrorCode != 0 {
-				as.s.log.Info("kafkastore: takeover: a member was not in the cluster's group any more", "group", a.group,
+				as.log.Info("takeover: a member was not in the cluster's group any more", "group", a.group,
 					"member", m.MemberID, "err", kerr.ErrorForCode(m.ErrorCode))
 			}
 		}
@@ -199,11 +191,11 @@ func (as *anchorSet) joinTakingOver(ctx context.Context, a *anchor, plan *takeov
 
 // awaitTakeoverReady waits until plan is ready (TakeoverReady), at most
 // takeoverWait.
-func (as *anchorSet) awaitTakeoverReady(ctx context.Context, a *anchor, plan *takeoverPlan) error {
+func (as *Anchors) awaitTakeoverReady(ctx context.Context, a *anchor, plan *takeoverPlan) error {
 	select {
 	case <-plan.ready:
 	case <-time.After(takeoverWait):
-		as.s.log.Warn("kafkastore: takeover: members' requests still on their way to the cluster; joining anyway", "group", a.group)
+		as.log.Warn("takeover: members' requests still on their way to the cluster; joining anyway", "group", a.group)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -212,8 +204,8 @@ func (as *anchorSet) awaitTakeoverReady(ctx context.Context, a *anchor, plan *ta
 
 // DescribeClassicGroup returns what the cluster's coordinator answers
 // DescribeGroups for group.
-func (s *Store) DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error) {
-	return describeAnchored(s, group, func(as *anchorSet) (kmsg.DescribeGroupsResponseGroup, bool, error) {
+func (as *Anchors) DescribeClassicGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, error) {
+	return describeAnchored(as, group, func(as *Anchors) (kmsg.DescribeGroupsResponseGroup, bool, error) {
 		return as.describeGroup(ctx, group)
 	})
 }

@@ -1,4 +1,4 @@
-package kproxy
+package coexist
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
 // Takeover of a forwarded KIP-848 group (docs/anchors.md, "Rolling kproxy
@@ -34,7 +33,7 @@ import (
 // (groupstate.Engine.ConsumerTakeoverRecord), forwarding stops, the
 // requests on their way drain, and the anchor's first join removes the
 // members from the cluster's group before it joins
-// (kafkastore/takeover_kip848.go). The members' next heartbeat is
+// (anchor_takeover_kip848.go). The members' next heartbeat is
 // answered by the engine at the same epoch with the same assignment.
 
 // kip848Member is what the watcher saw of a KIP-848 member beyond a
@@ -55,10 +54,10 @@ type kip848Member struct {
 }
 
 // consumerTakeoverStore is what a KIP-848 takeover asks of the store
-// beyond takeoverStore; *kafkastore.Store implements it.
+// beyond takeoverStore; *Anchors implements it.
 type consumerTakeoverStore interface {
 	DescribeConsumerGroup(ctx context.Context, group string) (kmsg.ConsumerGroupDescribeResponseGroup, error)
-	PrepareConsumerTakeover(group string, record []byte, members []kafkastore.TakeoverMember) error
+	PrepareConsumerTakeover(group string, record []byte, members []TakeoverMember) error
 }
 
 // kip848MinSession is the least a watched KIP-848 member's "session"
@@ -220,10 +219,10 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 		return nil
 	}
 	var tk groupstate.ConsumerTakeover
-	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) (members []kafkastore.TakeoverMember, why string) {
+	rel, err := w.takeOver(group, len(d.Members), func(all map[string]*watchedMember) (members []TakeoverMember, why string) {
 		tk, members, why = consumerTakeoverOf(d, all, w.settle)
 		return members, why
-	}, func(members []kafkastore.TakeoverMember) error {
+	}, func(members []TakeoverMember) error {
 		rec, err := w.consumerRecord(tk)
 		if err == nil {
 			err = cs.PrepareConsumerTakeover(group, rec, members)
@@ -246,7 +245,7 @@ func (w *forwardWatcher) tryConsumerTakeover(ctx context.Context, group string) 
 // settle ago (a KIP-848 group reconciles within an epoch: the group is
 // taken over only once it was quiet for the settle time); why says what
 // does not match.
-func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[string]*watchedMember, settle time.Duration) (tk groupstate.ConsumerTakeover, members []kafkastore.TakeoverMember, why string) {
+func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[string]*watchedMember, settle time.Duration) (tk groupstate.ConsumerTakeover, members []TakeoverMember, why string) {
 	tk = groupstate.ConsumerTakeover{Epoch: d.Epoch, Assignor: d.AssignorName}
 	for _, dm := range d.Members {
 		m := watched[dm.MemberID]
@@ -286,7 +285,7 @@ func consumerTakeoverOf(d kmsg.ConsumerGroupDescribeResponseGroup, watched map[s
 			tm.ServerAssignor = *m.kip848.ServerAssignor
 		}
 		tk.Members = append(tk.Members, tm)
-		members = append(members, kafkastore.TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(dm.InstanceID)})
+		members = append(members, TakeoverMember{MemberID: dm.MemberID, InstanceID: cloneString(dm.InstanceID)})
 	}
 	return tk, members, ""
 }

@@ -1,9 +1,10 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
+	"github.com/kproxy/kproxy/internal/clientpool"
 )
 
 // Anchors (docs/anchors.md). With EnableAnchors, every group the engine
@@ -61,7 +64,7 @@ const (
 	AnchorLiveOnCluster
 	// AnchorHandedBack: a member reached the cluster's group directly,
 	// kproxy's members followed it there, and the anchor left
-	// (handback.go); the group belongs to the cluster's coordinator.
+	// (anchor_handback.go); the group belongs to the cluster's coordinator.
 	AnchorHandedBack
 )
 
@@ -109,7 +112,7 @@ type AnchorOptions struct {
 	// NewClient, when set, makes a client of the cluster like the
 	// store's own: the anchors' JoinGroup and SyncGroup go each on a
 	// client lent to it alone, from a pool of at most JoinClients made
-	// with it (clientpool.go), so that a join the cluster holds holds up
+	// with it (internal/clientpool), so that a join the cluster holds holds up
 	// no other; and so does every other request the store sends a
 	// group's coordinator (commits, heartbeats, describes), from a pool
 	// of at most RequestClients, so that none waits out another's answer
@@ -125,11 +128,11 @@ type AnchorOptions struct {
 	// MemberHeartbeatInterval, when set, says how often the engine's
 	// KIP-848 members heartbeat (the interval it gives them); unset
 	// means 5s, Kafka's group.consumer.heartbeat.interval.ms. A KIP-848
-	// hand-back (takeover_kip848.go) counts on every member having
+	// hand-back (anchor_takeover_kip848.go) counts on every member having
 	// heartbeated within it.
 	MemberHeartbeatInterval func() time.Duration
 	// OnHandBack, when set, is asked to hand group back to the cluster's
-	// coordinator (handback.go): a member reached the cluster's group
+	// coordinator (anchor_handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins
 	// as leader holding kproxy's partitions instead; otherwise wait is
 	// how long the engine's members may take to follow. It runs on the
@@ -137,31 +140,37 @@ type AnchorOptions struct {
 	OnHandBack func(group string) (wait time.Duration, ok bool)
 }
 
-// anchorSet is the anchors of a Store (nil without EnableAnchors).
-type anchorSet struct {
-	s    *Store        // immutable
-	opts AnchorOptions // immutable, defaults filled
+// Anchors are the anchors of a kafkastore.Store: EnableAnchors hands
+// them to it (kafkastore.Anchors) and Close stops them.
+type Anchors struct {
+	s    *kafkastore.Store // immutable
+	opts AnchorOptions     // immutable, defaults filled
+	log  *slog.Logger      // immutable
+	// reqs lends the store's requests to group coordinators a client
+	// each (nil without AnchorOptions.NewClient); handed to the store,
+	// closed by Close.
+	reqs *clientpool.Pool
 
 	mu     sync.Mutex         // guards groups and released
 	groups map[string]*anchor // by group id
 	// released maps the groups whose anchor the engine dropped while it
 	// was a member (Unanchor: the partition moved, or kproxy stops) to
-	// that member id, so that CloseAnchors(leave) can still take it out
+	// that member id, so that Close(leave) can still take it out
 	// when nobody is left to replace it.
 	released map[string]string
 
 	// takeovers are the takeovers prepared and not loaded yet
-	// (takeover.go), by group; guarded by mu.
+	// (anchor_takeover.go), by group; guarded by mu.
 	takeovers map[string]*takeoverPlan
 
 	// sem bounds the anchor requests in flight at once (heartbeats of
 	// thousands of groups come due together after a failover) while the
-	// store has no pool of clients for them (Store.reqs, which bounds
+	// store has no pool of clients for them (reqs, which bounds
 	// them otherwise); joins lends the joins and syncs a client each
 	// (nil without AnchorOptions.NewClient).
 	sem   chan struct{}
-	joins *clientPool
-	// stop ends the heartbeat scheduler; closed by Store.CloseAnchors.
+	joins *clientpool.Pool
+	// stop ends the heartbeat scheduler; closed by Close.
 	stop     chan struct{}
 	stopOnce sync.Once
 }
@@ -206,12 +215,12 @@ type anchor struct {
 	// live without an anchor (before the first join).
 	checked bool
 	// takeover, when set, is the takeover the first join completes
-	// (takeover.go); cleared by that join.
+	// (anchor_takeover.go); cleared by that join.
 	takeover *takeoverPlan
 	// handbackCheck is set when the cluster rebalances the group with
 	// OnHandBack set: the worker asks whether a member reached it
 	// directly before it rejoins. handback is the hand-back in progress
-	// (handback.go).
+	// (anchor_handback.go).
 	handbackCheck bool
 	handback      *handback
 	// commits counts commits in flight under memberID; a join waits for
@@ -233,9 +242,17 @@ type anchor struct {
 	changed chan struct{}
 }
 
-// EnableAnchors turns anchoring on (docs/anchors.md). It must be called
-// once, before the store is shared; CloseAnchors stops it.
-func (s *Store) EnableAnchors(o AnchorOptions) {
+// EnableAnchors turns anchoring on for s (docs/anchors.md) and returns
+// the anchors. It must be called once, before the store is shared;
+// Close stops them.
+func EnableAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
+	as := newAnchors(s, o)
+	as.start()
+	return as
+}
+
+// newAnchors builds the anchors of s, not started yet.
+func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 	if o.InstanceID == "" {
 		o.InstanceID = DefaultAnchorInstanceID
 	}
@@ -257,38 +274,39 @@ func (s *Store) EnableAnchors(o AnchorOptions) {
 	if o.RequestClients <= 0 {
 		o.RequestClients = 64
 	}
-	as := &anchorSet{
-		s: s, opts: o,
+	as := &Anchors{
+		s: s, opts: o, log: s.Logger(),
 		groups:   make(map[string]*anchor),
 		released: make(map[string]string),
 		sem:      make(chan struct{}, 64),
 		stop:     make(chan struct{}),
 	}
 	if o.NewClient != nil {
-		as.joins = newClientPool("an anchor's join", o.JoinClients, o.NewClient)
-		s.reqs = newClientPool("a request to a group coordinator", o.RequestClients, o.NewClient)
+		as.joins = clientpool.New("an anchor's join", o.JoinClients, o.NewClient)
+		as.reqs = clientpool.New("a request to a group coordinator", o.RequestClients, o.NewClient)
 	}
-	s.anchors = as
+	return as
+}
+
+// start hands the anchors to their store and starts their scheduler.
+func (as *Anchors) start() {
+	as.s.SetAnchors(as, as.reqs)
 	go as.scheduler()
 }
 
-// CloseAnchors stops the anchors' heartbeats. With leave, every anchor
+// Close stops the anchors' heartbeats. With leave, every anchor
 // held, or dropped by Unanchor while held, leaves its group first (one
 // LeaveGroup each, bounded by ctx): a kproxy that serves groups alone
 // (--groups local), or the last owner of a fleet, hands them back to the
 // cluster at once. Otherwise a fleet member stops without leaving, so
 // that the next owner replaces its anchors without a rebalance.
-func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
-	as := s.anchors
-	if as == nil {
-		return
-	}
+func (as *Anchors) Close(ctx context.Context, leave bool) {
 	as.stopOnce.Do(func() { close(as.stop) })
 	if as.joins != nil {
 		// After the leaves, which go on the store's clients; later
-		// requests go on the store's own client (Store.lend).
-		defer as.joins.close()
-		defer s.reqs.close()
+		// requests go on the store's own client (kafkastore's lend).
+		defer as.joins.Close()
+		defer as.reqs.Close()
 	}
 	as.mu.Lock()
 	all := make([]*anchor, 0, len(as.groups))
@@ -320,19 +338,16 @@ func (s *Store) CloseAnchors(ctx context.Context, leave bool) {
 		go func() {
 			defer wg.Done()
 			if err := as.leave(ctx, group, memberID); err != nil {
-				as.s.log.Warn("kafkastore: anchor did not leave", "group", group, "err", err)
+				as.log.Warn("anchor did not leave", "group", group, "err", err)
 			}
 		}()
 	}
 	wg.Wait()
 }
 
-// Anchor implements groupstate.AnchorStore.
-func (s *Store) Anchor(group string, want groupstate.Anchor) {
-	as := s.anchors
-	if as == nil {
-		return
-	}
+// Anchor implements groupstate.AnchorStore (the store passes the
+// engine's calls on).
+func (as *Anchors) Anchor(group string, want groupstate.Anchor) {
 	a := as.get(group, true)
 	as.mu.Lock()
 	delete(as.released, group)
@@ -344,11 +359,7 @@ func (s *Store) Anchor(group string, want groupstate.Anchor) {
 }
 
 // Unanchor implements groupstate.AnchorStore.
-func (s *Store) Unanchor(group string) {
-	as := s.anchors
-	if as == nil {
-		return
-	}
+func (as *Anchors) Unanchor(group string) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	a := as.groups[group]
@@ -368,17 +379,14 @@ func (s *Store) Unanchor(group string) {
 	a.mu.Unlock()
 }
 
-// maxReleased bounds anchorSet.released; past it the map is emptied
+// maxReleased bounds Anchors.released; past it the map is emptied
 // (the anchors it named then expire by their session).
 const maxReleased = 100_000
 
 // AnchorIdentity returns the member id and generation of group's anchor,
 // ok false when it holds no membership. For tests and the admin API.
-func (s *Store) AnchorIdentity(group string) (memberID string, generation int32, ok bool) {
-	if s.anchors == nil {
-		return "", 0, false
-	}
-	a := s.anchors.get(group, false)
+func (as *Anchors) AnchorIdentity(group string) (memberID string, generation int32, ok bool) {
+	a := as.get(group, false)
 	if a == nil {
 		return "", 0, false
 	}
@@ -388,7 +396,7 @@ func (s *Store) AnchorIdentity(group string) (memberID string, generation int32,
 }
 
 // get returns group's anchor, creating it if create.
-func (as *anchorSet) get(group string, create bool) *anchor {
+func (as *Anchors) get(group string, create bool) *anchor {
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	a := as.groups[group]
@@ -406,7 +414,7 @@ func (a *anchor) broadcastLocked() {
 }
 
 // kick starts a's worker unless it runs.
-func (as *anchorSet) kick(a *anchor) {
+func (as *Anchors) kick(a *anchor) {
 	a.mu.Lock()
 	if a.running {
 		a.mu.Unlock()
@@ -419,7 +427,7 @@ func (as *anchorSet) kick(a *anchor) {
 
 // scheduler kicks the anchors whose heartbeat or retry is due, once a
 // second, until the set is closed.
-func (as *anchorSet) scheduler() {
+func (as *Anchors) scheduler() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	lastPoll := time.Now()
@@ -506,7 +514,7 @@ func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
 }
 
 // work runs a's requests until it has nothing to do.
-func (as *anchorSet) work(a *anchor) {
+func (as *Anchors) work(a *anchor) {
 	for {
 		now := time.Now()
 		a.mu.Lock()
@@ -547,9 +555,9 @@ func (as *anchorSet) work(a *anchor) {
 		if err != nil {
 			a.failures++
 			a.retryAt = time.Now().Add(anchorBackoff(a.failures))
-			as.s.log.Warn("kafkastore: anchor request failed", "group", a.group, "failures", a.failures, "err", err)
+			as.log.Warn("anchor request failed", "group", a.group, "failures", a.failures, "err", err)
 			if a.failures == anchorGiveUp && a.state == anchorOut {
-				as.s.log.Error("kafkastore: the group's anchor cannot join the cluster's group; its commits go unanchored until it can "+
+				as.log.Error("the group's anchor cannot join the cluster's group; its commits go unanchored until it can "+
 					"(kproxy's principal needs READ on the group, and --group-anchor-session-timeout must lie within the cluster's group.min/max.session.timeout.ms)",
 					"group", a.group, "err", err)
 			}
@@ -562,18 +570,18 @@ func (as *anchorSet) work(a *anchor) {
 
 // request sends req to the coordinator of group, under the set's bound;
 // a JoinGroup or SyncGroup on a client of the joins pool, any other on
-// one of the store's (clientpool.go).
-func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, error) {
+// one of the store's (internal/clientpool).
+func (as *Anchors) request(ctx context.Context, group string, req kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, error) {
 	if k := req.Key(); as.joins != nil && (k == kmsg.JoinGroup.Int16() || k == kmsg.SyncGroup.Int16()) {
-		cl, err := as.joins.get(ctx)
+		cl, err := as.joins.Get(ctx)
 		if err != nil {
 			return nil, err
 		}
-		defer as.joins.put(cl)
-		return as.s.coordRequestOn(ctx, cl, coordinatorGroup, group, req, req.MaxVersion(), code)
+		defer as.joins.Put(cl)
+		return as.s.GroupRequestOn(ctx, cl, group, req, req.MaxVersion(), code)
 	}
-	if as.s.reqs != nil {
-		return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
+	if as.reqs != nil {
+		return as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
 	}
 	select {
 	case as.sem <- struct{}{}:
@@ -581,7 +589,7 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 		return nil, ctx.Err()
 	}
 	defer func() { <-as.sem }()
-	return as.s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
+	return as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
 }
 
 // describeOne describes group alone on its coordinator through request:
@@ -590,7 +598,7 @@ func (as *anchorSet) request(ctx context.Context, group string, req kmsg.Request
 // reads an entry's error code. It returns group's entry; found is false
 // when the answer holds none, and an answer of more than one entry is an
 // error.
-func describeOne[R kmsg.Response, G any](ctx context.Context, as *anchorSet, group string, req kmsg.Request, entries func(R) []G, code func(G) int16) (g G, found bool, err error) {
+func describeOne[R kmsg.Response, G any](ctx context.Context, as *Anchors, group string, req kmsg.Request, entries func(R) []G, code func(G) int16) (g G, found bool, err error) {
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
 		if gs := entries(r.(R)); len(gs) > 0 {
 			return code(gs[0])
@@ -611,21 +619,17 @@ func describeOne[R kmsg.Response, G any](ctx context.Context, as *anchorSet, gro
 }
 
 // describeGroup is describeOne with DescribeGroups.
-func (as *anchorSet) describeGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, bool, error) {
+func (as *Anchors) describeGroup(ctx context.Context, group string) (kmsg.DescribeGroupsResponseGroup, bool, error) {
 	return describeOne(ctx, as, group, &kmsg.DescribeGroupsRequest{Groups: []string{group}},
 		func(r *kmsg.DescribeGroupsResponse) []kmsg.DescribeGroupsResponseGroup { return r.Groups },
 		func(g kmsg.DescribeGroupsResponseGroup) int16 { return g.ErrorCode })
 }
 
-// describeAnchored is the Store's Describe*Group: group's entry as
-// describe (describeOne) finds it, an error without anchors or when the
-// answer holds no entry.
-func describeAnchored[G any](s *Store, group string, describe func(*anchorSet) (G, bool, error)) (G, error) {
-	var g G
-	if s.anchors == nil {
-		return g, fmt.Errorf("kafkastore: describing group %q without anchors", group)
-	}
-	g, found, err := describe(s.anchors)
+// describeAnchored is the anchors' Describe*Group: group's entry as
+// describe (describeOne) finds it, an error when the answer holds no
+// entry.
+func describeAnchored[G any](as *Anchors, group string, describe func(*Anchors) (G, bool, error)) (G, error) {
+	g, found, err := describe(as)
 	if err == nil && !found {
 		err = fmt.Errorf("describing group %q: no group in the answer", group)
 	}
@@ -657,7 +661,7 @@ func (c ClusterGroup) Live() bool {
 
 // liveOnCluster asks the cluster whether it serves group itself
 // (ClusterGroup.Live).
-func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, error) {
+func (as *Anchors) liveOnCluster(ctx context.Context, group string) (bool, error) {
 	c, err := as.describeOnCluster(ctx, group)
 	return c.Live(), err
 }
@@ -670,7 +674,7 @@ func (as *anchorSet) liveOnCluster(ctx context.Context, group string) (bool, err
 // other types, in the order a group is likeliest to be found: consumer,
 // share, streams. Kafka 3.x answers with no error and no members (state
 // Dead for a group it does not have).
-func (as *anchorSet) describeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
+func (as *Anchors) describeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
 	g, found, err := as.describeGroup(ctx, group)
 	if err != nil || !found {
 		return ClusterGroup{}, err
@@ -717,7 +721,7 @@ func (as *anchorSet) describeOnCluster(ctx context.Context, group string) (Clust
 // ConsumerGroupDescribe, KIP-932's ShareGroupDescribe, KIP-1071's
 // StreamsGroupDescribe); Kind is "" when the cluster lacks that API or
 // has no group of that kind.
-func (as *anchorSet) describeKind(ctx context.Context, group, kind string) (ClusterGroup, error) {
+func (as *Anchors) describeKind(ctx context.Context, group, kind string) (ClusterGroup, error) {
 	var req kmsg.Request
 	var read func(kmsg.Response) (code int16, members int)
 	switch kind {
@@ -751,7 +755,7 @@ func (as *anchorSet) describeKind(ctx context.Context, group, kind string) (Clus
 	default:
 		return ClusterGroup{}, fmt.Errorf("describing group %q: unknown kind %q", group, kind)
 	}
-	if !as.s.supportsKey(ctx, req.Key()) {
+	if !as.s.SupportsKey(ctx, req.Key()) {
 		return ClusterGroup{}, nil
 	}
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
@@ -785,8 +789,8 @@ func subscription(a groupstate.Anchor) []byte {
 	return m.AppendTo(nil)
 }
 
-// assignmentOf is the consumer protocol assignment of owned.
-func assignmentOf(owned map[string][]int32) []byte {
+// consumerAssignment is the consumer protocol assignment of owned.
+func consumerAssignment(owned map[string][]int32) []byte {
 	m := kmsg.NewConsumerMemberAssignment()
 	for _, t := range sortedTopics(owned) {
 		m.Topics = append(m.Topics, kmsg.ConsumerMemberAssignmentTopic{Topic: t, Partitions: owned[t]})
@@ -813,7 +817,7 @@ var errAnchorFenced = errors.New("anchor fenced by another kproxy")
 // member id without a rebalance), then a SyncGroup, as leader with the
 // assignment. Before the first join it checks that the group is not live
 // on the cluster without an anchor.
-func (as *anchorSet) join(a *anchor) error {
+func (as *Anchors) join(a *anchor) error {
 	ctx, cancel := context.WithTimeout(context.Background(), as.opts.RebalanceTimeout+as.opts.SessionTimeout)
 	defer cancel()
 	a.mu.Lock()
@@ -909,14 +913,14 @@ func (as *anchorSet) join(a *anchor) error {
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
 	}
 	if jr.LeaderID == "" && as.handBackConsumer(ctx, a, jr.MemberID) {
-		// The cluster's group is a KIP-848 group now (takeover_kip848.go).
+		// The cluster's group is a KIP-848 group now (anchor_takeover_kip848.go).
 		return nil
 	}
 	if jr.LeaderID != jr.MemberID {
 		// Another member leads: the cluster's group was live with
 		// members of its own when the anchor joined. kproxy stops
 		// serving the group; the anchor leaves.
-		as.s.log.Warn("kafkastore: anchor joined a group led by another member; handing the group to the cluster", "group", a.group, "leader", jr.LeaderID)
+		as.log.Warn("anchor joined a group led by another member; handing the group to the cluster", "group", a.group, "leader", jr.LeaderID)
 		_ = as.leave(ctx, a.group, jr.MemberID)
 		as.lose(a, AnchorLiveOnCluster)
 		return nil
@@ -931,11 +935,11 @@ func (as *anchorSet) join(a *anchor) error {
 			ga := kmsg.NewSyncGroupRequestGroupAssignment()
 			ga.MemberID = m.MemberID
 			if m.MemberID == jr.MemberID {
-				ga.MemberAssignment = assignmentOf(owned)
+				ga.MemberAssignment = consumerAssignment(owned)
 			} else {
 				// A member that reached the cluster directly: the
 				// partitions are kproxy's members' (see above).
-				ga.MemberAssignment = assignmentOf(nil)
+				ga.MemberAssignment = consumerAssignment(nil)
 			}
 			assignments = append(assignments, ga)
 		}
@@ -982,15 +986,15 @@ func (as *anchorSet) join(a *anchor) error {
 		// A member reached the cluster's group directly and joined
 		// this generation (given nothing above): hand the group back.
 		// The engine's members joining the cluster's group start the
-		// rebalance the anchor then waits in (handback.go).
+		// rebalance the anchor then waits in (anchor_handback.go).
 		as.beginHandback(a, as.joinView(jr))
 	}
-	as.s.log.Debug("kafkastore: group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
+	as.log.Debug("group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
 	return nil
 }
 
 // heartbeat keeps a's session and learns of rebalances.
-func (as *anchorSet) heartbeat(a *anchor) error {
+func (as *Anchors) heartbeat(a *anchor) error {
 	a.mu.Lock()
 	memberID, gen := a.memberID, a.gen
 	a.mu.Unlock()
@@ -1038,7 +1042,7 @@ func (as *anchorSet) heartbeat(a *anchor) error {
 }
 
 // leave takes memberID (the anchor) out of group.
-func (as *anchorSet) leave(ctx context.Context, group, memberID string) error {
+func (as *Anchors) leave(ctx context.Context, group, memberID string) error {
 	req := classic.Member{Group: group, MemberID: memberID, InstanceID: &as.opts.InstanceID}.Leave("kproxy's group is empty")
 	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 { return r.(*kmsg.LeaveGroupResponse).ErrorCode })
 	if err != nil {
@@ -1052,7 +1056,7 @@ func (as *anchorSet) leave(ctx context.Context, group, memberID string) error {
 }
 
 // lose marks a fenced (it is dead) and reports it.
-func (as *anchorSet) lose(a *anchor, why AnchorLoss) {
+func (as *Anchors) lose(a *anchor, why AnchorLoss) {
 	a.mu.Lock()
 	if a.state == anchorFenced || a.forgotten {
 		a.mu.Unlock()
@@ -1065,7 +1069,7 @@ func (as *anchorSet) lose(a *anchor, why AnchorLoss) {
 	a.state = anchorFenced
 	a.broadcastLocked()
 	a.mu.Unlock()
-	as.s.log.Info("kafkastore: group anchor lost; the group is no longer served here", "group", a.group, "why", why.String())
+	as.log.Info("group anchor lost; the group is no longer served here", "group", a.group, "why", why.String())
 	if as.opts.OnLost != nil {
 		go as.opts.OnLost(a.group, why)
 	}
@@ -1075,7 +1079,7 @@ func (as *anchorSet) lose(a *anchor, why AnchorLoss) {
 // returns its identity, counting the commit in flight (release with
 // done). ok is false when the group has no anchor to commit under (no
 // members in kproxy, or anchoring is off): the commit is a simple one.
-func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID string, gen int32, ok bool, done func(), err error) {
+func (as *Anchors) commitIdentity(ctx context.Context, group string) (memberID string, gen int32, ok bool, done func(), err error) {
 	a := as.get(group, false)
 	if a == nil {
 		return "", 0, false, nil, nil
@@ -1130,7 +1134,7 @@ func (as *anchorSet) commitIdentity(ctx context.Context, group string) (memberID
 
 // needRejoin marks group's anchor for a rejoin after a commit found its
 // generation or member id stale.
-func (as *anchorSet) needRejoin(group, memberID string, known bool) {
+func (as *Anchors) needRejoin(group, memberID string, known bool) {
 	a := as.get(group, false)
 	if a == nil {
 		return
@@ -1145,7 +1149,7 @@ func (as *anchorSet) needRejoin(group, memberID string, known bool) {
 }
 
 // fenced marks group's anchor fenced after a commit found it replaced.
-func (as *anchorSet) fenced(group, memberID string) {
+func (as *Anchors) fenced(group, memberID string) {
 	a := as.get(group, false)
 	if a == nil {
 		return
@@ -1158,10 +1162,11 @@ func (as *anchorSet) fenced(group, memberID string) {
 	}
 }
 
-// awaitGone waits until group's anchor holds no membership (it left, was
-// forgotten or fenced), for a DeleteGroups the engine allowed: the
-// cluster would refuse it while the anchor is a member.
-func (as *anchorSet) awaitGone(ctx context.Context, group string) error {
+// AwaitGone implements kafkastore.Anchors: it waits until group's
+// anchor holds no membership (it left, was forgotten or fenced), for a
+// DeleteGroups the engine allowed: the cluster would refuse it while the
+// anchor is a member.
+func (as *Anchors) AwaitGone(ctx context.Context, group string) error {
 	a := as.get(group, false)
 	if a == nil {
 		return nil
@@ -1182,13 +1187,14 @@ func (as *anchorSet) awaitGone(ctx context.Context, group string) error {
 	}
 }
 
-// checkLoad is the load-time check of group (LoadGroupMetadata): a group
-// whose members the cluster serves without an anchor is not the engine's
+// CheckLoad implements kafkastore.Anchors: the load-time check of
+// group (the store's LoadGroupMetadata). A group whose members the
+// cluster serves without an anchor is not the engine's
 // (groupstate.ErrGroupLiveOnCluster). A group found anchored, or empty,
 // needs no second check before its anchor's first join. A group with a
-// takeover prepared (takeover.go) is not asked about: its record is
-// returned instead.
-func (as *anchorSet) checkLoad(ctx context.Context, group string) (takeover []byte, err error) {
+// takeover prepared (anchor_takeover.go) is not asked about: its record
+// is returned instead.
+func (as *Anchors) CheckLoad(ctx context.Context, group string) (takeover []byte, err error) {
 	a := as.get(group, true)
 	if takeover = as.takeTakeover(group, a); takeover == nil {
 		live, err := as.liveOnCluster(ctx, group)
@@ -1199,7 +1205,7 @@ func (as *anchorSet) checkLoad(ctx context.Context, group string) (takeover []by
 			if as.opts.OnLive != nil {
 				as.opts.OnLive(group)
 			}
-			return nil, fmt.Errorf("kafkastore: group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
+			return nil, fmt.Errorf("group %q: %w", group, groupstate.ErrGroupLiveOnCluster)
 		}
 	}
 	a.mu.Lock()
@@ -1210,30 +1216,6 @@ func (as *anchorSet) checkLoad(ctx context.Context, group string) (takeover []by
 	a.checked = true
 	a.mu.Unlock()
 	return takeover, nil
-}
-
-// supportsKey reports whether the cluster answers requests of key (asked
-// once, with ApiVersions, and remembered).
-func (s *Store) supportsKey(ctx context.Context, key int16) bool {
-	s.mu.Lock()
-	keys := s.apiKeys
-	s.mu.Unlock()
-	if keys == nil {
-		req := kmsg.NewPtrApiVersionsRequest()
-		req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
-		resp, err := req.RequestWith(ctx, s.cl)
-		if err != nil || resp.ErrorCode != 0 {
-			return false
-		}
-		keys = make(map[int16]bool, len(resp.ApiKeys))
-		for _, k := range resp.ApiKeys {
-			keys[k.ApiKey] = true
-		}
-		s.mu.Lock()
-		s.apiKeys = keys
-		s.mu.Unlock()
-	}
-	return keys[key]
 }
 
 // anchorBackoff is the wait after n failed anchor requests in a row:
@@ -1251,42 +1233,34 @@ const anchorGiveUp = 3
 // follows a rejoin of the anchor (the cluster's group moved on).
 const maxAnchoredAttempts = 5
 
-// anchoredCommit writes topics for group as one OffsetCommit under the
-// group's anchor. anchored is false (and nothing was sent) when the
-// group has no anchor to commit under: the caller commits as before.
-func (s *Store) anchoredCommit(ctx context.Context, group string, topics []kmsg.OffsetCommitRequestTopic) ([]kmsg.OffsetCommitResponseTopic, bool, error) {
-	r, anchored, err := s.anchoredSend(ctx, group, "offset commit", func(memberID string, gen int32) kmsg.Request {
-		req := s.commitRequest(ctx, group, topics)
-		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &s.anchors.opts.InstanceID
+// Commit implements kafkastore.Anchors: one OffsetCommit of group
+// under its anchor (anchoredSend); anchored is false (and nothing was
+// sent) when the group has no anchor to commit under.
+func (as *Anchors) Commit(ctx context.Context, group string, build func() *kmsg.OffsetCommitRequest) (*kmsg.OffsetCommitResponse, bool, error) {
+	r, anchored, err := as.anchoredSend(ctx, group, "offset commit", func(memberID string, gen int32) kmsg.Request {
+		req := build()
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
 		return req
 	}, firstCommitCode)
 	if r == nil {
 		return nil, anchored, err
 	}
-	resp := r.(*kmsg.OffsetCommitResponse)
-	for i := range resp.Topics {
-		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
-	}
-	return resp.Topics, true, nil
+	return r.(*kmsg.OffsetCommitResponse), true, nil
 }
 
-// anchoredTxnCommit forwards an application's TxnOffsetCommit (already
-// validated by the engine against kproxy's generation) under group's
-// anchor, so the cluster's member checks fence it as a plain commit;
-// anchored is false when the group has no anchor.
-func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, bool, error) {
-	r, anchored, err := s.anchoredSend(ctx, req.Group, "txn offset commit", func(memberID string, gen int32) kmsg.Request {
-		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &s.anchors.opts.InstanceID
+// TxnCommit implements kafkastore.Anchors: an application's
+// TxnOffsetCommit (already validated by the engine against kproxy's
+// generation) under group's anchor, so the cluster's member checks fence
+// it as a plain commit; anchored is false when the group has no anchor.
+func (as *Anchors) TxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommitRequest) (*kmsg.TxnOffsetCommitResponse, bool, error) {
+	r, anchored, err := as.anchoredSend(ctx, req.Group, "txn offset commit", func(memberID string, gen int32) kmsg.Request {
+		req.MemberID, req.Generation, req.InstanceID = memberID, gen, &as.opts.InstanceID
 		return req
 	}, firstTxnCommitCode)
 	if r == nil {
 		return nil, anchored, err
 	}
-	resp := r.(*kmsg.TxnOffsetCommitResponse)
-	for i := range resp.Topics {
-		resp.Topics[i].Topic = s.nameOf(resp.Topics[i].Topic, resp.Topics[i].TopicID)
-	}
-	return resp, true, nil
+	return r.(*kmsg.TxnOffsetCommitResponse), true, nil
 }
 
 // anchoredSend sends the request build makes for the anchor's identity
@@ -1298,29 +1272,28 @@ func (s *Store) anchoredTxnCommit(ctx context.Context, req *kmsg.TxnOffsetCommit
 // of these partitions went out; commits of other partitions may be in
 // flight beside this one, each retried on its own). A nil
 // response with anchored false means the group has no anchor.
-func (s *Store) anchoredSend(ctx context.Context, group, what string, build func(memberID string, gen int32) kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, bool, error) {
-	as := s.anchors
+func (as *Anchors) anchoredSend(ctx context.Context, group, what string, build func(memberID string, gen int32) kmsg.Request, code func(kmsg.Response) int16) (kmsg.Response, bool, error) {
 	for attempt := 0; ; attempt++ {
 		memberID, gen, ok, done, err := as.commitIdentity(ctx, group)
 		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w", what, group, err)
+			return nil, true, fmt.Errorf("%s for group %q: %w", what, group, err)
 		}
 		if !ok {
 			return nil, false, nil
 		}
 		req := build(memberID, gen)
-		resp, err := s.coordRequest(ctx, coordinatorGroup, group, req, req.MaxVersion(), code)
+		resp, err := as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
 		done()
 		if err != nil {
-			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w", what, group, err)
+			return nil, true, fmt.Errorf("%s for group %q: %w", what, group, err)
 		}
 		switch c := code(resp); classic.OutcomeOf(c) {
 		case classic.Fenced:
 			as.fenced(group, memberID)
-			return nil, true, fmt.Errorf("kafkastore: %s for group %q: %w: %w", what, group, errAnchorFenced, kerr.NotCoordinator)
+			return nil, true, fmt.Errorf("%s for group %q: %w: %w", what, group, errAnchorFenced, kerr.NotCoordinator)
 		case classic.Stale, classic.Rejoin:
 			if attempt+1 >= maxAnchoredAttempts {
-				return nil, true, fmt.Errorf("kafkastore: %s for group %q: anchor kept failing: %w", what, group, kerr.ErrorForCode(c))
+				return nil, true, fmt.Errorf("%s for group %q: anchor kept failing: %w", what, group, kerr.ErrorForCode(c))
 			}
 			as.needRejoin(group, memberID, c != kerr.UnknownMemberID.Code)
 			continue
@@ -1359,26 +1332,21 @@ func firstTxnCommitCode(resp kmsg.Response) int16 {
 // group: it has members there, none of them an anchor of this store's
 // instance id (a KIP-848 group with members counts too). Anchoring must
 // be on.
-func (s *Store) LiveOnCluster(ctx context.Context, group string) (bool, error) {
-	c, err := s.DescribeOnCluster(ctx, group)
+func (as *Anchors) LiveOnCluster(ctx context.Context, group string) (bool, error) {
+	c, err := as.DescribeOnCluster(ctx, group)
 	return c.Live(), err
 }
 
 // DescribeOnCluster asks the cluster what it holds for group: its kind
 // there, whether it has members, whether our anchor is one of them.
-func (s *Store) DescribeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
-	if s.anchors == nil {
-		return ClusterGroup{}, errors.New("kafkastore: anchors are off")
-	}
-	return s.anchors.describeOnCluster(ctx, group)
+func (as *Anchors) DescribeOnCluster(ctx context.Context, group string) (ClusterGroup, error) {
+	return as.describeOnCluster(ctx, group)
 }
 
 // GroupCoordinator asks the cluster for the node id of group's
-// coordinator (FindCoordinator, not cached: the answer goes to a client
-// that follows it).
-func (s *Store) GroupCoordinator(ctx context.Context, group string) (int32, error) {
-	s.forgetCoordinator(coordinatorGroup, group)
-	return s.coordinator(ctx, coordinatorGroup, group)
+// coordinator (the store's primitive, for the forwarding decisions).
+func (as *Anchors) GroupCoordinator(ctx context.Context, group string) (int32, error) {
+	return as.s.GroupCoordinator(ctx, group)
 }
 
 // maxDescribeBatch bounds the groups of one polling DescribeGroups.
@@ -1389,7 +1357,7 @@ const maxDescribeBatch = 500
 // is rebalancing: a member reached it directly, and the cluster waits
 // for the anchor, which rejoins and, leading, keeps what kproxy's
 // members own (package doc). It runs on the scheduler.
-func (as *anchorSet) pollRebalances() {
+func (as *Anchors) pollRebalances() {
 	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
 	defer cancel()
 	as.mu.Lock()
@@ -1407,7 +1375,7 @@ func (as *anchorSet) pollRebalances() {
 	}
 	byNode := make(map[int32][]string)
 	for g := range held {
-		node, err := as.s.coordinator(ctx, coordinatorGroup, g)
+		node, err := as.s.GroupCoordinatorNode(ctx, g)
 		if err != nil {
 			continue
 		}
@@ -1419,7 +1387,7 @@ func (as *anchorSet) pollRebalances() {
 			groups = groups[len(batch):]
 			req := kmsg.NewPtrDescribeGroupsRequest()
 			req.Groups = batch
-			resp, err := req.RequestWith(ctx, as.s.cl.Broker(int(node)))
+			resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
 			if err != nil {
 				continue
 			}
