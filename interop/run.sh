@@ -182,12 +182,12 @@ version_rows() {
 	# No KIP-848 on the broker: what kproxy adds (the consumer protocol for
 	# Java and franz-go, share groups served by kproxy) and classic rows in
 	# two more languages.
-	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve)$' ;;
+	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve|py-share-serve)$' ;;
 	# The newest: both group protocols, transactions, franz-go's ApiVersions
 	# v5 opening (4.4 speaks v5), librdkafka, and the share and streams
 	# groups the cluster serves (kinds.go). Every row: 4.4.0=. (or
 	# KAFKA_VERSION=4.4.0 for the main run, 3-broker phase included).
-	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|go-franz-share|java-streams)$' ;;
+	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|go-franz-share|py-share-serve|java-streams)$' ;;
 	*) echo '.' ;;
 	esac
 }
