@@ -56,7 +56,27 @@ die() { say "ERROR: $*"; exit 1; }
 # measured against Kafka 4.4.0 directly and through kproxy in front of
 # 4.1.1 on a shared 2-core machine.
 # --tier ci runs the ci lines, --tier all the slow ones, which are the
-# whole tests (the ci lines' subtests among them).
+# whole tests (the ci lines' subtests among them). Through kproxy (2026-12-05,
+# in front of 4.1.1) these slow tests fail where they pass directly; each
+# stops at its first failure, so later subtests did not run through kproxy:
+#   0176 commit_sync_after_topic_deletion, 0181 (after-delete modes):
+#     acknowledging records of a deleted topic is answered NO_ERROR, where
+#     Kafka answers UNKNOWN_TOPIC_OR_PARTITION / UNKNOWN_TOPIC_ID (or a
+#     top-level UNKNOWN_SERVER_ERROR);
+#   0177 dynamic_uncommitted_to_committed: share.isolation.level switched
+#     to read_committed on a live group is applied by kproxy only at its
+#     next GROUP-config refresh (every 30 s), so aborted records are
+#     delivered meanwhile;
+#   0178 close_with_acknowledge: the acknowledgements sent on close are
+#     answered INVALID_RECORD_STATE: kproxy releases a member's records
+#     when its leave heartbeat arrives, which librdkafka can send before
+#     its last ShareAcknowledge;
+#   0179 destroy_with_explicit_ack: the test expects one partition per
+#     ShareFetch response (Kafka's broker fills one partition at a time);
+#     kproxy answers both partitions in one (100 records, not 50);
+#   0180 fetch_max_bytes_zero_returns_no_records: fetch.max.bytes=0 gets
+#     records through kproxy, none from Kafka.
+# Directly against 4.4.0 every slow test passes (0190 skips itself).
 # Left out on purpose: the tests that never reach a broker (TEST_F_LOCAL:
 # the mock-cluster ones 0155-0158, 0182, 0183, 0186, 0187, 0191 and the
 # *_local variants; -L leaves them out anyway), and 0190_telemetry
@@ -66,6 +86,7 @@ CHOSEN=(
 	"ci   0171   single_consumer"          # one consumer, topics x partitions, 1000-3000 records
 	"ci   0171   multiple_consumers"       # several consumers share partitions
 	"ci   0172   release_redelivery"       # RELEASE comes back with a higher delivery count
+	"ci   0173   second_consumer"          # commit_async; what one member acks or releases, another gets (6 subtests)
 	"ci   0175   -"                        # several share groups on one topic
 	"slow 0170   -"                        # subscriptions, share.auto.offset.reset (229 s directly)
 	"slow 0171   -"                        # consume: all scenarios, codecs, headers, fetch sizes
