@@ -71,9 +71,9 @@ die() { say "ERROR: $*"; exit 1; }
 #     answered INVALID_RECORD_STATE: kproxy releases a member's records
 #     when its leave heartbeat arrives, which librdkafka can send before
 #     its last ShareAcknowledge;
-#   0179 destroy_with_explicit_ack: the test expects one partition per
-#     ShareFetch response (Kafka's broker fills one partition at a time);
-#     kproxy answers both partitions in one (100 records, not 50);
+#   0179 destroy_with_explicit_ack: the test expects each ShareFetch
+#     response to carry one partition's records (50), as Kafka 4.4's did
+#     here; kproxy's carried both partitions' (100);
 #   0180 fetch_max_bytes_zero_returns_no_records: fetch.max.bytes=0 gets
 #     records through kproxy, none from Kafka.
 # Directly against 4.4.0 every slow test passes (0190 skips itself).
