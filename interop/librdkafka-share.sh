@@ -302,6 +302,11 @@ while read -r name; do
 	verdict=ok
 	if [[ "$ds" == SKIPPED && "$ks" == SKIPPED ]]; then
 		verdict="ok (skipped by the test on both paths)"
+	elif [[ "$ds" == MISSING && "$name" == *_runner* ]]; then
+		# The runner aborted through kproxy only (a failed assertion
+		# leaves librdkafka's threads running: no summary).
+		verdict="FAIL: the runner ended without its summary through kproxy only (see $LOGS/kproxy)"
+		fail=1
 	elif [[ "$ds" != PASSED ]]; then
 		verdict="FAIL: fails directly (see $LOGS/direct)"
 		fail=1
