@@ -116,6 +116,11 @@ version_properties() {
 		# SIGKILLed consumer-protocol member's partitions move within
 		# the kafka-verifiable-kip848 row's time (interop/harness/tools.go).
 		printf '%s\n' "group.consumer.min.session.timeout.ms=3000" "group.consumer.session.timeout.ms=10000"
+		# librdkafka's share-consumer tests (interop/librdkafka-share.sh)
+		# set a group's share.record.lock.duration.ms to 3 s, which the
+		# broker validates against this bound (default 15 s), also when
+		# kproxy serves the group and forwards the GROUP config.
+		printf '%s\n' "group.share.min.record.lock.duration.ms=1000"
 	fi
 	if version_ge "$KAFKA_VERSION" 4.2.0; then
 		printf '%s\n' "group.streams.min.session.timeout.ms=3000" "group.streams.session.timeout.ms=10000" \

@@ -25,6 +25,9 @@
 #                                 after the main run: VERSION[=ROWS],... (default
 #                                 "3.6.2,4.4.0", each with its subset below;
 #                                 "none" skips them; 4.4.0=. runs every row)
+#   KPROXY_INTEROP_LIBRDKAFKA_SHARE  0 = skip librdkafka's share-consumer tests
+#                                 (interop/librdkafka-share.sh) in the librdkafka
+#                                 phase; all = their slow tier too
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -107,7 +110,10 @@ go -C interop build -o "$LOGS/harness" ./harness || die "harness build failed"
 # The broker: stop a leftover one from an earlier run, then start fresh, and
 # stop it whatever happens next.
 bash interop/kafka.sh stop >/dev/null 2>&1 || true
-trap 'bash interop/kafka.sh stop || true' EXIT
+# The librdkafka phase's second broker (Kafka 4.4.0, serving share groups
+# itself) has a state dir of its own.
+SHARE_STATE="${KPROXY_INTEROP_STATE:-$KPROXY_CACHE/run}-share"
+trap 'bash interop/kafka.sh stop || true; KPROXY_INTEROP_STATE="$SHARE_STATE" bash interop/kafka.sh stop >/dev/null 2>&1 || true' EXIT
 rc=0
 # The librdkafka phase (below) runs when -rows is not given or matches
 # "librdkafka" (a bash regex match, as -rows is usually a plain pattern).
@@ -182,12 +188,12 @@ version_rows() {
 	# No KIP-848 on the broker: what kproxy adds (the consumer protocol for
 	# Java and franz-go, share groups served by kproxy) and classic rows in
 	# two more languages.
-	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve)$' ;;
+	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve|py-share-serve)$' ;;
 	# The newest: both group protocols, transactions, franz-go's ApiVersions
 	# v5 opening (4.4 speaks v5), librdkafka, and the share and streams
 	# groups the cluster serves (kinds.go). Every row: 4.4.0=. (or
 	# KAFKA_VERSION=4.4.0 for the main run, 3-broker phase included).
-	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|go-franz-share|java-streams)$' ;;
+	4.4.0) echo '^(java-kip848|go-franz-kip848|java-txn|go-franz|py-confluent|franz-apiversions|java-share|go-franz-share|py-share-serve|java-streams)$' ;;
 	*) echo '.' ;;
 	esac
 }
@@ -235,6 +241,27 @@ if ((librdkafka)); then
 	set -e
 	say "librdkafka phase took $((SECONDS - phase))s"
 	((rc != 0)) || rc=$rcl
+	# librdkafka's share-consumer tests (interop/librdkafka-share.sh, its
+	# source from the npm registry, built once and cached): directly
+	# against a Kafka 4.4.0 broker of their own (it serves share groups),
+	# and through a kproxy serving share groups in front of the broker
+	# above ($KAFKA_VERSION, 4.1.1 by default, which lacks them).
+	if [[ "${KPROXY_INTEROP_LIBRDKAFKA_SHARE:-1}" != 0 ]]; then
+		phase=$SECONDS
+		share_port=$((PORT + 10))
+		KPROXY_INTEROP_STATE="$SHARE_STATE" bash interop/kafka.sh stop >/dev/null 2>&1 || true
+		KPROXY_INTEROP_STATE="$SHARE_STATE" bash interop/kafka.sh start --version 4.4.0 --port "$share_port"
+		set +e
+		KPROXY_INTEROP_LOGS="$LOGS" KPROXY_BIN="$([[ -x "$LOGS/kproxy-bin" ]] && echo "$LOGS/kproxy-bin")" KAFKA_VERSION=4.4.0 \
+			bash interop/librdkafka-share.sh --direct "127.0.0.1:$share_port" --upstream "127.0.0.1:$PORT" \
+			--kproxy-port "$kproxy_port" \
+			--tier "$([[ "${KPROXY_INTEROP_LIBRDKAFKA_SHARE:-1}" == all ]] && echo all || echo ci)"
+		rcs=$?
+		set -e
+		KPROXY_INTEROP_STATE="$SHARE_STATE" bash interop/kafka.sh stop >/dev/null 2>&1 || true
+		say "librdkafka share phase took $((SECONDS - phase))s"
+		((rc != 0)) || rc=$rcs
+	fi
 fi
 
 say "total time $((SECONDS - began))s; member logs in $LOGS"

@@ -86,9 +86,13 @@ func readBatches(p *kmsg.FetchResponseTopicPartition, readCommitted bool) []fetc
 // offset: the records a ShareFetch response carries. Batches are whole
 // (a client skips records outside its acquired ranges, KIP-932), and
 // contiguous runs of them are returned as one slice of the fetched
-// bytes, so nothing is copied when they are.
+// bytes, so nothing is copied when they are. None is an empty slice, never
+// nil: kmsg writes a nil Records as null, which Kafka never sends in a
+// ShareFetch response (its partitions carry MemoryRecords.EMPTY) and
+// librdkafka's share consumer rejects, dropping the whole response
+// ("invalid MessageSetSize -1") with the records it acquired.
 func acquiredBytes(src []byte, batches []fetchedBatch, acquired []share.Acquired) []byte {
-	var out []byte
+	out := []byte{}
 	first, last := -1, -1
 	for i, fb := range batches {
 		if !overlaps(fb.Batch, acquired) {
@@ -107,7 +111,7 @@ func acquiredBytes(src []byte, batches []fetchedBatch, acquired []share.Acquired
 	if first < 0 {
 		return out
 	}
-	if out == nil {
+	if len(out) == 0 {
 		return src[batches[first].start:batches[last].end]
 	}
 	return append(out, src[batches[first].start:batches[last].end]...)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/share"
 )
 
@@ -90,4 +91,44 @@ func FuzzReadBatches(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestShareFetchRecordsNeverNull: every partition of a ShareFetch
+// response carries records, empty when nothing was acquired, never null
+// (librdkafka's share consumer drops a response with a null one, and the
+// records it acquired with it, until their locks time out).
+func TestShareFetchRecordsNeverNull(t *testing.T) {
+	raw := batch(0, 4, -1, 0)
+	got := readBatches(&kmsg.FetchResponseTopicPartition{RecordBatches: raw}, false)
+	if b := acquiredBytes(raw, got, []share.Acquired{{First: 7, Last: 9}}); b == nil || len(b) != 0 {
+		t.Fatalf("acquiredBytes with nothing acquired = %v (nil %v), want empty and not nil", b, b == nil)
+	}
+	if b := acquiredBytes(raw, nil, nil); b == nil {
+		t.Fatal("acquiredBytes of no batches = nil, want empty")
+	}
+
+	resp := kmsg.NewPtrShareFetchResponse()
+	out := newShareFetchOut(resp)
+	tp0 := groupstate.ShareTP{TopicID: [16]byte{1}, Partition: 0}
+	tp1 := groupstate.ShareTP{TopicID: [16]byte{1}, Partition: 1}
+	out.partition(tp0).Records = acquiredBytes(raw, got, []share.Acquired{{First: 0, Last: 4}})
+	out.partition(tp1) // only an acknowledgement's result, say
+	for _, v := range []int16{1, 2} {
+		resp.Version = v
+		back := kmsg.NewPtrShareFetchResponse()
+		back.Version = v
+		if err := back.ReadFrom(resp.AppendTo(nil)); err != nil {
+			t.Fatalf("v%d: decoding: %v", v, err)
+		}
+		ps := back.Topics[0].Partitions
+		if len(ps) != 2 {
+			t.Fatalf("v%d: %d partitions, want 2", v, len(ps))
+		}
+		if len(ps[0].Records) != len(raw) {
+			t.Errorf("v%d: partition 0 has %d bytes of records, want %d", v, len(ps[0].Records), len(raw))
+		}
+		if ps[1].Records == nil {
+			t.Errorf("v%d: partition 1's records are null on the wire, want empty", v)
+		}
+	}
 }

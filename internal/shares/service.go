@@ -808,6 +808,8 @@ func (o *shareFetchOut) partition(tp groupstate.ShareTP) *kmsg.ShareFetchRespons
 	}
 	p := kmsg.NewShareFetchResponseTopicPartition()
 	p.Partition = tp.Partition
+	// Empty records, not null: see acquiredBytes.
+	p.Records = []byte{}
 	p.CurrentLeader.LeaderID, p.CurrentLeader.LeaderEpoch = -1, -1
 	o.resp.Topics[ti].Partitions = append(o.resp.Topics[ti].Partitions, p)
 	o.index[tp] = [2]int{ti, len(o.resp.Topics[ti].Partitions) - 1}

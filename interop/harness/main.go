@@ -209,6 +209,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "java-share-serve", kind: "share", shareServe: true, needs: shareGroups},
 		{name: "java41-share-serve", kind: "share", shareServe: true, needs: shareGroups, kindsLib: "interop/java/target/lib"},
 		{name: "franz-share-serve", kind: "share", shareServe: true, needs: shareGroups, client: goc("franz")},
+		{name: "py-share-serve", kind: "share", shareServe: true, needs: shareGroups,
+			client: append(append([]string(nil), py...), "--client", "confluent")},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
 		// The same word count on the classic protocol, and Kafka
 		// Connect's workers and sink group (connect.go): kproxy's

@@ -8,6 +8,9 @@ errors and "closed". --mode produce writes --count records with ids
 id-<start>..; --mode consume joins --group, commits after every batch and
 closes cleanly on SIGTERM. --mode commit (confluent only) commits --start
 for partition 0 of --topic as --group from outside the group, then exits.
+--mode share (confluent only) is a share-group member (KIP-932,
+confluent_kafka.ShareConsumer) that speaks the plain lines of the Java
+Share program instead (see confluent_share).
 --client-props FILE adds librdkafka properties (key=value lines:
 security.protocol, sasl.*, ssl.*) to every confluent-kafka client.
 """
@@ -35,7 +38,7 @@ def emit(member, ev, **fields):
 def parse_args():
     p = argparse.ArgumentParser()
     p.add_argument("--client", required=True, choices=["confluent", "kafka-python"])
-    p.add_argument("--mode", default="consume", choices=["produce", "consume", "commit"])
+    p.add_argument("--mode", default="consume", choices=["produce", "consume", "commit", "share"])
     p.add_argument("--client-props", default="")
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
     p.add_argument("--topic", required=True)
@@ -47,6 +50,8 @@ def parse_args():
     p.add_argument("--instance-id", default="")
     p.add_argument("--session-ms", type=int, default=10000)
     p.add_argument("--heartbeat-ms", type=int, default=1000)
+    p.add_argument("--hold-ms", type=int, default=0)
+    p.add_argument("--ack", default="implicit", choices=["implicit", "explicit"])
     return p.parse_args()
 
 
@@ -222,6 +227,100 @@ def confluent_consume(a, stopper):
 
 # ---------------------------------------------------------------- kafka-python
 
+def share_ack_for(value, deliveries):
+    """The explicit ack of a record (the Java Share program's rule): reject
+    values ending in 7, release those ending in 3 on their first delivery,
+    accept the rest."""
+    from confluent_kafka import AcknowledgeType
+    if value.endswith("7"):
+        return AcknowledgeType.REJECT
+    if value.endswith("3") and deliveries == 1:
+        return AcknowledgeType.RELEASE
+    return AcknowledgeType.ACCEPT
+
+
+def share_out(lines):
+    with _lock:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+
+
+def confluent_share(a, stopper):
+    """A share-group member for the share rows (harness/shareserve.go):
+    "STARTED", then per record "REC partition offset deliveryCount value"
+    (with explicit acks, followed by the poll's wall-clock ms), "BATCH n"
+    after each non-empty poll and "ERROR text" for errors. Implicit: each
+    poll accepts the records of the one before. Explicit: each record gets
+    share_ack_for's ack, commit_sync sends them before the next poll, and
+    each record of a partition the broker answered without error is printed
+    "ACK ms partition offset TYPE value" (ms: after commit_sync returned).
+    After a non-empty poll it holds --hold-ms. It runs until SIGTERM."""
+    from confluent_kafka import ShareConsumer, KafkaException
+    conf = client_props(a)
+    conf.update({"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.member,
+                 "share.acknowledgement.mode": a.ack,
+                 # Errors librdkafka reports outside poll's messages (a
+                 # broker without share groups: no ShareGroupHeartbeat).
+                 "error_cb": lambda e: share_out(["ERROR %s" % e])})
+    c = ShareConsumer(conf)
+    c.subscribe([a.topic])
+    share_out(["STARTED"])
+    batches = 0
+    try:
+        while not stopper.stop:
+            try:
+                msgs = c.poll(1.0)
+            except KafkaException as e:
+                share_out(["ERROR poll: %s" % e])
+                time.sleep(0.2)
+                continue
+            polled = int(time.time() * 1000)
+            out, recs = [], []
+            for m in msgs:
+                if m.error() is not None:
+                    out.append("ERROR %s" % m.error())
+                    continue
+                recs.append(m)
+                line = "REC %d %d %d %s" % (m.partition(), m.offset(), m.delivery_count(), m.value().decode())
+                out.append(line + (" %d" % polled if a.ack == "explicit" else ""))
+            if recs:
+                batches += 1
+                out.append("BATCH %d" % batches)
+            share_out(out)
+            if a.ack == "explicit" and msgs:
+                acks = []
+                for m in msgs:
+                    if m.error() is None:
+                        t = share_ack_for(m.value().decode(), m.delivery_count())
+                        c.acknowledge(m, t)
+                        acks.append((m, t))
+                out = []
+                try:
+                    res = c.commit_sync(15) or {}
+                except KafkaException as e:
+                    res, err = None, e
+                now = int(time.time() * 1000)
+                for m, t in acks:
+                    if res is None:
+                        out.append("ERROR ack p%d %d: commit_sync: %s" % (m.partition(), m.offset(), err))
+                        continue
+                    perr = "no result for the partition"
+                    for tp, e in res.items():
+                        if tp.topic == m.topic() and tp.partition == m.partition():
+                            perr = e
+                    if perr is not None:
+                        out.append("ERROR ack p%d %d: %s" % (m.partition(), m.offset(), perr))
+                    else:
+                        out.append("ACK %d %d %d %s %s" % (now, m.partition(), m.offset(), t.name, m.value().decode()))
+                share_out(out)
+            if recs and a.hold_ms > 0:
+                deadline = time.time() + a.hold_ms / 1000.0
+                while not stopper.stop and time.time() < deadline:
+                    time.sleep(0.05)
+    finally:
+        c.close()
+
+
 def kp_produce(a):
     from kafka import KafkaProducer
     p = KafkaProducer(bootstrap_servers=a.bootstrap, client_id=a.member, acks="all", linger_ms=5)
@@ -315,6 +414,8 @@ def main():
     try:
         if a.client == "confluent" and a.mode == "commit":
             confluent_commit(a)
+        elif a.client == "confluent" and a.mode == "share":
+            confluent_share(a, stopper)
         elif a.client == "confluent":
             confluent_produce(a) if a.mode == "produce" else confluent_consume(a, stopper)
         else:
