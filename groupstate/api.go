@@ -209,6 +209,10 @@ type Event struct {
 	// (group.initial.rebalance.delay.ms; each new member extends it, up
 	// to the rebalance timeout); zero otherwise.
 	InitialDelay time.Duration
+	// HeartbeatInterval is, for a consumer (KIP-848) group, the
+	// interval its members heartbeat at: a member learns of a new
+	// target, and reports revoking, only at a heartbeat.
+	HeartbeatInterval time.Duration
 	// GroupType is the kind of group: GroupTypeClassic (JoinGroup and
 	// SyncGroup), GroupTypeConsumer (KIP-848) or GroupTypeShare
 	// (KIP-932); empty for an offset

@@ -161,15 +161,17 @@ func (g *consumerGroup) cancelAllTimers() {
 // group epoch stands in for the generation, the assignor for the
 // protocol.
 func (g *consumerGroup) event(kind EventKind) Event {
+	_, interval := g.settings()
 	return Event{
-		Time:         g.s.e.clock.Now(),
-		Kind:         kind,
-		Group:        g.id,
-		GroupType:    GroupTypeConsumer,
-		Generation:   g.epoch,
-		State:        g.stateName(),
-		ProtocolType: "consumer",
-		Protocol:     g.assignor,
+		Time:              g.s.e.clock.Now(),
+		Kind:              kind,
+		Group:             g.id,
+		GroupType:         GroupTypeConsumer,
+		Generation:        g.epoch,
+		State:             g.stateName(),
+		ProtocolType:      "consumer",
+		Protocol:          g.assignor,
+		HeartbeatInterval: interval,
 	}
 }
 

@@ -43,42 +43,43 @@ const (
 	// group leaving Empty, a child of the join span.
 	spanInitialDelay = "initial_delay"
 
-	attrGeneration     = attribute.Key("kproxy.group.generation")
-	attrPrevGeneration = attribute.Key("kproxy.group.previous_generation")
-	attrEpoch          = attribute.Key("kproxy.group.epoch")
-	attrPrevEpoch      = attribute.Key("kproxy.group.previous_epoch")
-	attrProtocolType   = attribute.Key("kproxy.group.protocol_type")
-	attrProtocol       = attribute.Key("kproxy.group.protocol")
-	attrAssignor       = attribute.Key("kproxy.group.assignor")
-	attrLeader         = attribute.Key("kproxy.group.leader")
-	attrMemberCount    = attribute.Key("kproxy.group.member_count")
-	attrMemberID       = attribute.Key("kproxy.member.id")
-	attrInstanceID     = attribute.Key("kproxy.member.instance_id")
-	attrIsLeader       = attribute.Key("kproxy.member.leader")
-	attrCauseMember    = attribute.Key("kproxy.rebalance.cause.member.id")
-	attrCauseClient    = attribute.Key("kproxy.rebalance.cause.client.id")
-	attrCauseHost      = attribute.Key("kproxy.rebalance.cause.client.address")
-	attrCauseInstance  = attribute.Key("kproxy.rebalance.cause.instance_id")
-	attrReason         = attribute.Key("kproxy.member.reason")
-	attrPartitions     = attribute.Key("kproxy.member.assigned_partitions")
-	attrTopics         = attribute.Key("kproxy.member.assigned_topics")
-	attrAssignmentSize = attribute.Key("kproxy.member.assignment_bytes")
-	attrRevoking       = attribute.Key("kproxy.member.revoking_partitions")
-	attrRevokingTopics = attribute.Key("kproxy.member.revoking_topics")
-	attrMemberEpoch    = attribute.Key("kproxy.member.epoch")
-	attrMemberState    = attribute.Key("kproxy.member.state")
-	attrJoinWait       = attribute.Key("kproxy.member.join_wait_ms")
-	attrLastToJoin     = attribute.Key("kproxy.member.last_to_join")
-	attrRejoinTook     = attribute.Key("kproxy.member.rejoin_ms")
-	attrSyncWait       = attribute.Key("kproxy.member.sync_wait_ms")
-	attrGaveUp         = attribute.Key("kproxy.member.revoked_partitions")
-	attrGaveUpTopics   = attribute.Key("kproxy.member.revoked_topics")
-	attrLastMember     = attribute.Key("kproxy.rebalance.last_member.id")
-	attrLastClient     = attribute.Key("kproxy.rebalance.last_member.client.id")
-	attrInitialDelay   = attribute.Key("kproxy.rebalance.initial_delay_ms")
-	attrInitialWaited  = attribute.Key("kproxy.rebalance.initial_delay_waited_ms")
-	attrSupersededBy   = attribute.Key("kproxy.rebalance.superseded_by.cause")
-	attrUntraced       = attribute.Key("kproxy.rebalance.members_without_span")
+	attrGeneration        = attribute.Key("kproxy.group.generation")
+	attrPrevGeneration    = attribute.Key("kproxy.group.previous_generation")
+	attrEpoch             = attribute.Key("kproxy.group.epoch")
+	attrPrevEpoch         = attribute.Key("kproxy.group.previous_epoch")
+	attrProtocolType      = attribute.Key("kproxy.group.protocol_type")
+	attrProtocol          = attribute.Key("kproxy.group.protocol")
+	attrAssignor          = attribute.Key("kproxy.group.assignor")
+	attrLeader            = attribute.Key("kproxy.group.leader")
+	attrMemberCount       = attribute.Key("kproxy.group.member_count")
+	attrMemberID          = attribute.Key("kproxy.member.id")
+	attrInstanceID        = attribute.Key("kproxy.member.instance_id")
+	attrIsLeader          = attribute.Key("kproxy.member.leader")
+	attrCauseMember       = attribute.Key("kproxy.rebalance.cause.member.id")
+	attrCauseClient       = attribute.Key("kproxy.rebalance.cause.client.id")
+	attrCauseHost         = attribute.Key("kproxy.rebalance.cause.client.address")
+	attrCauseInstance     = attribute.Key("kproxy.rebalance.cause.instance_id")
+	attrReason            = attribute.Key("kproxy.member.reason")
+	attrPartitions        = attribute.Key("kproxy.member.assigned_partitions")
+	attrTopics            = attribute.Key("kproxy.member.assigned_topics")
+	attrAssignmentSize    = attribute.Key("kproxy.member.assignment_bytes")
+	attrRevoking          = attribute.Key("kproxy.member.revoking_partitions")
+	attrRevokingTopics    = attribute.Key("kproxy.member.revoking_topics")
+	attrMemberEpoch       = attribute.Key("kproxy.member.epoch")
+	attrMemberState       = attribute.Key("kproxy.member.state")
+	attrJoinWait          = attribute.Key("kproxy.member.join_wait_ms")
+	attrLastToJoin        = attribute.Key("kproxy.member.last_to_join")
+	attrRejoinTook        = attribute.Key("kproxy.member.rejoin_ms")
+	attrSyncWait          = attribute.Key("kproxy.member.sync_wait_ms")
+	attrGaveUp            = attribute.Key("kproxy.member.revoked_partitions")
+	attrGaveUpTopics      = attribute.Key("kproxy.member.revoked_topics")
+	attrLastMember        = attribute.Key("kproxy.rebalance.last_member.id")
+	attrLastClient        = attribute.Key("kproxy.rebalance.last_member.client.id")
+	attrInitialDelay      = attribute.Key("kproxy.rebalance.initial_delay_ms")
+	attrInitialWaited     = attribute.Key("kproxy.rebalance.initial_delay_waited_ms")
+	attrHeartbeatInterval = attribute.Key("kproxy.group.heartbeat_interval_ms")
+	attrSupersededBy      = attribute.Key("kproxy.rebalance.superseded_by.cause")
+	attrUntraced          = attribute.Key("kproxy.rebalance.members_without_span")
 )
 
 // Rebalance outcomes, on the root span and the duration histogram.
@@ -694,6 +695,12 @@ func (rt *rebalanceTracker) start(ev groupstate.Event, links []trace.Link) *reba
 	case groupstate.GroupTypeConsumer:
 		rb.phaseName = spanReconcile
 		phaseAttrs = append(phaseAttrs, attrEpoch.Int64(int64(ev.Generation)))
+		if ev.HeartbeatInterval > 0 {
+			// Members learn of their new target at their heartbeats:
+			// a reconciliation of one interval or two is members
+			// waiting for theirs, not kproxy.
+			phaseAttrs = append(phaseAttrs, attrHeartbeatInterval.Int64(ev.HeartbeatInterval.Milliseconds()))
+		}
 	case groupstate.GroupTypeShare:
 		rb.phaseName = spanAssign
 		phaseAttrs = append(phaseAttrs, attrEpoch.Int64(int64(ev.Generation)))
@@ -762,6 +769,9 @@ func (rt *rebalanceTracker) end(rb *rebalance, at time.Time, outcome, errMsg str
 		}
 	}
 	rb.root.SetAttributes(attrOutcome.String(outcome))
+	if outcome == outcomeEmpty {
+		rb.root.SetAttributes(attrMemberCount.Int(0))
+	}
 	if errMsg != "" {
 		rb.root.SetStatus(codes.Error, errMsg)
 	} else if outcome == outcomeCompleted {

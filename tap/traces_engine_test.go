@@ -314,6 +314,7 @@ func TestEngineEmptiedGroupHasNoPhantomTrace(t *testing.T) {
 	if got := outcomeOf(root); got != "group_empty" {
 		t.Errorf("outcome %q, want group_empty", got)
 	}
+	wantAttr(t, "root", root.Attributes, "kproxy.group.member_count", "0")
 	if d := root.EndTime.Sub(root.StartTime); d != 11*time.Second {
 		t.Errorf("rebalance lasted %v, want 11s", d)
 	}
@@ -496,6 +497,9 @@ func TestEngineKIP848ReconciliationTrace(t *testing.T) {
 	}
 	wantAttr(t, "reconcile", rec.Attributes, "kproxy.group.epoch", "2")
 	wantAttr(t, "reconcile", rec.Attributes, "kproxy.group.member_count", "2")
+	// The engine's default group.consumer.heartbeat.interval.ms: members
+	// learn of their targets at their heartbeats.
+	wantAttr(t, "reconcile", rec.Attributes, "kproxy.group.heartbeat_interval_ms", "5000")
 	if d := root.EndTime.Sub(root.StartTime); d != 800*time.Millisecond {
 		t.Errorf("rebalance lasted %v, want 800ms", d)
 	}
