@@ -118,70 +118,87 @@ func shareDescribe(r *kmsg.ShareGroupDescribeRequest, can Can) Decision {
 }
 
 // shareFetch leaves out the topics the principal may not read and
-// answers their partitions TOPIC_AUTHORIZATION_FAILED.
+// answers their partitions TOPIC_AUTHORIZATION_FAILED (their
+// acknowledgements too).
 func shareFetch(r *kmsg.ShareFetchRequest, can Can, name TopicName) Decision {
-	var keep []kmsg.ShareFetchRequestTopic
-	var denied []kmsg.ShareFetchResponseTopic
-	for _, t := range r.Topics {
-		if readable(t.TopicID, can, name) {
-			keep = append(keep, t)
-			continue
-		}
-		rt := kmsg.NewShareFetchResponseTopic()
-		rt.TopicID = t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewShareFetchResponseTopicPartition()
-			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
-			if len(p.AcknowledgementBatches) > 0 {
-				rp.AcknowledgeErrorCode = codeTopicAuth
+	return shareTopics(r, r.Topics, can, name,
+		func(t kmsg.ShareFetchRequestTopic) [16]byte { return t.TopicID },
+		func(t kmsg.ShareFetchRequestTopic) kmsg.ShareFetchResponseTopic {
+			rt := kmsg.NewShareFetchResponseTopic()
+			rt.TopicID = t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewShareFetchResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
+				if len(p.AcknowledgementBatches) > 0 {
+					rp.AcknowledgeErrorCode = codeTopicAuth
+				}
+				rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
+				rt.Partitions = append(rt.Partitions, rp)
 			}
-			rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		denied = append(denied, rt)
-	}
-	if len(denied) == 0 {
-		return Decision{Pass: r}
-	}
-	cp := *r
-	cp.Topics = keep
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if fr, ok := resp.(*kmsg.ShareFetchResponse); ok && fr.ErrorCode == 0 {
-			fr.Topics = append(fr.Topics, denied...)
-		}
-		return resp
-	}}
+			return rt
+		},
+		func(keep []kmsg.ShareFetchRequestTopic) kmsg.Request {
+			cp := *r
+			cp.Topics = keep
+			return &cp
+		},
+		func(resp kmsg.Response, denied []kmsg.ShareFetchResponseTopic) {
+			if fr, ok := resp.(*kmsg.ShareFetchResponse); ok && fr.ErrorCode == 0 {
+				fr.Topics = append(fr.Topics, denied...)
+			}
+		})
 }
 
 // shareAcknowledge leaves out the topics the principal may not read and
 // answers their partitions TOPIC_AUTHORIZATION_FAILED.
 func shareAcknowledge(r *kmsg.ShareAcknowledgeRequest, can Can, name TopicName) Decision {
-	var keep []kmsg.ShareAcknowledgeRequestTopic
-	var denied []kmsg.ShareAcknowledgeResponseTopic
-	for _, t := range r.Topics {
-		if readable(t.TopicID, can, name) {
-			keep = append(keep, t)
-			continue
+	return shareTopics(r, r.Topics, can, name,
+		func(t kmsg.ShareAcknowledgeRequestTopic) [16]byte { return t.TopicID },
+		func(t kmsg.ShareAcknowledgeRequestTopic) kmsg.ShareAcknowledgeResponseTopic {
+			rt := kmsg.NewShareAcknowledgeResponseTopic()
+			rt.TopicID = t.TopicID
+			for _, p := range t.Partitions {
+				rp := kmsg.NewShareAcknowledgeResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
+				rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
+				rt.Partitions = append(rt.Partitions, rp)
+			}
+			return rt
+		},
+		func(keep []kmsg.ShareAcknowledgeRequestTopic) kmsg.Request {
+			cp := *r
+			cp.Topics = keep
+			return &cp
+		},
+		func(resp kmsg.Response, denied []kmsg.ShareAcknowledgeResponseTopic) {
+			if ar, ok := resp.(*kmsg.ShareAcknowledgeResponse); ok && ar.ErrorCode == 0 {
+				ar.Topics = append(ar.Topics, denied...)
+			}
+		})
+}
+
+// shareTopics is the topic filter of ShareFetch and ShareAcknowledge: of
+// r's topics (request topics T, named by id), those the principal may
+// not read are left out of what passes (keep builds that request) and
+// answered as deny builds them (answer topics D), added to the answer by
+// add (which leaves them out of an answer that failed as a whole). With
+// every topic readable, r passes as it is.
+func shareTopics[T, D any](r kmsg.Request, topics []T, can Can, name TopicName,
+	id func(T) [16]byte, deny func(T) D, keep func([]T) kmsg.Request, add func(kmsg.Response, []D)) Decision {
+	var kept []T
+	var denied []D
+	for _, t := range topics {
+		if readable(id(t), can, name) {
+			kept = append(kept, t)
+		} else {
+			denied = append(denied, deny(t))
 		}
-		rt := kmsg.NewShareAcknowledgeResponseTopic()
-		rt.TopicID = t.TopicID
-		for _, p := range t.Partitions {
-			rp := kmsg.NewShareAcknowledgeResponseTopicPartition()
-			rp.Partition, rp.ErrorCode = p.Partition, codeTopicAuth
-			rp.CurrentLeader.LeaderID, rp.CurrentLeader.LeaderEpoch = -1, -1
-			rt.Partitions = append(rt.Partitions, rp)
-		}
-		denied = append(denied, rt)
 	}
 	if len(denied) == 0 {
 		return Decision{Pass: r}
 	}
-	cp := *r
-	cp.Topics = keep
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if ar, ok := resp.(*kmsg.ShareAcknowledgeResponse); ok && ar.ErrorCode == 0 {
-			ar.Topics = append(ar.Topics, denied...)
-		}
+	return Decision{Pass: keep(kept), Finish: func(resp kmsg.Response) kmsg.Response {
+		add(resp, denied)
 		return resp
 	}}
 }

@@ -23,7 +23,7 @@ import (
 // A group the engine owns but does not hold (neither a classic nor a
 // KIP-848 group once loaded, or refused at its load because the
 // cluster's coordinator serves it, ErrGroupLiveOnCluster) is described
-// as the cluster describes it when the store implements ClusterGroups:
+// as the cluster describes it when the engine has Config.ClusterGroups:
 // a group live on the brokers shows its real members, protocol and state
 // in a multi-group request (kafka-consumer-groups --describe
 // --all-groups; a single-group request for it is forwarded upstream by
@@ -40,7 +40,7 @@ const groupOperations int32 = 1<<3 | 1<<6 | 1<<8
 
 // describeGroups fans a DescribeGroups out to the loops owning its groups.
 func (e *Engine) describeGroups(r *kmsg.DescribeGroupsRequest, reply func(kmsg.Response)) {
-	cg, _ := e.cfg.Store.(ClusterGroups)
+	cg := e.cfg.ClusterGroups
 	finish := func(res []*kmsg.DescribeGroupsResponseGroup) {
 		resp := kmsg.NewPtrDescribeGroupsResponse()
 		var missing []int

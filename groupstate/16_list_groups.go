@@ -16,18 +16,18 @@ import (
 //   - v5: TypesFilter and GroupType (KIP-848): "classic", or "consumer"
 //     for KIP-848 groups.
 //
-// The engine's groups are merged with the groups the store knows that
-// the engine does not hold; those without members on the cluster are
-// loaded first (their metadata may be persisted from before a restart),
-// and the ones still not held are listed as the store knows them. A store over a cluster (ClusterGroups)
-// knows every group of the cluster, with the cluster's protocol type,
-// state and type, so a group the cluster's coordinator serves is listed
-// as the brokers list it; a group the engine holds is listed once, as the
-// engine sees it (its anchor on the cluster is a member of it, not a
-// group). With any other store the groups it has offsets for are simple
-// groups, protocol type "", state Empty. Only groups the engine owns
-// (Config.Owns) are listed: in a fleet the router merges the lists of
-// every owner, and each group of the cluster has one owner.
+// The engine's groups are merged with the groups it knows of that it
+// does not hold; those without members on the cluster are loaded first
+// (their metadata may be persisted from before a restart), and the ones
+// still not held are listed as they are known. With Config.ClusterGroups
+// those are every group of the cluster, with the cluster's protocol
+// type, state and type, so a group the cluster's coordinator serves is
+// listed as the brokers list it; a group the engine holds is listed
+// once, as the engine sees it (its anchor on the cluster is a member of
+// it, not a group). Without it they are the groups the store has offsets
+// for, as simple groups, protocol type "", state Empty. Only groups the
+// engine owns (Config.Owns) are listed: in a fleet the router merges the
+// lists of every owner, and each group of the cluster has one owner.
 
 // listGroups gathers the groups of every loop and of the store.
 func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)) {
@@ -56,9 +56,10 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 			sort.Slice(resp.Groups, func(i, j int) bool { return resp.Groups[i].Group < resp.Groups[j].Group })
 			reply(resp)
 		}
-		// done completes the list with stored, the store's groups the
-		// engine did not list, each as the store knows it: a group the
-		// engine holds once loaded is listed as the engine sees it.
+		// done completes the list with stored, the known groups the
+		// engine did not list (the cluster's, or the store's), each as
+		// known: a group the engine holds once loaded is listed as the
+		// engine sees it.
 		done := func(stored []kmsg.ListGroupsResponseGroup, code int16) {
 			// Groups with offsets that this engine has not loaded since
 			// its start may have persisted metadata: they are loaded
@@ -126,7 +127,7 @@ func (e *Engine) listGroups(r *kmsg.ListGroupsRequest, reply func(kmsg.Response)
 				}
 			}
 		}
-		if cg, ok := e.cfg.Store.(ClusterGroups); ok {
+		if cg := e.cfg.ClusterGroups; cg != nil {
 			if !e.goStore(func(ctx context.Context) {
 				groups, err := cg.ListClusterGroups(ctx)
 				code := errNone

@@ -24,7 +24,7 @@ import (
 // A group the engine owns but does not hold at all (neither a classic
 // nor a KIP-848 group once loaded, or refused at its load because the
 // cluster's coordinator serves it) is described as the cluster describes
-// it when the store implements ClusterGroups, entry as it is (a KIP-848
+// it when the engine has Config.ClusterGroups, entry as it is (a KIP-848
 // group live on the brokers shows its members and assignments); without
 // it, such a group answers GROUP_ID_NOT_FOUND.
 
@@ -37,7 +37,7 @@ type cgDescribed struct {
 
 // consumerGroupDescribe fans a ConsumerGroupDescribe out to the loops.
 func (e *Engine) consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, reply func(kmsg.Response)) {
-	cg, _ := e.cfg.Store.(ClusterGroups)
+	cg := e.cfg.ClusterGroups
 	ga := newGather(len(r.Groups), func(res []cgDescribed) {
 		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
 		var missing []int

@@ -1,6 +1,11 @@
 package groupstate
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
 
 // This file is the engine's contract with the rest of kproxy: the proxy
 // hands it decoded requests, the store persists offsets, and tap reads the
@@ -246,4 +251,42 @@ type GroupSnapshot struct {
 	// Kind is the kind of group (KindClassic, KindConsumer, KindShare),
 	// set by Engine.Groups and Engine.Group.
 	Kind GroupKind
+}
+
+// ClusterGroups is the view of a cluster that has groups of its own
+// (Config.ClusterGroups; internal/coexist implements it over the
+// cluster): groups its own coordinator serves (an application still
+// direct, or only partly behind kproxy, docs/anchors.md), share or
+// streams groups, groups of other tools. Through it, ListGroups,
+// DescribeGroups and ConsumerGroupDescribe answer for a group the engine
+// does not hold as the brokers do directly, instead of as an empty
+// simple group: kafka-consumer-groups --list and --describe --all-groups
+// through kproxy see what they see against the brokers. The engine's own
+// answer stands for every group it holds: a group kproxy serves is
+// anchored under the same id (the anchor is a member of the cluster's
+// group, never a group of its own), so the cluster's view of it, which
+// shows the anchor as its one member, is never used. Without it, a
+// group only the store knows is a simple group, protocol type "", state
+// Empty.
+//
+// The methods are called off the engine's loops and may block; they are
+// safe for concurrent use.
+type ClusterGroups interface {
+	// ListClusterGroups lists every group of the cluster (every broker
+	// asked) with its protocol type, state and type (GroupType
+	// "classic" from a cluster that predates group types), except
+	// kproxy's own fleet group. On an error the groups of the brokers
+	// that answered are still returned.
+	ListClusterGroups(ctx context.Context) ([]kmsg.ListGroupsResponseGroup, error)
+	// DescribeClusterGroups describes groups as the cluster does
+	// (DescribeGroups, at the newest version both sides speak, each
+	// group asked of its coordinator), one entry per distinct id in
+	// order; a group that could not be asked carries the error code in
+	// its entry, and the error returned (for logs) says why.
+	// includeOps is the request's IncludeAuthorizedOperations.
+	DescribeClusterGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.DescribeGroupsResponseGroup, error)
+	// DescribeClusterConsumerGroups is DescribeClusterGroups for
+	// ConsumerGroupDescribe (KIP-848 groups). A cluster without the API
+	// has no such groups: every entry is GROUP_ID_NOT_FOUND.
+	DescribeClusterConsumerGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.ConsumerGroupDescribeResponseGroup, error)
 }

@@ -46,15 +46,9 @@ type consumerGroup struct {
 	stateSince time.Time
 	lastState  string
 	emptyTimer timerRef
-	// dirty is set when something the group's record holds changed
-	// since it was last written; saving while a write is in flight
-	// (consumer_persist.go).
-	dirty  bool
-	saving bool
-	// cur holds the answers waiting for the write in flight, waitNext
-	// those waiting for the next write (changes made since).
-	cur      *saveBatch
-	waitNext []func(code int16)
+	// recordWriter writes the group's record, coalescing its writes
+	// (record_writer.go, consumer_persist.go).
+	recordWriter
 	// converted is set once the group was converted into a classic
 	// group (consumer_migration.go): answers that wait for its writes
 	// wait for the classic group's record instead.
@@ -107,7 +101,7 @@ type consumerMember struct {
 
 // newConsumerGroup creates an empty consumer group owned by s.
 func newConsumerGroup(s *shard, id string) *consumerGroup {
-	return &consumerGroup{
+	g := &consumerGroup{
 		s:          s,
 		id:         id,
 		members:    make(map[string]*consumerMember),
@@ -116,6 +110,8 @@ func newConsumerGroup(s *shard, id string) *consumerGroup {
 		owners:     make(map[tp]string),
 		stateSince: s.e.clock.Now(),
 	}
+	g.initWriter(s, id, g)
+	return g
 }
 
 // live reports whether g is still the group the shard holds under its id.

@@ -933,8 +933,7 @@ func (g *consumerGroup) convertToClassic(by *consumerMember, rebalance bool) {
 	}
 	// The classic record replaces the consumer one; whoever waited for
 	// the consumer group's writes is answered once it is durable.
-	waiters := g.waitNext
-	g.waitNext, g.dirty = nil, false
+	waiters := g.takeWaiters()
 	g.converted = &convertedWait{}
 	conv := g.converted
 	conv.ws = waiters

@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -28,23 +26,17 @@ import (
 // members that keep heartbeating go on without a new epoch.
 //
 // A heartbeat is answered only once the write holding every change made
-// to the group up to its answer returned nil (persistThen): an answer
-// that moves a member's epoch or assignment, or the group epoch, rides on
-// a durable (in a fleet: committed, fenced) write, so a new owner or a
-// restarted kproxy never knows less than a client was told. A heartbeat
-// that changed nothing is answered at once when no write is pending, and
+// to the group up to its answer returned nil (persistThen, through the
+// group's recordWriter, record_writer.go): an answer that moves a
+// member's epoch or assignment, or the group epoch, rides on a durable
+// (in a fleet: committed, fenced) write, so a new owner or a restarted
+// kproxy never knows less than a client was told. A heartbeat that
+// changed nothing is answered at once when no write is pending, and
 // otherwise waits for the write in flight or the next one, which hold
-// what its answer says.
-//
-// A failed write is answered with the store error's code
-// (storeErrorCode: NOT_COORDINATOR for a fenced writer) to every
-// heartbeat that waited for it, and the group's in-memory state is
-// dropped (EventGroupUnloaded, CauseStoreError): the next request loads
-// it from the store, as after a restart. Keeping the state and writing
-// it with the next change would also never send an undurable answer,
-// but dropping it keeps memory equal to the store after any failure, so
-// partitions a failed write would have granted are never granted from
-// memory, and a fenced (zombie) owner holds no state a write cannot back.
+// what its answer says. A failed write is answered with the store
+// error's code to every heartbeat that waited for it, and the group's
+// in-memory state is dropped: the next request loads it from the store,
+// as after a restart.
 //
 // The record is a two-byte marker (consumerRecordMagic, never a valid classic
 // record version) followed by a versioned JSON document.
@@ -193,150 +185,27 @@ func (g *consumerGroup) record() []byte {
 	return append(out, body...)
 }
 
-// markDirty notes that g changed in a way its record holds.
-func (g *consumerGroup) markDirty() { g.dirty = true }
-
 // persistThen calls answer once every change made to g so far is
-// durable: at once when nothing is to be written, else after the write
-// that holds the change. Writes are coalesced: while one is in flight,
-// further changes only mark the group dirty and wait for the next write,
-// which holds the latest state, so a busy rebalance costs one write at a
-// time per group. answer gets errNone; the store error's code when the
-// write failed (the group is then dropped, to be reloaded);
-// NOT_COORDINATOR when the group was unloaded before its write started;
-// COORDINATOR_NOT_AVAILABLE when the engine closed first. A nil answer
-// just starts the write.
+// durable (recordWriter.persistThen); once g was converted into a
+// classic group, once the classic group's record is.
 func (g *consumerGroup) persistThen(answer func(code int16)) {
-	if answer == nil {
-		answer = func(int16) {}
-	}
 	if g.converted != nil {
-		g.converted.add(answer)
+		if answer != nil {
+			g.converted.add(answer)
+		}
 		return
 	}
-	if g.s.e.meta == nil || !g.live() {
-		g.dirty = false
-		answer(errNone)
-		return
-	}
-	switch {
-	case g.dirty:
-		g.waitNext = append(g.waitNext, answer)
-		g.startSave()
-	case g.saving:
-		g.cur.add(answer)
-	default:
-		answer(errNone)
-	}
+	g.recordWriter.persistThen(answer)
 }
 
 // maybePersist starts writing g's record if it changed; nobody waits.
 func (g *consumerGroup) maybePersist() { g.persistThen(nil) }
 
-// startSave writes the current state unless a write is in flight (its
-// completion starts the next one).
-func (g *consumerGroup) startSave() {
-	g.anchorChanged()
-	if g.saving || !g.dirty {
-		return
-	}
-	rec := g.record()
-	if rec == nil {
-		g.dirty = false
-		return
-	}
-	g.dirty, g.saving = false, true
-	batch := &saveBatch{ws: g.waitNext}
-	g.cur, g.waitNext = batch, nil
-	id, epoch := g.id, g.epoch
-	log := g.s.e.log
-	g.s.saveMeta(id, rec, func(err error) {
-		if errors.Is(err, errEngineClosed) || errors.Is(err, errUnloaded) {
-			// Closed or unloaded before the write started: the group
-			// was already dropped; answer here.
-			batch.finish(storeErrorCode(err))
-			return
-		}
-		g.saving = false
-		g.cur = nil
-		if err != nil {
-			// Nothing of this write is durable: answer its waiters with
-			// the error and drop the group, so that memory is again
-			// what the store holds (the next request reloads it).
-			code := storeErrorCode(err)
-			log.Warn("groupstate: persisting consumer group failed; dropping its state", "group", id, "epoch", epoch, "err", err)
-			batch.finish(code)
-			if g.live() {
-				g.s.unloadConsumer(g, code, CauseStoreError)
-			}
-			return
-		}
-		batch.finish(errNone)
-		if g.live() {
-			g.startSave()
-			return
-		}
-		// The group was dropped meanwhile (deleted or replaced, and
-		// tombstoned after this write): nothing more to write.
-		ws := g.waitNext
-		g.waitNext, g.dirty = nil, false
-		for _, w := range ws {
-			w(errNone)
-		}
-	}, func() {
-		// The engine closed while the write ran (off the loop).
-		batch.finish(errCoordinatorNotAvailable)
-	})
-}
+// saveStarting tells the store's anchor of g's membership before each
+// write may start (anchor.go).
+func (g *consumerGroup) saveStarting() { g.anchorChanged() }
 
-// saveBatch holds the answers waiting for one write. The loop adds to it
-// while the write runs; the write's completion finishes it, on the loop
-// or, once the engine closed, off it: hence mu.
-type saveBatch struct {
-	mu   sync.Mutex
-	ws   []func(code int16) // guarded by mu
-	code int16              // guarded by mu: the answer once done
-	done bool               // guarded by mu
-}
-
-// add queues answer, or calls it at once if the batch is finished.
-func (b *saveBatch) add(answer func(code int16)) {
-	b.mu.Lock()
-	if b.done {
-		code := b.code
-		b.mu.Unlock()
-		answer(code)
-		return
-	}
-	b.ws = append(b.ws, answer)
-	b.mu.Unlock()
-}
-
-// finish answers every queued answer with code, once.
-func (b *saveBatch) finish(code int16) {
-	b.mu.Lock()
-	if b.done {
-		b.mu.Unlock()
-		return
-	}
-	b.done, b.code = true, code
-	ws := b.ws
-	b.ws = nil
-	b.mu.Unlock()
-	for _, w := range ws {
-		w(code)
-	}
-}
-
-// failWaiters answers code to every heartbeat waiting for a write that
-// will not happen (teardown, the group unloaded or dropped).
-func (g *consumerGroup) failWaiters(code int16) {
-	ws := g.waitNext
-	g.waitNext, g.dirty = nil, false
-	for _, w := range ws {
-		w(code)
-	}
-}
+func (g *consumerGroup) saveDone(error, time.Duration) {}
 
 // consumerGroupFromRecord rebuilds a consumer group from its record, every
 // member with a fresh session timer.

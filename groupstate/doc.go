@@ -36,8 +36,10 @@
 // member subscribes to a topic the cache does not know; a new regex is
 // resolved after the heartbeat that brought it, as Kafka resolves regexes
 // asynchronously), and persistence of the group as one record in
-// the same slot (consumer_persist.go). A classic and a KIP-848 group never share
-// an id: an empty group of one kind is replaced by the other. A non-empty
+// the same slot (consumer_persist.go, written by the coalescing writer
+// of record_writer.go, as share groups are). A classic and a KIP-848
+// group never share an id: an empty group of one kind is replaced by
+// the other. A non-empty
 // classic group is converted online into a consumer group when the first
 // KIP-848 member joins, its classic members keep working inside it
 // through JoinGroup/SyncGroup/Heartbeat translated onto member epochs,

@@ -108,6 +108,11 @@ type Config struct {
 	// created or loaded for it. Turning it false does not drop what the
 	// engine holds: call Unload for that (unload.go).
 	Owns func(group string) bool
+	// ClusterGroups, when set, is the cluster's own groups: ListGroups,
+	// DescribeGroups and ConsumerGroupDescribe answer for a group the
+	// engine does not hold as the cluster does (ClusterGroups). nil: such
+	// a group is what the store knows of it.
+	ClusterGroups ClusterGroups
 	// ShareSettings, when set, gives a share group's settings (its
 	// share.* GROUP configs); it is called on the loops, so it must be
 	// cheap, must not block and must be safe for concurrent use. nil

@@ -105,19 +105,16 @@ type shareGroup struct {
 	lockAt       time.Time // when lockTimer fires; zero when unarmed
 	since        time.Time // when the group entered its state
 	lastState    string
-	// dirty, saving, cur and waitNext coalesce the group's writes
-	// (share_persist.go): dirty says the record changed since the last
-	// write started, saving that a write is in flight, cur holds its
-	// waiters and waitNext those of the next.
-	dirty    bool
-	saving   bool
-	cur      *saveBatch
-	waitNext []func(code int16)
+	// recordWriter writes the group's record, coalescing its writes
+	// (record_writer.go, share_persist.go).
+	recordWriter
 }
 
 func newShareGroup(s *shard, id string) *shareGroup {
 	now := s.e.clock.Now()
-	return &shareGroup{s: s, id: id, g: share.NewGroup(id), parts: make(map[ShareTP]*share.Partition), since: now, lastState: "Empty"}
+	g := &shareGroup{s: s, id: id, g: share.NewGroup(id), parts: make(map[ShareTP]*share.Partition), since: now, lastState: "Empty"}
+	g.initWriter(s, id, g)
+	return g
 }
 
 // shareOf returns the share group held under id.

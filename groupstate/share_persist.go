@@ -21,11 +21,11 @@ import (
 // them; Kafka itself does not persist acquisitions, so after a crash it
 // may under-count a delivery, which this does not).
 //
-// Writes are coalesced per group as for KIP-848 groups (persistThen):
-// while one is in flight further changes wait for the next, which holds
-// the latest state. A failed write answers its waiters with the store's
-// error and drops the group, so that memory is again what the store
-// holds.
+// Writes are coalesced per group by the group's recordWriter
+// (record_writer.go), as for KIP-848 groups: while one is in flight
+// further changes wait for the next, which holds the latest state. A
+// failed write answers its waiters with the store's error and drops the
+// group, so that memory is again what the store holds.
 //
 // The record is a two-byte marker (shareRecordMagic, never a valid
 // classic record version nor consumerRecordMagic), a version byte, the
@@ -156,78 +156,12 @@ func (s *shard) installShareRecord(id string, rec []byte) {
 	s.e.log.Info("groupstate: share group loaded", "group", id, "epoch", g.g.Epoch(), "members", len(g.g.Members()), "partitions", len(g.parts))
 }
 
-// markDirty notes that g changed in a way its record holds.
-func (g *shareGroup) markDirty() { g.dirty = true }
+// saveStarting: a share group has nothing to do before a write.
+func (g *shareGroup) saveStarting() {}
 
-// persistThen calls answer once every change made to g so far is
-// durable (consumerGroup.persistThen, the same coalescing); a nil answer
-// just starts the write.
-func (g *shareGroup) persistThen(answer func(code int16)) {
-	if answer == nil {
-		answer = func(int16) {}
-	}
-	if g.s.e.meta == nil || !g.live() {
-		g.dirty = false
-		answer(errNone)
-		return
-	}
-	switch {
-	case g.dirty:
-		g.waitNext = append(g.waitNext, answer)
-		g.startSave()
-	case g.saving:
-		g.cur.add(answer)
-	default:
-		answer(errNone)
-	}
-}
-
-// startSave writes the current state unless a write is in flight (its
-// completion starts the next one).
-func (g *shareGroup) startSave() {
-	if g.saving || !g.dirty {
-		return
-	}
-	rec := g.record()
-	g.dirty, g.saving = false, true
-	batch := &saveBatch{ws: g.waitNext}
-	g.cur, g.waitNext = batch, nil
-	id, log, start := g.id, g.s.e.log, time.Now()
-	g.s.saveMeta(id, rec, func(err error) {
-		g.s.e.shareMetrics.writes.Add(1)
-		g.s.e.shareMetrics.writeNanos.Add(int64(time.Since(start)))
-		if errors.Is(err, errEngineClosed) || errors.Is(err, errUnloaded) {
-			batch.finish(storeErrorCode(err))
-			return
-		}
-		g.saving = false
-		g.cur = nil
-		if err != nil {
-			code := storeErrorCode(err)
-			log.Warn("groupstate: persisting share group failed; dropping its state", "group", id, "err", err)
-			batch.finish(code)
-			if g.live() {
-				g.unload(code, CauseStoreError)
-			}
-			return
-		}
-		batch.finish(errNone)
-		if g.live() {
-			g.startSave()
-			return
-		}
-		g.failWaiters(errNone)
-	}, func() {
-		batch.finish(errCoordinatorNotAvailable)
-	})
-}
-
-// failWaiters answers code to every request waiting for a write that will
-// not happen.
-func (g *shareGroup) failWaiters(code int16) {
-	ws := g.waitNext
-	g.waitNext, g.dirty = nil, false
-	for _, w := range ws {
-		w(code)
-	}
+// saveDone counts the group's writes and their time for the share
+// counters (ShareCounters).
+func (g *shareGroup) saveDone(_ error, took time.Duration) {
+	g.s.e.shareMetrics.writes.Add(1)
+	g.s.e.shareMetrics.writeNanos.Add(int64(took))
 }

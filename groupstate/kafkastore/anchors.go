@@ -113,6 +113,18 @@ func (s *Store) SupportsKey(ctx context.Context, key int16) bool {
 	return keys[key]
 }
 
+// LacksKey reports whether the cluster is known not to answer requests
+// of key: its ApiVersions was read and does not list it (a failed
+// ApiVersions proves nothing).
+func (s *Store) LacksKey(ctx context.Context, key int16) bool {
+	if s.SupportsKey(ctx, key) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.apiKeys != nil
+}
+
 // GroupCoordinator asks the cluster for the node id of group's
 // coordinator (FindCoordinator, not cached: the answer goes to a client
 // that follows it).

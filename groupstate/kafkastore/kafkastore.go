@@ -3,7 +3,7 @@
 // tools see them) and group metadata in a compacted topic (groups.go).
 // It implements the store interfaces of package groupstate
 // (OffsetStore, TopicResolver, GroupMetadataStore, TopicMetadataStore,
-// AnchorStore, ClusterGroups).
+// AnchorStore).
 //
 // Loads read only committed records (load.go). In local mode writes are
 // plain produces and simple commits (generation -1, no member). In

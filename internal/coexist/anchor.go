@@ -684,7 +684,7 @@ func (as *Anchors) describeOnCluster(ctx context.Context, group string) (Cluster
 		if len(g.Members) > 0 {
 			c := ClusterGroup{Kind: "classic", Members: true}
 			for _, m := range g.Members {
-				if m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID {
+				if as.isAnchor(m.InstanceID) {
 					c.Anchored = true
 				} else {
 					c.MemberIDs = append(c.MemberIDs, m.MemberID)
@@ -722,57 +722,48 @@ func (as *Anchors) describeOnCluster(ctx context.Context, group string) (Cluster
 // StreamsGroupDescribe); Kind is "" when the cluster lacks that API or
 // has no group of that kind.
 func (as *Anchors) describeKind(ctx context.Context, group, kind string) (ClusterGroup, error) {
-	var req kmsg.Request
-	var read func(kmsg.Response) (code int16, members int)
 	switch kind {
 	case "consumer":
-		r := kmsg.NewPtrConsumerGroupDescribeRequest()
-		r.Groups = []string{group}
-		req, read = r, func(resp kmsg.Response) (int16, int) {
-			for _, g := range resp.(*kmsg.ConsumerGroupDescribeResponse).Groups {
-				return g.ErrorCode, len(g.Members)
-			}
-			return kerr.GroupIDNotFound.Code, 0
-		}
+		return describeKindWith(ctx, as, group, kind, &kmsg.ConsumerGroupDescribeRequest{Groups: []string{group}},
+			func(r *kmsg.ConsumerGroupDescribeResponse) []kmsg.ConsumerGroupDescribeResponseGroup { return r.Groups },
+			func(g kmsg.ConsumerGroupDescribeResponseGroup) (int16, int) { return g.ErrorCode, len(g.Members) })
 	case "share":
-		r := kmsg.NewPtrShareGroupDescribeRequest()
-		r.GroupIDs = []string{group}
-		req, read = r, func(resp kmsg.Response) (int16, int) {
-			for _, g := range resp.(*kmsg.ShareGroupDescribeResponse).Groups {
-				return g.ErrorCode, len(g.Members)
-			}
-			return kerr.GroupIDNotFound.Code, 0
-		}
+		return describeKindWith(ctx, as, group, kind, &kmsg.ShareGroupDescribeRequest{GroupIDs: []string{group}},
+			func(r *kmsg.ShareGroupDescribeResponse) []kmsg.ShareGroupDescribeResponseGroup { return r.Groups },
+			func(g kmsg.ShareGroupDescribeResponseGroup) (int16, int) { return g.ErrorCode, len(g.Members) })
 	case "streams":
-		r := kmsg.NewPtrStreamsGroupDescribeRequest()
-		r.Groups = []string{group}
-		req, read = r, func(resp kmsg.Response) (int16, int) {
-			for _, g := range resp.(*kmsg.StreamsGroupDescribeResponse).Groups {
-				return g.ErrorCode, len(g.Members)
-			}
-			return kerr.GroupIDNotFound.Code, 0
-		}
-	default:
-		return ClusterGroup{}, fmt.Errorf("describing group %q: unknown kind %q", group, kind)
+		return describeKindWith(ctx, as, group, kind, &kmsg.StreamsGroupDescribeRequest{Groups: []string{group}},
+			func(r *kmsg.StreamsGroupDescribeResponse) []kmsg.StreamsGroupDescribeResponseGroup { return r.Groups },
+			func(g kmsg.StreamsGroupDescribeResponseGroup) (int16, int) { return g.ErrorCode, len(g.Members) })
 	}
+	return ClusterGroup{}, fmt.Errorf("describing group %q: unknown kind %q", group, kind)
+}
+
+// describeKindWith is describeKind with req, the describe of kind naming
+// group only (describeOne), read giving an entry's error code and how
+// many members it lists.
+func describeKindWith[R kmsg.Response, G any](ctx context.Context, as *Anchors, group, kind string, req kmsg.Request, entries func(R) []G, read func(G) (code int16, members int)) (ClusterGroup, error) {
 	if !as.s.SupportsKey(ctx, req.Key()) {
 		return ClusterGroup{}, nil
 	}
-	resp, err := as.request(ctx, group, req, func(r kmsg.Response) int16 {
-		code, _ := read(r)
+	g, found, err := describeOne(ctx, as, group, req, entries, func(g G) int16 {
+		code, _ := read(g)
 		return code
 	})
 	if err != nil {
-		return ClusterGroup{}, fmt.Errorf("describing %s group %q: %w", kind, group, err)
+		return ClusterGroup{}, fmt.Errorf("describing %s group: %w", kind, err)
 	}
-	code, members := read(resp)
-	switch code {
+	if !found {
+		return ClusterGroup{}, nil
+	}
+	switch code, members := read(g); code {
 	case 0:
 		return ClusterGroup{Kind: kind, Members: members > 0}, nil
 	case kerr.GroupIDNotFound.Code:
 		return ClusterGroup{}, nil
+	default:
+		return ClusterGroup{}, fmt.Errorf("describing %s group %q: %w", kind, group, kerr.ErrorForCode(code))
 	}
-	return ClusterGroup{}, fmt.Errorf("describing %s group %q: %w", kind, group, kerr.ErrorForCode(code))
 }
 
 // subscription is the consumer protocol metadata of an anchor for a.
@@ -1398,7 +1389,7 @@ func (as *Anchors) pollRebalances() {
 				}
 				others := 0
 				for _, m := range g.Members {
-					if m.InstanceID == nil || *m.InstanceID != as.opts.InstanceID {
+					if !as.isAnchor(m.InstanceID) {
 						others++
 					}
 				}

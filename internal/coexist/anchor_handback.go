@@ -68,16 +68,7 @@ func (as *Anchors) clusterMembers(ctx context.Context, group string) (memberView
 	}
 	v.static = make(map[string]bool)
 	for _, m := range g.Members {
-		switch {
-		case m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID:
-			v.anchored = true
-		case m.InstanceID != nil:
-			v.others++
-			v.static[*m.InstanceID] = true
-		default:
-			v.others++
-			v.dynamic++
-		}
+		v.add(m.InstanceID, as.isAnchor(m.InstanceID))
 	}
 	return v, nil
 }
@@ -87,18 +78,30 @@ func (as *Anchors) clusterMembers(ctx context.Context, group string) (memberView
 func (as *Anchors) joinView(jr *kmsg.JoinGroupResponse) memberView {
 	v := memberView{static: make(map[string]bool)}
 	for _, m := range jr.Members {
-		switch {
-		case m.MemberID == jr.MemberID || m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID:
-			v.anchored = true
-		case m.InstanceID != nil:
-			v.others++
-			v.static[*m.InstanceID] = true
-		default:
-			v.others++
-			v.dynamic++
-		}
+		v.add(m.InstanceID, m.MemberID == jr.MemberID || as.isAnchor(m.InstanceID))
 	}
 	return v
+}
+
+// add counts a member of instance id instanceID (nil for a dynamic
+// member) in v; anchor says it is the anchor.
+func (v *memberView) add(instanceID *string, anchor bool) {
+	switch {
+	case anchor:
+		v.anchored = true
+	case instanceID != nil:
+		v.others++
+		v.static[*instanceID] = true
+	default:
+		v.others++
+		v.dynamic++
+	}
+}
+
+// isAnchor reports whether a member of instance id instanceID is one of
+// these anchors (every anchor joins with opts.InstanceID).
+func (as *Anchors) isAnchor(instanceID *string) bool {
+	return instanceID != nil && *instanceID == as.opts.InstanceID
 }
 
 // arrived reports whether the cluster's group, as v, holds every member

@@ -150,12 +150,12 @@ func (as *Anchors) handBackConsumer(ctx context.Context, a *anchor, memberID str
 	if err != nil || d.ErrorCode != 0 {
 		return false
 	}
-	isAnchor := func(m kmsg.ConsumerGroupDescribeResponseGroupMember) bool {
-		return m.MemberID == memberID || m.InstanceID != nil && *m.InstanceID == as.opts.InstanceID
+	ours := func(m kmsg.ConsumerGroupDescribeResponseGroupMember) bool {
+		return m.MemberID == memberID || as.isAnchor(m.InstanceID)
 	}
 	direct := make(map[string]bool)
 	for _, m := range d.Members {
-		if !isAnchor(m) {
+		if !ours(m) {
 			direct[m.MemberID] = true
 		}
 	}
@@ -181,7 +181,7 @@ func (as *Anchors) handBackConsumer(ctx context.Context, a *anchor, memberID str
 			case slices.Contains(ids, m.MemberID):
 				back++
 				joined++
-			case !isAnchor(m) && !direct[m.MemberID]:
+			case !ours(m) && !direct[m.MemberID]:
 				joined++
 			}
 		}

@@ -11,14 +11,19 @@
 //     fleet, takeover_fleet.go);
 //   - the hand-back of a group to the cluster (anchor_handback.go);
 //   - which groups are forwarded to the cluster's coordinator, and when
-//     (forward.go), and what the anchors' news changes there (Enable).
+//     (forward.go), and what the anchors' news changes there (Enable);
+//   - the cluster's own groups, as ListGroups and DescribeGroups through
+//     kproxy show those the engine does not hold (clustergroups.go).
 //
 // It has one entry for each side: Coexist.AttachEngine for the engine
 // (the Engine interface is all it asks of it; the engine's own side of
 // takeover and hand-back stays in groupstate: consumer_takeover.go,
 // classic_handback.go, anchor.go) and Coexist.Forwarder for the data
 // path (the proxy.GroupForwarder that proxy/forward.go asks). The
-// assembly (internal/kproxy) builds it with Enable and wires those.
+// assembly (internal/kproxy) builds it with Enable and wires those. The
+// cluster's groups (NewClusterGroups) stand apart from Enable: the
+// assembly gives them to the engine as its Config.ClusterGroups
+// whenever its store is over the cluster, anchors on or off.
 //
 // It is internal: its API is the assembly's wiring, not for programs
 // that embed kproxy, like internal/shares beside it.

@@ -21,6 +21,7 @@ import (
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/coexist"
 	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
@@ -143,6 +144,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 
 	engCfg.Store = f.store
+	engCfg.ClusterGroups = coexist.NewClusterGroups(f.store)
 	engCfg.Owns = f.owns
 	eng, err := groupstate.New(engCfg)
 	if err != nil {

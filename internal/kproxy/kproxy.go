@@ -104,8 +104,8 @@ type GroupsConfig struct {
 	// forwarded. It is decided once, at start.
 	SharesAuto bool
 	// Engine configures the coordinator engine (local and distributed).
-	// Start sets Store and Owns; Logger defaults to Logger; Events, when
-	// set, receives every event after tap's sink.
+	// Start sets Store, ClusterGroups and Owns; Logger defaults to
+	// Logger; Events, when set, receives every event after tap's sink.
 	Engine groupstate.Config
 	// WrapStore, when set, wraps the local mode's store before the
 	// engine gets it (a benchmark drops the group records this way).
@@ -349,6 +349,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		store = cfg.Groups.WrapStore(store)
 	}
 	engCfg.Store = store
+	engCfg.ClusterGroups = coexist.NewClusterGroups(ks)
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
 		w.close(context.Background())

@@ -1,4 +1,4 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
@@ -13,9 +13,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/fleet"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
-// TestClusterGroups: the store lists and describes the cluster's groups
+// TestClusterGroups: ClusterGroups lists and describes the cluster's groups
 // as the brokers answer a client directly: a classic group with a member,
 // a KIP-848 group, a simple group (offsets only), each from its own
 // coordinator among three brokers; kproxy's fleet group (protocol type
@@ -108,8 +109,8 @@ func TestClusterGroups(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	store := New(newClient())
-	listed, err := store.ListClusterGroups(ctx)
+	cg := NewClusterGroups(kafkastore.New(newClient()))
+	listed, err := cg.ListClusterGroups(ctx)
 	if err != nil {
 		t.Fatalf("ListClusterGroups: %v", err)
 	}
@@ -145,7 +146,7 @@ func TestClusterGroups(t *testing.T) {
 		for _, g := range dresp.Groups {
 			wantD[g.Group] = g
 		}
-		gotD, err := store.DescribeClusterGroups(ctx, ids, true)
+		gotD, err := cg.DescribeClusterGroups(ctx, ids, true)
 		if err != nil {
 			t.Fatalf("DescribeClusterGroups: %v", err)
 		}
@@ -175,7 +176,7 @@ func TestClusterGroups(t *testing.T) {
 		for _, g := range cresp.Groups {
 			wantC[g.Group] = g
 		}
-		gotC, err := store.DescribeClusterConsumerGroups(ctx, ids, false)
+		gotC, err := cg.DescribeClusterConsumerGroups(ctx, ids, false)
 		if err != nil {
 			t.Fatalf("DescribeClusterConsumerGroups: %v", err)
 		}
@@ -210,10 +211,10 @@ func TestClusterGroupsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	store := New(cl)
+	cg := NewClusterGroups(kafkastore.New(cl))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	got, err := store.DescribeClusterGroups(ctx, []string{"a", "b", "a"}, false)
+	got, err := cg.DescribeClusterGroups(ctx, []string{"a", "b", "a"}, false)
 	if err == nil || len(got) != 2 || got[0].Group != "a" || got[1].Group != "b" {
 		t.Fatalf("describe of an unreachable cluster: %+v, %v", got, err)
 	}
@@ -222,7 +223,7 @@ func TestClusterGroupsUnreachable(t *testing.T) {
 			t.Fatalf("group %s described without an error", g.Group)
 		}
 	}
-	if _, err := store.ListClusterGroups(ctx); err == nil {
+	if _, err := cg.ListClusterGroups(ctx); err == nil {
 		t.Fatal("list of an unreachable cluster: no error")
 	}
 }

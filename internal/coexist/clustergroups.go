@@ -1,4 +1,4 @@
-package kafkastore
+package coexist
 
 import (
 	"context"
@@ -11,12 +11,15 @@ import (
 
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
-// The cluster's own groups (groupstate.ClusterGroups): what ListGroups,
-// DescribeGroups and ConsumerGroupDescribe through kproxy answer for the
-// groups kproxy's engine does not hold, so that they look as they do
-// against the brokers.
+// ClusterGroups is the cluster's own groups (groupstate.ClusterGroups,
+// the engine's Config.ClusterGroups): what ListGroups, DescribeGroups
+// and ConsumerGroupDescribe through kproxy answer for the groups kproxy's
+// engine does not hold, so that they look as they do against the
+// brokers. It is safe for concurrent use; it holds nothing but its
+// immutable client and store.
 //
 // The requests go through the client's sharded requests (what kadm's
 // ListGroups and DescribeGroups use underneath): ListGroups to every
@@ -26,8 +29,17 @@ import (
 // to its own types; the engine passes the cluster's kmsg entries on
 // unchanged (error codes, messages, member metadata, authorized
 // operations), which a round trip through kadm's types would not keep.
+type ClusterGroups struct {
+	cl *kgo.Client       // immutable: the store's client
+	st *kafkastore.Store // immutable: which API keys the cluster answers
+}
 
-var _ groupstate.ClusterGroups = (*Store)(nil)
+var _ groupstate.ClusterGroups = (*ClusterGroups)(nil)
+
+// NewClusterGroups is the cluster's groups as st's client sees them.
+func NewClusterGroups(st *kafkastore.Store) *ClusterGroups {
+	return &ClusterGroups{cl: st.Client(), st: st}
+}
 
 // ListClusterGroups implements groupstate.ClusterGroups. A group listed
 // by two brokers (its coordinator moving) is listed once, the first
@@ -35,12 +47,12 @@ var _ groupstate.ClusterGroups = (*Store)(nil)
 // type fleet.ProtocolType) is left out: it is kproxy's machinery, not an
 // application's group; kproxy's anchors need no filtering, they are
 // members of the groups they anchor, not groups of their own.
-func (s *Store) ListClusterGroups(ctx context.Context) ([]kmsg.ListGroupsResponseGroup, error) {
+func (c *ClusterGroups) ListClusterGroups(ctx context.Context) ([]kmsg.ListGroupsResponseGroup, error) {
 	req := kmsg.NewPtrListGroupsRequest() // no filter: every state, every type
 	var out []kmsg.ListGroupsResponseGroup
 	seen := make(map[string]bool)
 	var first error
-	for _, sh := range s.cl.RequestSharded(ctx, req) {
+	for _, sh := range c.cl.RequestSharded(ctx, req) {
 		err := sh.Err
 		if sh.Resp != nil {
 			resp := sh.Resp.(*kmsg.ListGroupsResponse)
@@ -61,17 +73,17 @@ func (s *Store) ListClusterGroups(ctx context.Context) ([]kmsg.ListGroupsRespons
 			}
 		}
 		if err != nil && first == nil {
-			first = fmt.Errorf("kafkastore: listing the groups of broker %d: %w", sh.Meta.NodeID, err)
+			first = fmt.Errorf("listing the groups of broker %d: %w", sh.Meta.NodeID, err)
 		}
 	}
 	return out, first
 }
 
 // DescribeClusterGroups implements groupstate.ClusterGroups.
-func (s *Store) DescribeClusterGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.DescribeGroupsResponseGroup, error) {
+func (c *ClusterGroups) DescribeClusterGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.DescribeGroupsResponseGroup, error) {
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.IncludeAuthorizedOperations = includeOps
-	return describeSharded(ctx, s.cl, req, groups, &req.Groups,
+	return describeSharded(ctx, c.cl, req, groups, &req.Groups,
 		func(r kmsg.Request) []string { return r.(*kmsg.DescribeGroupsRequest).Groups },
 		func(r kmsg.Response) []kmsg.DescribeGroupsResponseGroup {
 			return r.(*kmsg.DescribeGroupsResponse).Groups
@@ -85,13 +97,13 @@ func (s *Store) DescribeClusterGroups(ctx context.Context, groups []string, incl
 }
 
 // DescribeClusterConsumerGroups implements groupstate.ClusterGroups.
-func (s *Store) DescribeClusterConsumerGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.ConsumerGroupDescribeResponseGroup, error) {
+func (c *ClusterGroups) DescribeClusterConsumerGroups(ctx context.Context, groups []string, includeOps bool) ([]kmsg.ConsumerGroupDescribeResponseGroup, error) {
 	errEntry := func(id string, code int16) kmsg.ConsumerGroupDescribeResponseGroup {
 		g := kmsg.NewConsumerGroupDescribeResponseGroup()
 		g.Group, g.ErrorCode = id, code
 		return g
 	}
-	if s.lacksKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
+	if c.st.LacksKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
 		// A cluster from before KIP-848 has no consumer groups: each is
 		// answered as Kafka answers an unknown one.
 		out := make([]kmsg.ConsumerGroupDescribeResponseGroup, 0, len(groups))
@@ -105,25 +117,13 @@ func (s *Store) DescribeClusterConsumerGroups(ctx context.Context, groups []stri
 	}
 	req := kmsg.NewPtrConsumerGroupDescribeRequest()
 	req.IncludeAuthorizedOperations = includeOps
-	return describeSharded(ctx, s.cl, req, groups, &req.Groups,
+	return describeSharded(ctx, c.cl, req, groups, &req.Groups,
 		func(r kmsg.Request) []string { return r.(*kmsg.ConsumerGroupDescribeRequest).Groups },
 		func(r kmsg.Response) []kmsg.ConsumerGroupDescribeResponseGroup {
 			return r.(*kmsg.ConsumerGroupDescribeResponse).Groups
 		},
 		func(g kmsg.ConsumerGroupDescribeResponseGroup) string { return g.Group },
 		errEntry)
-}
-
-// lacksKey reports whether the cluster is known not to answer requests
-// of key: its ApiVersions was read and does not list it (a failed
-// ApiVersions proves nothing).
-func (s *Store) lacksKey(ctx context.Context, key int16) bool {
-	if s.SupportsKey(ctx, key) {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.apiKeys != nil
 }
 
 // describeSharded sends req for the distinct ids (set in *items) to
@@ -155,7 +155,7 @@ func describeSharded[G any](ctx context.Context, cl *kgo.Client, req kmsg.Reques
 			continue
 		}
 		if first == nil {
-			first = fmt.Errorf("kafkastore: %s: %w", kmsg.NameForKey(req.Key()), sh.Err)
+			first = fmt.Errorf("%s: %w", kmsg.NameForKey(req.Key()), sh.Err)
 		}
 		of := ids
 		if sh.Req != nil {
