@@ -78,7 +78,11 @@ func BenchmarkAnchors(b *testing.B) {
 	}
 	var procs []*kproxyProc
 	for i := range 2 {
-		args := append(fleetBenchArgs(name, "3s", "300ms"), "--group-anchor-session-timeout", session.String())
+		// The members ask for 10-minute sessions (below), past the
+		// cluster's group.max.session.timeout.ms that kproxy would
+		// otherwise take as its own maximum.
+		args := append(fleetBenchArgs(name, "3s", "300ms"), "--group-anchor-session-timeout", session.String(),
+			"--group-max-session-timeout", "10m")
 		if lvl := os.Getenv("KPROXY_BENCH_LOG_LEVEL"); lvl != "" {
 			args = append(args, "--log-level", lvl)
 		}
