@@ -47,11 +47,17 @@ func newShareRaw(t *testing.T, s *stack, group, member, topic string) *shareRaw 
 // epoch, with acks (accept) of first..last when last >= first.
 func (r *shareRaw) fetch(maxBytes int32, first, last int64) *kmsg.ShareFetchResponse {
 	r.t.Helper()
+	return r.fetchOf(r.topic, maxBytes, first, last)
+}
+
+// fetchOf is fetch of partition 0 of topic.
+func (r *shareRaw) fetchOf(topic [16]byte, maxBytes int32, first, last int64) *kmsg.ShareFetchResponse {
+	r.t.Helper()
 	req := kmsg.NewPtrShareFetchRequest()
 	req.GroupID, req.MemberID, req.ShareSessionEpoch = &r.group, &r.member, r.epoch
 	req.MaxWaitMillis, req.MinBytes, req.MaxBytes, req.MaxRecords, req.BatchSize = 500, 1, maxBytes, 500, 500
 	rt := kmsg.NewShareFetchRequestTopic()
-	rt.TopicID = r.topic
+	rt.TopicID = topic
 	p := kmsg.NewShareFetchRequestTopicPartition()
 	if last >= first {
 		b := kmsg.NewShareFetchRequestTopicPartitionAcknowledgementBatch()
@@ -150,6 +156,19 @@ func TestShareGroupsServedAnswers(t *testing.T) {
 	}
 	if ar := r.ack(0, 4); ar.Topics[0].Partitions[0].ErrorCode != 0 {
 		t.Fatalf("accept of a live topic's records: %v", kerr.ErrorForCode(ar.Topics[0].Partitions[0].ErrorCode))
+	}
+	// A topic created after kproxy's last listing of the topics (the
+	// fetches above) is not refused.
+	created, err := kadm.NewClient(s.client()).CreateTopic(ctx, 1, 1, nil, topic+"-new")
+	if err != nil || created.Err != nil {
+		t.Fatalf("create topic: %v %v", err, created.Err)
+	}
+	for _, tp := range r.fetchOf(created.ID, 1<<20, 0, -1).Topics {
+		for _, p := range tp.Partitions {
+			if tp.TopicID == created.ID && p.ErrorCode == kerr.UnknownTopicID.Code {
+				t.Errorf("ShareFetch of a topic just created answered UNKNOWN_TOPIC_ID")
+			}
+		}
 	}
 
 	if _, err := kadm.NewClient(s.client()).DeleteTopic(ctx, topic); err != nil {

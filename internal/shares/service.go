@@ -262,6 +262,7 @@ func (s *Service) ShareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 }
 
 func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, reply func(kmsg.Response)) {
+	arrived := time.Now()
 	resp := kmsg.NewPtrShareFetchResponse()
 	resp.Version = req.Version
 	fail := func(code int16, msg string) {
@@ -325,7 +326,7 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 	// Partitions of topics the cluster no longer has (deleted) are
 	// answered as Kafka's KafkaApis does, before the group sees them.
 	check := slices.Collect(maps.Keys(acks))
-	gone := s.unknownTopics(append(check, fetch...))
+	gone := s.unknownTopics(append(check, fetch...), arrived)
 	for tp := range acks {
 		if code, ok := gone[tp]; ok {
 			ackCodes[tp] = code
@@ -569,7 +570,7 @@ func (s *Service) topicName(ctx context.Context, id [16]byte) (string, error) {
 	if ok {
 		return ti.name, nil
 	}
-	names, err := s.topics(ctx)
+	names, err := s.topics(ctx, time.Second)
 	if err != nil {
 		return "", err
 	}
@@ -579,12 +580,11 @@ func (s *Service) topicName(ctx context.Context, id [16]byte) (string, error) {
 	return "", kerr.UnknownTopicID
 }
 
-// topics returns the cluster's topics by id, listed at most once a
-// second: a topic deleted is refused within a second, as a broker refuses
-// it once its metadata has the deletion.
-func (s *Service) topics(ctx context.Context) (map[[16]byte]topicInfo, error) {
+// topics returns the cluster's topics by id, listed again when the last
+// listing is older than maxAge.
+func (s *Service) topics(ctx context.Context, maxAge time.Duration) (map[[16]byte]topicInfo, error) {
 	s.topicMu.Lock()
-	if time.Since(s.namesAt) < time.Second {
+	if time.Since(s.namesAt) < maxAge {
 		names := s.names
 		s.topicMu.Unlock()
 		return names, nil
@@ -621,18 +621,36 @@ func (s *Service) topics(ctx context.Context) (map[[16]byte]topicInfo, error) {
 // partition the cluster does not have, as Kafka's KafkaApis answers a
 // ShareFetch or ShareAcknowledge partition: UNKNOWN_TOPIC_ID for a topic
 // id its metadata lacks (a deleted topic), UNKNOWN_TOPIC_OR_PARTITION for
-// a partition the topic lacks. When the topics cannot be listed, none is
-// refused: the broker's fetch answers for them.
-func (s *Service) unknownTopics(tps []groupstate.ShareTP) map[groupstate.ShareTP]int16 {
+// a partition the topic lacks. A topic deleted is refused within a second
+// (the listing's age when all is known), as a broker refuses it once its
+// metadata has the deletion; one a listing lacks is looked for in a
+// listing taken after the request arrived (at) before it is refused, so
+// that a topic or partition created just before is not.
+// When the topics cannot be listed, none is refused: the broker's fetch
+// answers for them.
+func (s *Service) unknownTopics(tps []groupstate.ShareTP, at time.Time) map[groupstate.ShareTP]int16 {
 	if len(tps) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
-	names, err := s.topics(ctx)
+	codes, err := s.unknownIn(ctx, time.Second, tps)
+	if err == nil && codes != nil {
+		codes, err = s.unknownIn(ctx, time.Since(at), tps)
+	}
 	if err != nil {
-		s.log.Warn("shares: checking the topics of a request", "err", err)
+		s.log.Debug("shares: checking the topics of a request", "err", err)
 		return nil
+	}
+	return codes
+}
+
+// unknownIn returns unknownTopics' codes against a listing at most
+// maxAge old.
+func (s *Service) unknownIn(ctx context.Context, maxAge time.Duration, tps []groupstate.ShareTP) (map[groupstate.ShareTP]int16, error) {
+	names, err := s.topics(ctx, maxAge)
+	if err != nil {
+		return nil, err
 	}
 	var codes map[groupstate.ShareTP]int16
 	for _, tp := range tps {
@@ -649,7 +667,7 @@ func (s *Service) unknownTopics(tps []groupstate.ShareTP) map[groupstate.ShareTP
 			codes[tp] = code
 		}
 	}
-	return codes
+	return codes, nil
 }
 
 // fetchAndAcquire fetches the plan's partitions from the broker the
@@ -805,6 +823,7 @@ func (s *Service) anyLeader(ctx context.Context, cl *kgo.Client, f *kmsg.FetchRe
 }
 
 func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledgeRequest, reply func(kmsg.Response)) {
+	arrived := time.Now()
 	resp := kmsg.NewPtrShareAcknowledgeResponse()
 	resp.Version = req.Version
 	fail := func(code int16, msg string) {
@@ -840,7 +859,7 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 		}
 	}
 	codes := s.validate(acks, req.Version >= 2 && req.IsRenewAck)
-	for tp, code := range s.unknownTopics(slices.Collect(maps.Keys(acks))) {
+	for tp, code := range s.unknownTopics(slices.Collect(maps.Keys(acks)), arrived) {
 		codes[tp] = code
 		delete(acks, tp)
 	}
