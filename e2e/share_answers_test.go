@@ -125,6 +125,20 @@ func onlyPartition(t *testing.T, resp *kmsg.ShareFetchResponse) kmsg.ShareFetchR
 	return resp.Topics[0].Partitions[0]
 }
 
+// partitionOf returns partition 0 of topic in the answer.
+func partitionOf(t *testing.T, resp *kmsg.ShareFetchResponse, topic [16]byte) kmsg.ShareFetchResponseTopicPartition {
+	t.Helper()
+	for _, rt := range resp.Topics {
+		for _, p := range rt.Partitions {
+			if rt.TopicID == topic && p.Partition == 0 {
+				return p
+			}
+		}
+	}
+	t.Fatalf("ShareFetch answered no partition 0 of the topic: %+v", resp.Topics)
+	return kmsg.ShareFetchResponseTopicPartition{}
+}
+
 // TestShareGroupsServedAnswers: kproxy answers ShareFetch and
 // ShareAcknowledge as Kafka 4.4's KafkaApis does where librdkafka's
 // share-consumer tests look: MaxBytes 0 gets no records (each partition
@@ -179,7 +193,7 @@ func TestShareGroupsServedAnswers(t *testing.T) {
 	if len(ar.Topics) != 1 || len(ar.Topics[0].Partitions) != 1 || ar.Topics[0].Partitions[0].ErrorCode != kerr.UnknownTopicID.Code {
 		t.Errorf("ShareAcknowledge of a deleted topic answered %+v, want UNKNOWN_TOPIC_ID", ar.Topics)
 	}
-	p := onlyPartition(t, r.fetch(1<<20, 8, 9))
+	p := partitionOf(t, r.fetch(1<<20, 8, 9), r.topic)
 	if p.AcknowledgeErrorCode != kerr.UnknownTopicID.Code || p.ErrorCode != kerr.UnknownTopicID.Code {
 		t.Errorf("ShareFetch of a deleted topic: ack %v, fetch %v, want UNKNOWN_TOPIC_ID for both",
 			kerr.ErrorForCode(p.AcknowledgeErrorCode), kerr.ErrorForCode(p.ErrorCode))
