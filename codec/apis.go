@@ -88,28 +88,30 @@ func (e Edit) String() string {
 // API keys kproxy treats specially. Everything not listed here is
 // forwarded as is, at the versions the broker advertises.
 const (
-	KeyProduce                = 0
-	KeyFetch                  = 1
-	KeyMetadata               = 3
-	KeyOffsetCommit           = 8
-	KeyOffsetFetch            = 9
-	KeyFindCoordinator        = 10
-	KeyJoinGroup              = 11
-	KeyHeartbeat              = 12
-	KeyLeaveGroup             = 13
-	KeySyncGroup              = 14
-	KeyDescribeGroups         = 15
-	KeyListGroups             = 16
-	KeySaslHandshake          = 17
-	KeyApiVersions            = 18
-	KeyTxnOffsetCommit        = 28
-	KeyDeleteGroups           = 42
-	KeyOffsetDelete           = 47
-	KeyDescribeQuorum         = 55
-	KeyDescribeCluster        = 60
-	KeyConsumerGroupHeartbeat = 68
-	KeyConsumerGroupDescribe  = 69
-	KeySaslAuthenticate       = 36
+	KeyProduce                 = 0
+	KeyFetch                   = 1
+	KeyMetadata                = 3
+	KeyOffsetCommit            = 8
+	KeyOffsetFetch             = 9
+	KeyFindCoordinator         = 10
+	KeyJoinGroup               = 11
+	KeyHeartbeat               = 12
+	KeyLeaveGroup              = 13
+	KeySyncGroup               = 14
+	KeyDescribeGroups          = 15
+	KeyListGroups              = 16
+	KeySaslHandshake           = 17
+	KeyApiVersions             = 18
+	KeyTxnOffsetCommit         = 28
+	KeyAlterConfigs            = 33
+	KeyDeleteGroups            = 42
+	KeyIncrementalAlterConfigs = 44
+	KeyOffsetDelete            = 47
+	KeyDescribeQuorum          = 55
+	KeyDescribeCluster         = 60
+	KeyConsumerGroupHeartbeat  = 68
+	KeyConsumerGroupDescribe   = 69
+	KeySaslAuthenticate        = 36
 
 	KeyShareGroupHeartbeat                   = 76
 	KeyShareGroupDescribe                    = 77

@@ -15,7 +15,14 @@ import (
 // names), heartbeats at its epoch and leaves with -1; share.Group keeps
 // Kafka's epoch rules and the simple assignor, and a member moves
 // straight to its target assignment (no revocation phase). A member
-// that leaves or expires gives its acquired records back. An id held by
+// that leaves keeps the records it acquired: as in Kafka, where the
+// group coordinator does not touch share-partitions, they come back when
+// its share session closes (internal/shares: a ShareFetch or
+// ShareAcknowledge at epoch -1, or its connection's close, as
+// SharePartitionManager.releaseSession) or their locks run out, so the
+// acknowledgements a client sends on close after its leave heartbeat
+// still apply. A member whose session expires gives its records back
+// (kproxy's own rule). An id held by
 // a group of another kind answers GROUP_ID_NOT_FOUND "Group G is not a
 // share group.", as Kafka's GroupMetadataManager does.
 
@@ -85,7 +92,6 @@ func (s *shard) shareHeartbeat(rc RequestContext, r *kmsg.ShareGroupHeartbeatReq
 	for id := range before {
 		if _, still := after[id]; !still {
 			g.markDirty()
-			g.releaseMember(id)
 			cause = CauseMemberLeft
 			if s.e.cfg.Events != nil {
 				ev := g.event(EventMemberLeft)

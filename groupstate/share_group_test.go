@@ -406,3 +406,39 @@ func TestShareEpochEvents(t *testing.T) {
 		t.Errorf("the expiry was caused by %+v, want a with its client id", m)
 	}
 }
+
+// TestShareLeaveKeepsRecords: a member's leave heartbeat does not release
+// the records it acquired. Kafka's group coordinator does not touch
+// share-partitions; the broker releases them when the member's share
+// session closes (a ShareFetch or ShareAcknowledge at epoch -1, or its
+// connection: SharePartitionManager.releaseSession) or their locks run
+// out, so a client that leaves first and acknowledges on close after
+// still has its acknowledgements applied (librdkafka's 0178).
+func TestShareLeaveKeepsRecords(t *testing.T) {
+	h := &consumerHarness{newHarness(t, shareSettingsForTest)}
+	h.store.SetTopic("t", 1)
+	h.refresh()
+	tp := ShareTP{TopicID: h.topicID("t"), Partition: 0}
+	for _, m := range []string{"a", "b"} {
+		if r := h.do(shareJoin("g", m, "t")).(*kmsg.ShareGroupHeartbeatResponse); r.ErrorCode != errNone {
+			t.Fatalf("join %s: %s", m, errName(r.ErrorCode))
+		}
+	}
+	if _, got := shareFetch(t, h.harness, "g", "a", tp, 20, nil); len(got) != 1 || got[0].First != 0 || got[0].Last != 19 {
+		t.Fatalf("a's fetch acquired %+v, want 0-19", got)
+	}
+	leave := shareJoin("g", "a")
+	leave.MemberEpoch, leave.SubscribedTopicNames = -1, nil
+	if lr := h.do(leave).(*kmsg.ShareGroupHeartbeatResponse); lr.ErrorCode != errNone {
+		t.Fatalf("a's leave: %s", errName(lr.ErrorCode))
+	}
+	if _, got := shareFetch(t, h.harness, "g", "b", tp, 20, nil); len(got) != 0 {
+		t.Fatalf("after a's leave heartbeat b acquired %+v, want nothing (a still holds 0-19)", got)
+	}
+	if code := shareAck(t, h.harness, "g", "a", tp, 0, 19, share.AckAccept); code != errNone {
+		t.Fatalf("a's accept after its leave heartbeat: %s, want NO_ERROR", errName(code))
+	}
+	if states, _ := h.e.ShareStates("g"); len(states) != 1 || states[0].StartOffset != 20 {
+		t.Fatalf("share state %+v, want the start at 20 (0-19 accepted)", states)
+	}
+}

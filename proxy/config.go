@@ -163,6 +163,12 @@ type Config struct {
 	// versions kproxy speaks, whatever the brokers support. nil
 	// forwards them to the cluster.
 	Shares ShareService
+	// ConfigsAltered, when set, is handed each AlterConfigs and
+	// IncrementalAlterConfigs response forwarded to a client, decoded
+	// (nil when it could not be), before the client gets it: kproxy
+	// reads a group's GROUP configs again once the cluster changed them.
+	// It runs on the session's response path and must not block.
+	ConfigsAltered func(kmsg.Response)
 	// RequireSASL says the cluster requires SASL (kproxy's own client
 	// is configured with it): a group request, or FindCoordinator, on a
 	// connection that has not completed a SASL exchange the broker

@@ -582,7 +582,11 @@ func (s *session) forward(h codec.RequestHeader, r codec.Route, start int64, hea
 		expectResponse = acks != 0
 	}
 	if expectResponse {
-		if err := s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start}); err != nil {
+		var watch func(kmsg.Response)
+		if s.p.cfg.ConfigsAltered != nil && (h.Key == codec.KeyAlterConfigs || h.Key == codec.KeyIncrementalAlterConfigs) {
+			watch = s.p.cfg.ConfigsAltered
+		}
+		if err := s.push(slot{route: r, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, watch: watch}); err != nil {
 			return err
 		}
 	}

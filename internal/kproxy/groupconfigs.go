@@ -99,7 +99,9 @@ const (
 // groupConfigsFirstWait), so that it is answered with the group's own
 // settings, as Kafka's coordinator answers it; a heartbeat after a change
 // on the cluster gets the new settings once the next refresh read them
-// (every groupConfigsRefresh).
+// (every groupConfigsRefresh), or at once when the change went through
+// kproxy (altered: as Kafka's coordinator applies a group's new configs
+// as soon as they are set).
 type groupConfigs struct {
 	cl      kmsg.Requestor // kproxy's own client of the cluster; immutable
 	log     *slog.Logger   // immutable
@@ -124,6 +126,7 @@ type groupConfigs struct {
 type groupConfigEntry struct {
 	settings groupstate.GroupSettings
 	read     bool          // read at least once
+	stale    bool          // changed on the cluster since the last read
 	readCh   chan struct{} // closed when read turns true, or the entry is dropped
 	used     time.Time     // last get
 }
@@ -197,6 +200,43 @@ func (c *groupConfigs) unread(group string) <-chan struct{} {
 	return e.readCh
 }
 
+// altered is proxy.Config.ConfigsAltered: the groups whose GROUP configs
+// a forwarded AlterConfigs or IncrementalAlterConfigs changed (the
+// cluster answered their resource without error) are read again now
+// rather than at the next refresh. Groups not cached are left alone:
+// their first read comes when they are first asked about.
+func (c *groupConfigs) altered(resp kmsg.Response) {
+	var groups []string
+	switch r := resp.(type) {
+	case *kmsg.IncrementalAlterConfigsResponse:
+		for _, res := range r.Resources {
+			if res.ResourceType == kmsg.ConfigResourceTypeGroupConfig && res.ErrorCode == 0 {
+				groups = append(groups, res.ResourceName)
+			}
+		}
+	case *kmsg.AlterConfigsResponse:
+		for _, res := range r.Resources {
+			if res.ResourceType == kmsg.ConfigResourceTypeGroupConfig && res.ErrorCode == 0 {
+				groups = append(groups, res.ResourceName)
+			}
+		}
+	}
+	if len(groups) == 0 {
+		return
+	}
+	stale := false
+	c.mu.Lock()
+	for _, g := range groups {
+		if e := c.entries[g]; e != nil {
+			e.stale, stale = true, true
+		}
+	}
+	c.mu.Unlock()
+	if stale {
+		c.kick()
+	}
+}
+
 // kick wakes run to read the groups added.
 func (c *groupConfigs) kick() {
 	select {
@@ -237,7 +277,7 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 		case all && now.Sub(e.used) > groupConfigsForget:
 			e.markRead() // nobody waits on it any more; closed all the same
 			delete(c.entries, g)
-		case all || !e.read:
+		case all || !e.read || e.stale:
 			groups = append(groups, g)
 		}
 	}
@@ -280,6 +320,7 @@ func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
 						"consumer_session_timeout", r.settings.ConsumerSessionTimeout, "consumer_heartbeat_interval", r.settings.ConsumerHeartbeatInterval)
 				}
 				e.settings = r.settings
+				e.stale = false
 			} else {
 				refused = append(refused, g)
 			}

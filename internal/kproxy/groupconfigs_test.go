@@ -332,3 +332,79 @@ func TestGroupConfigsFirstRead(t *testing.T) {
 		t.Fatal("a cluster without GROUP configs must not make joins wait")
 	}
 }
+
+// TestGroupConfigsAlteredThroughKproxy: a group's GROUP configs changed
+// with an IncrementalAlterConfigs that goes through kproxy are read again
+// as soon as the cluster answered it, not at the next refresh (30 s here),
+// as Kafka's coordinator applies a group's new configs at once.
+func TestGroupConfigsAlteredThroughKproxy(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Config{
+		Upstream: c.ListenAddrs(),
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+		Groups: GroupsConfig{
+			Mode: GroupsLocal,
+			Engine: groupstate.Config{
+				ConsumerMinSessionTimeout: time.Second, ConsumerMaxSessionTimeout: time.Minute,
+				ConsumerSessionTimeout: 20 * time.Second, ConsumerHeartbeatInterval: 5 * time.Second,
+			},
+			GroupConfigsRefresh: 30 * time.Second,
+		},
+		Telemetry: tap.Config{Getenv: func(string) string { return "" }},
+		Logger:    slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown(context.Background())
+	cl, err := kgo.NewClient(kgo.SeedBrokers(s.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	id, epoch := "m-altered", int32(0)
+	beat := func() int32 {
+		t.Helper()
+		req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		req.Group, req.MemberID, req.MemberEpoch = "altered", id, epoch
+		if epoch == 0 {
+			req.RebalanceTimeoutMillis = 10000
+			req.SubscribedTopicNames = []string{"t"}
+			req.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{}
+		}
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil {
+			err = kerr.ErrorForCode(resp.ErrorCode)
+		}
+		if err != nil {
+			t.Fatalf("heartbeat: %v", err)
+		}
+		if resp.MemberID != nil {
+			id = *resp.MemberID
+		}
+		epoch = resp.MemberEpoch
+		return resp.HeartbeatIntervalMillis
+	}
+	if got := beat(); got != 5000 {
+		t.Fatalf("first heartbeat interval %d ms, want the engine's 5000", got)
+	}
+	setGroupConfigs(ctx, t, cl, "altered", map[string]string{"consumer.heartbeat.interval.ms": "1500"})
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		got := beat()
+		if got == 1500 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("heartbeat interval %d ms 3 s after the change went through kproxy, want 1500", got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -262,6 +262,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.coexist != nil {
 		pcfg.Forwarder = s.coexist.Forwarder()
 	}
+	if s.groupConfigs != nil && pcfg.ConfigsAltered == nil {
+		pcfg.ConfigsAltered = s.groupConfigs.altered
+	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
 	if err != nil {

@@ -17,6 +17,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -77,14 +79,23 @@ type Service struct {
 	pool  chan *kgo.Client
 	admin *kgo.Client
 
-	// topicMu guards names, the topic names by id (ListOffsets takes
-	// names), and namesAt, when they were last listed.
+	// topicMu guards names, the cluster's topics by id as last listed
+	// (ListOffsets takes names; a partition of a topic not listed is
+	// refused as a broker does), and namesAt, when. A listing replaces
+	// the map, which is never changed after, so a caller may read it
+	// without the lock.
 	topicMu sync.Mutex
-	names   map[[16]byte]string
+	names   map[[16]byte]topicInfo
 	namesAt time.Time
 
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// topicInfo is a topic as the cluster's metadata lists it.
+type topicInfo struct {
+	name       string
+	partitions int32
 }
 
 type memberKey struct {
@@ -117,7 +128,7 @@ func New(cfg Config) (*Service, error) {
 		conns:    make(map[uint64]chan func()),
 		pool:     make(chan *kgo.Client, cfg.Clients),
 		admin:    admin,
-		names:    make(map[[16]byte]string),
+		names:    make(map[[16]byte]topicInfo),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	return s, nil
@@ -251,6 +262,7 @@ func (s *Service) ShareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 }
 
 func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, reply func(kmsg.Response)) {
+	arrived := time.Now()
 	resp := kmsg.NewPtrShareFetchResponse()
 	resp.Version = req.Version
 	fail := func(code int16, msg string) {
@@ -311,6 +323,17 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 			fetch = append(fetch, groupstate.ShareTP(tp))
 		}
 	}
+	// Partitions of topics the cluster no longer has (deleted) are
+	// answered as Kafka's KafkaApis does, before the group sees them.
+	check := slices.Collect(maps.Keys(acks))
+	gone := s.unknownTopics(append(check, fetch...), arrived)
+	for tp := range acks {
+		if code, ok := gone[tp]; ok {
+			ackCodes[tp] = code
+			delete(acks, tp)
+		}
+	}
+	fetch = slices.DeleteFunc(fetch, func(tp groupstate.ShareTP) bool { _, ok := gone[tp]; return ok })
 	plan := s.prepare(group, member, acks, fetch)
 	out := newShareFetchOut(resp)
 	deadline := time.Now().Add(time.Duration(req.MaxWaitMillis) * time.Millisecond)
@@ -358,6 +381,13 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 	for tp, code := range ackCodes {
 		out.partition(tp).AcknowledgeErrorCode = code
 	}
+	if !ackOnly {
+		for _, tp := range parts {
+			if code, ok := gone[groupstate.ShareTP(tp)]; ok {
+				out.partition(groupstate.ShareTP(tp)).ErrorCode = code
+			}
+		}
+	}
 	if closing {
 		// The session ends: the member's records of its partitions go
 		// back, after the acknowledgements it carried.
@@ -391,9 +421,22 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 			plan = s.prepare(group, member, nil, fetch)
 		}
 	}
+	if req.MaxBytes <= 0 {
+		// Kafka 4.4 splits MaxBytes among the partitions it fetches
+		// (PartitionMaxBytesStrategy), which refuses 0: each partition
+		// is answered UNKNOWN_SERVER_ERROR, no records.
+		for _, tp := range fetch {
+			p := out.partition(tp)
+			p.ErrorCode = kerr.UnknownServerError.Code
+			msg := "Request max bytes must be greater than 0"
+			p.ErrorMessage = &msg
+		}
+		reply(resp)
+		return
+	}
 	for {
 		got := s.fetchAndAcquire(c, group, member, req, plan, out, deadline)
-		if got || len(ackCodes) > 0 || !time.Now().Add(50*time.Millisecond).Before(deadline) {
+		if got || len(ackCodes) > 0 || len(gone) > 0 || !time.Now().Add(50*time.Millisecond).Before(deadline) {
 			break
 		}
 		// Records were there but others hold them, or none were
@@ -522,29 +565,109 @@ func (s *Service) initialize(group string, plan groupstate.SharePlan) error {
 // when it is not known (at most once a second).
 func (s *Service) topicName(ctx context.Context, id [16]byte) (string, error) {
 	s.topicMu.Lock()
-	name, ok := s.names[id]
-	fresh := time.Since(s.namesAt) < time.Second
+	ti, ok := s.names[id]
 	s.topicMu.Unlock()
 	if ok {
-		return name, nil
+		return ti.name, nil
 	}
-	if !fresh {
-		md, err := kadm.NewClient(s.admin).Metadata(ctx)
-		if err != nil {
-			return "", fmt.Errorf("listing topics: %w", err)
-		}
-		s.topicMu.Lock()
-		for _, t := range md.Topics {
-			s.names[t.ID] = t.Topic
-		}
-		s.namesAt = time.Now()
-		name, ok = s.names[id]
-		s.topicMu.Unlock()
-		if ok {
-			return name, nil
-		}
+	names, err := s.topics(ctx, time.Second)
+	if err != nil {
+		return "", err
+	}
+	if ti, ok := names[id]; ok {
+		return ti.name, nil
 	}
 	return "", kerr.UnknownTopicID
+}
+
+// topics returns the cluster's topics by id, listed again when the last
+// listing is older than maxAge.
+func (s *Service) topics(ctx context.Context, maxAge time.Duration) (map[[16]byte]topicInfo, error) {
+	s.topicMu.Lock()
+	if time.Since(s.namesAt) < maxAge {
+		names := s.names
+		s.topicMu.Unlock()
+		return names, nil
+	}
+	s.topicMu.Unlock()
+	// A broker is asked directly: the client answers a metadata request
+	// of all topics from its cache for up to its metadata min age (5 s).
+	brokers := s.admin.DiscoveredBrokers()
+	if len(brokers) == 0 {
+		brokers = s.admin.SeedBrokers()
+	}
+	if len(brokers) == 0 {
+		return nil, fmt.Errorf("listing topics: no broker known")
+	}
+	req := kmsg.NewPtrMetadataRequest()
+	raw, err := brokers[0].Request(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("listing topics: %w", err)
+	}
+	md := raw.(*kmsg.MetadataResponse)
+	names := make(map[[16]byte]topicInfo, len(md.Topics))
+	for _, t := range md.Topics {
+		if t.ErrorCode == 0 && t.Topic != nil {
+			names[t.TopicID] = topicInfo{name: *t.Topic, partitions: int32(len(t.Partitions))}
+		}
+	}
+	s.topicMu.Lock()
+	s.names, s.namesAt = names, time.Now()
+	s.topicMu.Unlock()
+	return names, nil
+}
+
+// unknownTopics returns the code of each partition of tps whose topic or
+// partition the cluster does not have, as Kafka's KafkaApis answers a
+// ShareFetch or ShareAcknowledge partition: UNKNOWN_TOPIC_ID for a topic
+// id its metadata lacks (a deleted topic), UNKNOWN_TOPIC_OR_PARTITION for
+// a partition the topic lacks. A topic deleted is refused within a second
+// (the listing's age when all is known), as a broker refuses it once its
+// metadata has the deletion; one a listing lacks is looked for in a
+// listing taken after the request arrived (at) before it is refused, so
+// that a topic or partition created just before is not.
+// When the topics cannot be listed, none is refused: the broker's fetch
+// answers for them.
+func (s *Service) unknownTopics(tps []groupstate.ShareTP, at time.Time) map[groupstate.ShareTP]int16 {
+	if len(tps) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+	defer cancel()
+	codes, err := s.unknownIn(ctx, time.Second, tps)
+	if err == nil && codes != nil {
+		codes, err = s.unknownIn(ctx, time.Since(at), tps)
+	}
+	if err != nil {
+		s.log.Debug("shares: checking the topics of a request", "err", err)
+		return nil
+	}
+	return codes
+}
+
+// unknownIn returns unknownTopics' codes against a listing at most
+// maxAge old.
+func (s *Service) unknownIn(ctx context.Context, maxAge time.Duration, tps []groupstate.ShareTP) (map[groupstate.ShareTP]int16, error) {
+	names, err := s.topics(ctx, maxAge)
+	if err != nil {
+		return nil, err
+	}
+	var codes map[groupstate.ShareTP]int16
+	for _, tp := range tps {
+		code := int16(0)
+		if ti, ok := names[tp.TopicID]; !ok {
+			code = kerr.UnknownTopicID.Code
+		} else if tp.Partition < 0 || tp.Partition >= ti.partitions {
+			code = kerr.UnknownTopicOrPartition.Code
+		}
+		if code != 0 {
+			if codes == nil {
+				codes = make(map[groupstate.ShareTP]int16)
+			}
+			codes[tp] = code
+		}
+	}
+	return codes, nil
 }
 
 // fetchAndAcquire fetches the plan's partitions from the broker the
@@ -559,10 +682,7 @@ func (s *Service) fetchAndAcquire(c proxy.ShareConn, group, member string, req *
 	f.SessionID, f.SessionEpoch = 0, -1
 	f.MaxWaitMillis = int32(max(time.Until(deadline), 0) / time.Millisecond)
 	f.MinBytes = max(req.MinBytes, 1)
-	f.MaxBytes = req.MaxBytes
-	if f.MaxBytes <= 0 {
-		f.MaxBytes = 50 << 20
-	}
+	f.MaxBytes = req.MaxBytes // > 0: shareFetch answered 0
 	if plan.Settings.ReadCommitted {
 		f.IsolationLevel = 1
 	}
@@ -703,6 +823,7 @@ func (s *Service) anyLeader(ctx context.Context, cl *kgo.Client, f *kmsg.FetchRe
 }
 
 func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledgeRequest, reply func(kmsg.Response)) {
+	arrived := time.Now()
 	resp := kmsg.NewPtrShareAcknowledgeResponse()
 	resp.Version = req.Version
 	fail := func(code int16, msg string) {
@@ -738,6 +859,10 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 		}
 	}
 	codes := s.validate(acks, req.Version >= 2 && req.IsRenewAck)
+	for tp, code := range s.unknownTopics(slices.Collect(maps.Keys(acks)), arrived) {
+		codes[tp] = code
+		delete(acks, tp)
+	}
 	plan := s.prepare(group, member, acks, nil)
 	if ownerUnavailable(plan.Code) {
 		// As in shareFetch: the session's epoch moved on; each
