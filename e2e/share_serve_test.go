@@ -467,6 +467,22 @@ func shareAdmin(t *testing.T, addr, group, topic string, partitions, n int, dele
 // stop come back with their delivery count raised.
 func TestShareGroupsServedSurviveRestart(t *testing.T) {
 	s := newShareStack(t)
+	shareSurvivesRestart(t, s, func() {
+		// On fresh ports: a broker listener's port (the bootstrap port
+		// plus one plus the node id) may meanwhile be some
+		// connection's ephemeral port.
+		s.listen = "127.0.0.1:0"
+		s.start()
+	})
+}
+
+// shareSurvivesRestart consumes part of a share group's records through
+// s, accepting some and holding others, stops kproxy, calls restart
+// (which starts it again) and checks from the ledger that the group
+// went on where it was: nothing accepted delivered again, the held
+// records delivered again with a higher count, every record accepted.
+func shareSurvivesRestart(t *testing.T, s *stack, restart func()) {
+	t.Helper()
 	ctx := context.Background()
 	const n, partitions = 300, 3
 	topic, group := "restart-share", "restart-share-g"
@@ -498,11 +514,7 @@ func TestShareGroupsServedSurviveRestart(t *testing.T) {
 	}
 	s.stop() // the member's records are neither acknowledged nor released
 	cl.Close()
-	// On fresh ports: a broker listener's port (the bootstrap port plus
-	// one plus the node id) may meanwhile be some connection's
-	// ephemeral port.
-	s.listen = "127.0.0.1:0"
-	s.start()
+	restart()
 
 	rest := consumeShareLedger(t, s.kproxy.Addr(), group, topic, 1, n-len(l.accepted), 60*time.Second,
 		func(string, int32) kgo.AckStatus { return kgo.AckAccept })

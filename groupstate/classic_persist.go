@@ -162,7 +162,7 @@ func (s *shard) finishLoad(id string, res loadResult) {
 	s.known[id] = struct{}{}
 	if res.found && isConsumerRecord(res.record) {
 		s.installConsumerRecord(id, res.record)
-	} else if res.found && isShareRecord(res.record) {
+	} else if res.found && IsShareGroupRecord(res.record) {
 		s.installShareRecord(id, res.record)
 	} else if res.found {
 		if _, exists := s.groups[id]; !exists {

@@ -37,8 +37,10 @@ const shareRecordMagic = 0x4b53
 // shareRecordVersion is the version of the record's layout.
 const shareRecordVersion = 1
 
-// isShareRecord reports whether rec is a share group record.
-func isShareRecord(rec []byte) bool {
+// IsShareGroupRecord reports whether rec, a value of the groups topic, is
+// a share group's record (the store finds the share groups it holds by
+// it, internal/shares.Decide).
+func IsShareGroupRecord(rec []byte) bool {
 	return len(rec) >= 2 && binary.BigEndian.Uint16(rec) == shareRecordMagic
 }
 
@@ -64,7 +66,7 @@ var errShareRecord = errors.New("share group record: truncated")
 
 // decodeShareRecord decodes a share group record.
 func decodeShareRecord(rec []byte) (share.GroupSnapshot, map[ShareTP]share.State, error) {
-	if !isShareRecord(rec) || len(rec) < 3 {
+	if !IsShareGroupRecord(rec) || len(rec) < 3 {
 		return share.GroupSnapshot{}, nil, errors.New("not a share group record")
 	}
 	if v := rec[2]; v != shareRecordVersion {

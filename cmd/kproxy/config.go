@@ -117,9 +117,10 @@ type logConfig struct {
 
 type groupsConfig struct {
 	Mode string `yaml:"mode"` // distributed, local or forward
-	// Shares says who serves share groups (KIP-932): forward (the
-	// cluster), serve (kproxy's engine, local or distributed) or auto
-	// (serve where the cluster lacks them and kproxy serves groups).
+	// Shares says who serves share groups (KIP-932): auto (the default:
+	// kproxy's engine where the cluster lacks them or kproxy served them
+	// before, else the cluster), forward (the cluster) or serve
+	// (kproxy's engine, local or distributed).
 	Shares                string        `yaml:"shares"`
 	MinSessionTimeout     time.Duration `yaml:"min_session_timeout"`
 	MaxSessionTimeout     time.Duration `yaml:"max_session_timeout"`
@@ -207,7 +208,7 @@ func defaultConfig() fileConfig {
 		Log:             logConfig{Level: "info", Format: "text"},
 		Groups: groupsConfig{
 			Mode:                  "distributed",
-			Shares:                "forward",
+			Shares:                "auto",
 			MinSessionTimeout:     6 * time.Second,
 			MaxSessionTimeout:     30 * time.Minute,
 			InitialRebalanceDelay: 3 * time.Second,
@@ -405,7 +406,7 @@ func bindFlags(fs *pflag.FlagSet, withUpstream bool) *flagSet {
 	fs.StringVar(&f.adminListen, "admin-listen", "", "admin HTTP server (health, metrics, API, web view), e.g. 127.0.0.1:9644")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.groupsMode, "groups", "distributed", "distributed: the kproxies in front of the cluster serve consumer groups, one owner per group; local: this kproxy alone serves the groups of its clients; forward: the brokers do")
-	fs.StringVar(&f.sharesMode, "share-groups", "forward", "forward: the cluster serves share groups (KIP-932); serve: kproxy serves them itself, for clusters that lack them (with --groups local; docs/share-groups.md); auto: serve where the cluster lacks them and groups are local, else forward")
+	fs.StringVar(&f.sharesMode, "share-groups", "auto", "auto: kproxy serves share groups (KIP-932) where the cluster lacks them or where it served them before, the cluster serves them otherwise (decided at start; docs/share-groups.md); forward: the cluster serves them; serve: kproxy serves them (needs --groups local or distributed)")
 	fs.StringVar(&f.fleet.PeerListen, "peer-listen", "", "where other kproxies of the fleet reach this one, HOST:PORT (default: the listen host, an ephemeral port)")
 	fs.StringVar(&f.fleet.PeerAdvertise, "peer-advertise", "", "peer address told to the other kproxies, when it differs from --peer-listen")
 	fs.StringVar(&f.fleet.Name, "fleet-name", "", "keeps fleets in front of one cluster apart (fleet group __kproxy_fleet.NAME, groups topic __kproxy_groups.NAME)")

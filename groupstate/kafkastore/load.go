@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -177,4 +178,30 @@ func batchesEnd(raw []byte) int64 {
 // 500ms.
 func backoff(attempt int) time.Duration {
 	return min(time.Duration(20*(attempt+1))*time.Millisecond, 500*time.Millisecond)
+}
+
+// GroupsWhere returns the groups whose last committed record in the
+// groups topic match accepts, reading every partition of the topic from
+// its start (creating the topic if it does not exist, as any first use
+// does). It is a start-up question (which share groups did kproxy serve
+// here before, internal/shares.Decide), not a load: nothing is kept.
+func (s *Store) GroupsWhere(ctx context.Context, match func(record []byte) bool) ([]string, error) {
+	m, err := s.groupsMeta(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for p := range int32(len(m.leaders)) {
+		found, err := s.scanWithRetries(ctx, p, func(string) bool { return true })
+		if err != nil {
+			return nil, fmt.Errorf("kafkastore: reading %s[%d]: %w", s.groupsTopic, p, err)
+		}
+		for group, rec := range found {
+			if match(rec) {
+				out = append(out, group)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
@@ -95,13 +94,14 @@ type GroupsConfig struct {
 	// Mode is distributed, local or forward.
 	Mode GroupsMode
 	// ServeShares makes kproxy serve share groups (KIP-932) itself
-	// (package shares); only in local mode. Otherwise the cluster
-	// serves them and kproxy forwards their requests.
+	// (package shares), in local or distributed mode. Otherwise the
+	// cluster serves them and kproxy forwards their requests.
 	ServeShares bool
-	// SharesAuto, with ServeShares false, serves share groups when the
-	// cluster lacks them (its brokers do not advertise
-	// ShareGroupHeartbeat) and the mode is local; else they are
-	// forwarded. It is decided once, at start.
+	// SharesAuto, with ServeShares false and the engine on (local or
+	// distributed), serves share groups when the cluster lacks them
+	// (its brokers do not advertise ShareGroupHeartbeat) or when the
+	// groups topic holds share groups kproxy served before; else they
+	// are forwarded (shares.Decide). It is decided once, at start.
 	SharesAuto bool
 	// Engine configures the coordinator engine (local and distributed).
 	// Start sets Store, ClusterGroups and Owns; Logger defaults to
@@ -310,15 +310,28 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsForward {
-		serve, err := clusterLacksShares(ctx, cl)
+		topic := kafkastore.DefaultGroupsTopic
+		if cfg.Groups.Mode == GroupsDistributed {
+			_, topic = fleetNames(cfg.Groups.Fleet.Name)
+		}
+		held := kafkastore.NewWith(cl, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
+		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		choice, err := shares.Decide(dctx, cl, func(ctx context.Context) ([]string, error) {
+			return held.GroupsWhere(ctx, groupstate.IsShareGroupRecord)
+		})
+		cancel()
+		if err != nil {
+			w.close(context.Background())
+			return nil, fmt.Errorf("share groups auto: %w (start with --share-groups serve or forward to choose)", err)
+		}
+		cfg.Groups.ServeShares = choice.Serve
 		switch {
-		case err != nil:
-			log.Warn("share groups: cannot tell whether the cluster serves them; forwarding them", "err", err)
-		case serve:
-			log.Info("share groups: the cluster does not serve them (no ShareGroupHeartbeat in its ApiVersions); kproxy serves them")
-			cfg.Groups.ServeShares = true
+		case len(choice.Held) > 0:
+			log.Warn("share groups: kproxy serves them", "why", choice.Why)
+		case choice.Serve:
+			log.Info("share groups: kproxy serves them", "why", choice.Why)
 		default:
-			log.Info("share groups: the cluster serves them; kproxy forwards them")
+			log.Info("share groups: kproxy forwards them", "why", choice.Why)
 		}
 	}
 	if cfg.Groups.ServeShares && cfg.Groups.Mode == GroupsForward {
@@ -394,27 +407,6 @@ func (w *Server) startShares(ops shares.Ops, log *slog.Logger) error {
 	// The service closes before the engine it asks.
 	w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
 	return nil
-}
-
-// clusterLacksShares reports whether the cluster's brokers do not
-// advertise ShareGroupHeartbeat (Kafka before 4.0, or 4.x with share
-// groups not enabled).
-func clusterLacksShares(ctx context.Context, cl *kgo.Client) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-	if err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == 76 { // ShareGroupHeartbeat
-			return false, nil
-		}
-	}
-	return true, nil
 }
 
 // startCoexist starts the takeover loop of the coexistence with the

@@ -85,7 +85,11 @@ func main() {
 	flag.StringVar(&requestLogs, "request-log", "", "comma-separated broker request logs (kafka.request.logger) to count group APIs")
 	flag.StringVar(&kproxyBin, "kproxy-bin", "", "prebuilt kproxy binary (default: go build ./cmd/kproxy)")
 	flag.IntVar(&kproxyPort, "kproxy-port", 19200, "kproxy listen port on 127.0.0.1")
-	flag.StringVar(&kproxyArgs, "kproxy-args", "--group-initial-rebalance-delay=0", "extra `kproxy serve` flags, space-separated (the default mirrors the broker's group.initial.rebalance.delay.ms=0)")
+	// --share-groups forward: the kind rows (kinds.go) compare share
+	// groups the cluster serves, or lacks, directly and through kproxy;
+	// kproxy's default (auto) would serve them where the cluster lacks
+	// them, which the shareserve.go rows test on their own kproxy.
+	flag.StringVar(&kproxyArgs, "kproxy-args", "--group-initial-rebalance-delay=0 --share-groups forward", "extra `kproxy serve` flags, space-separated (the default mirrors the broker's group.initial.rebalance.delay.ms=0 and leaves share groups to the cluster)")
 	flag.StringVar(&cacheDir, "cache", defCache, "cache directory (python venv)")
 	flag.StringVar(&h.logDir, "logs", "", "directory for per-member logs (default a temp dir)")
 	flag.BoolVar(&multiBroker, "multibroker", false, "run only the rows that need a cluster of 3 brokers (franz-brokerkill) and the ApiVersions check (every broker's port); without it the former run only when the cluster has 3")
