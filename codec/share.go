@@ -23,7 +23,7 @@ var shareServed = []struct{ key, min, max int16 }{
 	{KeyShareGroupDescribe, 1, 1},
 	{KeyShareFetch, 1, 2},
 	{KeyShareAcknowledge, 1, 2},
-	{KeyDescribeShareGroupOffsets, 0, 0},
+	{KeyDescribeShareGroupOffsets, 0, 1},
 	{KeyAlterShareGroupOffsets, 0, 0},
 	{KeyDeleteShareGroupOffsets, 0, 0},
 }

@@ -1,6 +1,7 @@
 package groupstate
 
 import (
+	"context"
 	"sort"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -11,9 +12,13 @@ import (
 // The share groups' offset APIs (KIP-932), what kafka-share-groups
 // --describe (offsets), --reset-offsets and --delete-offsets send:
 //
-//   - DescribeShareGroupOffsets (key 90), v0: each share-partition's
-//     start offset (SPSO), -1 for a partition with no share state; v1's
-//     lag (KIP-1226) is not served, as it needs the log's end.
+//   - DescribeShareGroupOffsets (key 90), v0-1: each share-partition's
+//     start offset (SPSO), -1 for a partition with no share state; from
+//     v1 its lag (KIP-1226): the records from the SPSO to the log's end
+//     not yet delivered to completion, end - SPSO - (acknowledged and
+//     archived records in flight), the end asked of the store
+//     (EndOffsetStore) after the loops answered; -1 where a term is
+//     unknown.
 //   - AlterShareGroupOffsets (key 91), v0: moves the start of the given
 //     partitions, creating the group when it does not exist; the group
 //     must have no members (NON_EMPTY_GROUP).
@@ -26,17 +31,29 @@ import (
 // describeShareGroupOffsets fans a DescribeShareGroupOffsets out to the
 // loops.
 func (e *Engine) describeShareGroupOffsets(r *kmsg.DescribeShareGroupOffsetsRequest, reply func(kmsg.Response)) {
-	ga := newGather(len(r.Groups), func(res []kmsg.DescribeShareGroupOffsetsResponseGroup) {
+	ga := newGather(len(r.Groups), func(res []describedShareOffsets) {
 		resp := kmsg.NewPtrDescribeShareGroupOffsetsResponse()
-		resp.Groups = res
-		reply(resp)
+		for _, d := range res {
+			resp.Groups = append(resp.Groups, d.group)
+		}
+		ends, ok := e.cfg.Store.(EndOffsetStore)
+		if r.Version < 1 || !ok {
+			reply(resp)
+			return
+		}
+		// The loops are done with it; the store call runs on a
+		// goroutine of its own, as every store call leaves the loops.
+		go func() {
+			e.fillShareLag(ends, res, resp)
+			reply(resp)
+		}()
 	})
 	for i, rg := range r.Groups {
 		s := e.shardFor(rg.GroupID)
 		fail := func(code int16) {
 			g := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
 			g.GroupID, g.ErrorCode = rg.GroupID, code
-			ga.set(i, g)
+			ga.set(i, describedShareOffsets{group: g})
 		}
 		if !s.post(func() {
 			if !e.owns(rg.GroupID) {
@@ -50,8 +67,56 @@ func (e *Engine) describeShareGroupOffsets(r *kmsg.DescribeShareGroupOffsetsRequ
 	}
 }
 
+// describedShareOffsets is one group's answer as its loop made it, with
+// what the lag needs besides the log's end: per topic and partition,
+// the records in flight that were delivered to completion (acknowledged
+// or archived; Kafka's deliveryCompleteCount).
+type describedShareOffsets struct {
+	group    kmsg.DescribeShareGroupOffsetsResponseGroup
+	complete map[string]map[int32]int64
+}
+
+// fillShareLag sets the lag of every partition with share state in
+// resp, whose groups are res's, from the store's end offsets. A
+// failed store call leaves every lag at -1 (unknown), as Kafka answers
+// when it cannot read the log's end.
+func (e *Engine) fillShareLag(ends EndOffsetStore, res []describedShareOffsets, resp *kmsg.DescribeShareGroupOffsetsResponse) {
+	want := map[string][]int32{}
+	for _, d := range res {
+		for name, ps := range d.complete {
+			for p := range ps {
+				want[name] = append(want[name], p)
+			}
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.StoreTimeout)
+	defer cancel()
+	end, err := ends.EndOffsets(ctx, want)
+	if err != nil {
+		e.log.Debug("groupstate: share group lag unknown: the log ends could not be read", "err", err)
+		return
+	}
+	for i := range resp.Groups {
+		complete := res[i].complete
+		for j := range resp.Groups[i].Topics {
+			t := &resp.Groups[i].Topics[j]
+			for k := range t.Partitions {
+				rp := &t.Partitions[k]
+				done, held := complete[t.Topic][rp.Partition]
+				o, known := end[t.Topic][rp.Partition]
+				if held && known && rp.StartOffset >= 0 {
+					rp.Lag = max(o-rp.StartOffset-done, 0)
+				}
+			}
+		}
+	}
+}
+
 // describeShareOffsets answers one group of a DescribeShareGroupOffsets.
-func (s *shard) describeShareOffsets(rg kmsg.DescribeShareGroupOffsetsRequestGroup) kmsg.DescribeShareGroupOffsetsResponseGroup {
+func (s *shard) describeShareOffsets(rg kmsg.DescribeShareGroupOffsetsRequestGroup) describedShareOffsets {
 	out := kmsg.NewDescribeShareGroupOffsetsResponseGroup()
 	out.GroupID = rg.GroupID
 	g, ok := s.shareOf(rg.GroupID)
@@ -61,8 +126,9 @@ func (s *shard) describeShareOffsets(rg kmsg.DescribeShareGroupOffsetsRequestGro
 			msg = notKindText(rg.GroupID, KindShare)
 		}
 		out.ErrorCode, out.ErrorMessage = errGroupIDNotFound, &msg
-		return out
+		return describedShareOffsets{group: out}
 	}
+	complete := map[string]map[int32]int64{}
 	topics := s.e.topicsNow()
 	byName := map[string][]int32{}
 	if rg.Topics == nil {
@@ -95,12 +161,17 @@ func (s *shard) describeShareOffsets(rg kmsg.DescribeShareGroupOffsetsRequestGro
 				rp.ErrorCode = errUnknownTopicOrPartition
 			} else if sp := g.parts[ShareTP{TopicID: info.ID, Partition: p}]; sp != nil {
 				rp.StartOffset = sp.StartOffset()
+				st := sp.Stats()
+				if complete[name] == nil {
+					complete[name] = map[int32]int64{}
+				}
+				complete[name][p] = st.Acknowledged + st.Archived
 			}
 			t.Partitions = append(t.Partitions, rp)
 		}
 		out.Topics = append(out.Topics, t)
 	}
-	return out
+	return describedShareOffsets{group: out, complete: complete}
 }
 
 // alterShareGroupOffsets serves an AlterShareGroupOffsets on the loop.

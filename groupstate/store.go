@@ -86,6 +86,16 @@ type TopicInfo struct {
 	Partitions int32
 }
 
+// EndOffsetStore is implemented by an OffsetStore that can read the
+// end (high watermark) of the cluster's partitions: a share group's lag
+// (DescribeShareGroupOffsets v1, KIP-1226) is measured to it. With a
+// store that does not implement it, lags are answered -1 (unknown).
+type EndOffsetStore interface {
+	// EndOffsets returns the end offset of each of the partitions of
+	// each topic asked for; a partition it could not read is absent.
+	EndOffsets(ctx context.Context, topics map[string][]int32) (map[string]map[int32]int64, error)
+}
+
 // TopicMetadataStore is implemented by an OffsetStore that can list the
 // cluster's topics. KIP-848 groups (ConsumerGroupHeartbeat) resolve their
 // subscriptions (names and regular expressions) and partition counts

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -423,6 +424,33 @@ func (s *Store) ListGroups(ctx context.Context) ([]string, error) {
 	for _, g := range resp.Groups {
 		if g.ProtocolType == "" {
 			out = append(out, g.Group)
+		}
+	}
+	return out, nil
+}
+
+// EndOffsets implements groupstate.EndOffsetStore: the high watermark
+// of each partition asked for, by a ListOffsets (latest) to its leader.
+func (s *Store) EndOffsets(ctx context.Context, topics map[string][]int32) (map[string]map[int32]int64, error) {
+	names := make([]string, 0, len(topics))
+	for t := range topics {
+		names = append(names, t)
+	}
+	listed, err := kadm.NewClient(s.cl).ListEndOffsets(ctx, names...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkastore: end offsets: %w", err)
+	}
+	out := make(map[string]map[int32]int64, len(topics))
+	for t, ps := range topics {
+		for _, p := range ps {
+			o, ok := listed.Lookup(t, p)
+			if !ok || o.Err != nil {
+				continue
+			}
+			if out[t] == nil {
+				out[t] = make(map[int32]int64, len(ps))
+			}
+			out[t][p] = o.Offset
 		}
 	}
 	return out, nil
