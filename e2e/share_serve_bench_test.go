@@ -22,8 +22,10 @@ import (
 // topic of three partitions directly from the cluster that serves share
 // groups, and through an in-process kproxy serving them
 // (--share-groups serve, --groups local) in front of a cluster that does
-// not; records per second and ShareFetch p50/p99, with kproxy's ratio to
-// direct. The paths run twice, in alternating order.
+// not, and through a fleet of two whose member the consumer reaches owns
+// nothing (the group's owner remote: its share steps travel as kproxy
+// messages); records per second and ShareFetch p50/p99, with kproxy's
+// ratio to direct. The paths run twice, in alternating order.
 //
 // The direct cluster is $KPROXY_BENCH_SHARE_DIRECT (Kafka 4.2+), the
 // served one $KPROXY_BENCH_SHARE_SERVED (say Kafka 4.1.1 or 3.6.2); each
@@ -58,14 +60,24 @@ func BenchmarkShareServe(b *testing.B) {
 		return c.ListenAddrs()
 	}
 	direct, served := brokersOf("KPROXY_BENCH_SHARE_DIRECT", false), brokersOf("KPROXY_BENCH_SHARE_SERVED", true)
-	cfg := benchKproxyConfig(served, kproxy.GroupsLocal, kproxy.FleetConfig{})
-	cfg.Groups.ServeShares = true
-	cfg.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
-		return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+	serving := func(mode kproxy.GroupsMode, fc kproxy.FleetConfig) *kproxy.Server {
+		cfg := benchKproxyConfig(served, mode, fc)
+		cfg.Groups.ServeShares = true
+		cfg.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
+			return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
+		}
+		return startBenchKproxyConfig(b, cfg)
 	}
-	k := startBenchKproxyConfig(b, cfg)
-
 	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
+	k := serving(kproxy.GroupsLocal, kproxy.FleetConfig{})
+	// The owner remote: a fleet of two, the consumer behind the one that
+	// owns nothing (--fleet-role relay), so every share step goes to the
+	// owner as a kproxy message while the records come from the brokers
+	// to the relay.
+	fleet := "share-bench-" + run
+	owner := serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet})
+	relay := serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet, Relay: true})
+
 	ctx := context.Background()
 	topic := "share-serve-bench-" + run
 	value := []byte(strings.Repeat("x", 100))
@@ -90,8 +102,8 @@ func BenchmarkShareServe(b *testing.B) {
 	dcl := prefill(direct)
 	prefill(served)
 
-	paths := []*shareBenchPath{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}}
-	for round, order := range [][]int{{0, 1}, {1, 0}} {
+	paths := []*shareBenchPath{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}, {name: "remote", addr: relay.Addr()}}
+	for round, order := range [][]int{{0, 1, 2}, {2, 1, 0}} {
 		for _, i := range order {
 			p := paths[i]
 			group := fmt.Sprintf("share-serve-bench-%s-%s-%d", run, p.name, round)
@@ -103,7 +115,7 @@ func BenchmarkShareServe(b *testing.B) {
 			p.lat = append(p.lat, lat...)
 		}
 	}
-	c := k.Engine().ShareCounters()
-	b.Logf("share groups served, %d records twice per path; kproxy wrote %d share records (mean %.2f ms):\n%s",
-		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), reportShareBench(b, 2*n, paths))
+	c, oc := k.Engine().ShareCounters(), owner.Engine().ShareCounters()
+	b.Logf("share groups served, %d records twice per path; kproxy wrote %d share records (mean %.2f ms), the fleet's owner %d (mean %.2f ms):\n%s",
+		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), oc.Writes, ms(oc.WriteTime)/float64(max(oc.Writes, 1)), reportShareBench(b, 2*n, paths))
 }
