@@ -76,7 +76,7 @@ func (w *Server) startAdmin(ctx context.Context) error {
 		acfg.Fleet = w.fleet.status
 	}
 	if w.groupSettings != nil {
-		acfg.GroupSettings = w.groupSettings.view
+		acfg.GroupSettings = w.groupSettings.View
 	}
 	if w.cfg.FleetView != nil {
 		acfg.Fleet = w.cfg.FleetView

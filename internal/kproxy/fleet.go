@@ -148,7 +148,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	engCfg.Owns = f.owns
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
-		return w.groupSettings.engineError(err)
+		return w.groupSettings.EngineError(err)
 	}
 	f.engine = eng
 	w.engine = eng
@@ -175,7 +175,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
 		Listen:      listen,
-		Coordinator: w.engineCoordinator(eng),
+		Coordinator: w.fleetCoordinator(eng),
 		Logger:      log.With("component", "peer"),
 		MaxFrame:    cfg.Proxy.MaxFrame,
 		TLS:         fc.PeerTLS,
@@ -251,7 +251,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	}
 	router := proxy.NewRouter(proxy.RouterConfig{
 		Dialer:        dialer,
-		Local:         w.engineCoordinator(eng),
+		Local:         w.fleetCoordinator(eng),
 		Locator:       f,
 		Messages:      messages,
 		Logger:        log.With("component", "router"),
@@ -280,14 +280,15 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	return nil
 }
 
-// engineCoordinator is eng as the fleet's coordinator: with anchors, the
-// takeover reports of kproxies of an earlier version are refused before
-// eng sees them (takeover_fleet.go).
-func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
+// fleetCoordinator is eng as the fleet's coordinator (the peer server's
+// and the router's local one): with anchors, the takeover reports of
+// kproxies of an earlier version are refused before eng sees them
+// (coexist.Coexist.Guard).
+func (w *Server) fleetCoordinator(eng *groupstate.Engine) proxy.Coordinator {
 	if w.coexist == nil {
-		return engineCoordinator{e: eng, gc: w.groupConfigs}
+		return w.engineCoordinator(eng)
 	}
-	return w.coexist.Guard(engineCoordinator{e: eng, gc: w.groupConfigs})
+	return w.coexist.Guard(w.engineCoordinator(eng))
 }
 
 // lastOwner reports whether no other kproxy owns a partition in this
