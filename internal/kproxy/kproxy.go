@@ -25,6 +25,7 @@ import (
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/coexist"
+	"github.com/kproxy/kproxy/internal/fleetrun"
 	"github.com/kproxy/kproxy/internal/groupconfig"
 	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
@@ -208,7 +209,7 @@ type Server struct {
 	// shareService is what the proxy hands share requests to: shares,
 	// authorized when group authorization is on (authz.go).
 	shareService proxy.ShareService
-	fleet        *fleetRuntime // nil unless groups are distributed
+	fleet        *fleetrun.Runtime // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
 	// coexist is the coexistence with the cluster's coordinator:
@@ -295,7 +296,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	log := cfg.Logger
 	w := &Server{cfg: cfg, log: log, id: cfg.ID}
 	if w.id == "" {
-		w.id = kproxyID()
+		w.id = fleetrun.NewID()
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...), kgo.ClientID("kproxy")}
 	if cfg.DialTimeout > 0 {
