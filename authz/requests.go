@@ -409,145 +409,151 @@ func authorizedOps(can Can, g string) int32 {
 	return bits
 }
 
-// splitGroups authorizes each group of a multi-group request for op.
-func splitGroups(names []string, can Can, op kmsg.ACLOperation) (allowed []string, denied []bool, any bool) {
-	denied = make([]bool, len(names))
-	for i, g := range names {
-		if can(group, g, op) {
+// groupSplit is the authorization of a request naming several groups
+// (DescribeGroups, ConsumerGroupDescribe, DeleteGroups,
+// ShareGroupDescribe), over its answer's per-group entries G: the
+// groups the principal may not perform op on are answered
+// GROUP_AUTHORIZATION_FAILED in their place and the others pass, as a
+// broker's KafkaApis splits them before its coordinator sees the
+// request. It takes a function per field of kmsg's structs, as
+// shareTopics does.
+type groupSplit[G any] struct {
+	req   kmsg.Request
+	names []string // req's groups, in order
+	op    kmsg.ACLOperation
+	// denied is a denied group's answer.
+	denied func(name string) G
+	// narrow is req with only the allowed groups.
+	narrow func(allowed []string) kmsg.Request
+	// groups is the answer's groups (an answer of req's kind, or the
+	// one decide builds from req.ResponseKind()); nil for an answer of
+	// another type.
+	groups func(kmsg.Response) *[]G
+	// fill, when set, completes each answered group (the KIP-430
+	// authorized operations asked for).
+	fill func(*G)
+}
+
+// decide splits s.names: with every group allowed (and nothing to
+// fill) req passes as it is; with every group denied the answer is
+// whole here; else the allowed pass and Finish puts the denied back in
+// their places.
+func (s groupSplit[G]) decide(can Can) Decision {
+	var allowed []string
+	deniedAt := make([]bool, len(s.names))
+	anyDenied := false
+	for i, g := range s.names {
+		if can(group, g, s.op) {
 			allowed = append(allowed, g)
 		} else {
-			denied[i], any = true, true
+			deniedAt[i], anyDenied = true, true
 		}
 	}
-	return allowed, denied, any
+	if !anyDenied && s.fill == nil {
+		return Decision{Pass: s.req}
+	}
+	merge := func(inner []G) []G {
+		out := make([]G, 0, len(s.names))
+		next := 0
+		for i, g := range s.names {
+			if deniedAt[i] {
+				out = append(out, s.denied(g))
+				continue
+			}
+			if next < len(inner) {
+				rg := inner[next]
+				next++
+				if s.fill != nil {
+					s.fill(&rg)
+				}
+				out = append(out, rg)
+			}
+		}
+		return append(out, inner[min(next, len(inner)):]...)
+	}
+	if anyDenied && len(allowed) == 0 {
+		resp := s.req.ResponseKind() // at req's version
+		*s.groups(resp) = merge(nil)
+		return Decision{Answer: resp}
+	}
+	pass := s.req
+	if anyDenied {
+		pass = s.narrow(allowed)
+	}
+	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
+		if gs := s.groups(resp); gs != nil {
+			*gs = merge(*gs)
+		}
+		return resp
+	}}
 }
 
 func describeGroups(r *kmsg.DescribeGroupsRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, desc)
-	merge := func(inner []kmsg.DescribeGroupsResponseGroup) []kmsg.DescribeGroupsResponseGroup {
-		out := make([]kmsg.DescribeGroupsResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewDescribeGroupsResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.DescribeGroupsResponseGroup
+	s := groupSplit[G]{req: r, names: r.Groups, op: desc,
+		denied: func(g string) G {
+			rg := kmsg.NewDescribeGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.DescribeGroupsResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				rg := inner[next]
-				next++
-				if r.IncludeAuthorizedOperations && rg.ErrorCode == 0 {
-					rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-				}
-				out = append(out, rg)
+			return nil
+		},
+	}
+	if r.IncludeAuthorizedOperations {
+		s.fill = func(rg *G) {
+			if rg.ErrorCode == 0 {
+				rg.AuthorizedOperations = authorizedOps(can, rg.Group)
 			}
 		}
-		return append(out, inner[min(next, len(inner)):]...)
 	}
-	if len(allowed) == 0 && len(r.Groups) > 0 {
-		resp := kmsg.NewPtrDescribeGroupsResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
-	}
-	pass := kmsg.Request(r)
-	if anyDenied {
-		cp := *r
-		cp.Groups = allowed
-		pass = &cp
-	}
-	if !anyDenied && !r.IncludeAuthorizedOperations {
-		return Decision{Pass: r}
-	}
-	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.DescribeGroupsResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+	return s.decide(can)
 }
 
 func consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, desc)
-	merge := func(inner []kmsg.ConsumerGroupDescribeResponseGroup) []kmsg.ConsumerGroupDescribeResponseGroup {
-		out := make([]kmsg.ConsumerGroupDescribeResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewConsumerGroupDescribeResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.ConsumerGroupDescribeResponseGroup
+	s := groupSplit[G]{req: r, names: r.Groups, op: desc,
+		denied: func(g string) G {
+			rg := kmsg.NewConsumerGroupDescribeResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.ConsumerGroupDescribeResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				rg := inner[next]
-				next++
-				if r.IncludeAuthorizedOperations && rg.ErrorCode == 0 {
-					rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-				}
-				out = append(out, rg)
+			return nil
+		},
+	}
+	if r.IncludeAuthorizedOperations {
+		s.fill = func(rg *G) {
+			if rg.ErrorCode == 0 {
+				rg.AuthorizedOperations = authorizedOps(can, rg.Group)
 			}
 		}
-		return append(out, inner[min(next, len(inner)):]...)
 	}
-	if len(allowed) == 0 && len(r.Groups) > 0 {
-		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
-	}
-	if !anyDenied && !r.IncludeAuthorizedOperations {
-		return Decision{Pass: r}
-	}
-	pass := kmsg.Request(r)
-	if anyDenied {
-		cp := *r
-		cp.Groups = allowed
-		pass = &cp
-	}
-	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.ConsumerGroupDescribeResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+	return s.decide(can)
 }
 
 func deleteGroups(r *kmsg.DeleteGroupsRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, del)
-	if !anyDenied {
-		return Decision{Pass: r}
-	}
-	merge := func(inner []kmsg.DeleteGroupsResponseGroup) []kmsg.DeleteGroupsResponseGroup {
-		out := make([]kmsg.DeleteGroupsResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewDeleteGroupsResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.DeleteGroupsResponseGroup
+	return groupSplit[G]{req: r, names: r.Groups, op: del,
+		denied: func(g string) G {
+			rg := kmsg.NewDeleteGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.DeleteGroupsResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				out = append(out, inner[next])
-				next++
-			}
-		}
-		return append(out, inner[min(next, len(inner)):]...)
-	}
-	if len(allowed) == 0 {
-		resp := kmsg.NewPtrDeleteGroupsResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
-	}
-	cp := *r
-	cp.Groups = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.DeleteGroupsResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+			return nil
+		},
+	}.decide(can)
 }

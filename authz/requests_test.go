@@ -267,3 +267,144 @@ func TestAuthorizeMultiGroup(t *testing.T) {
 		t.Fatalf("offset delete merged %+v", got)
 	}
 }
+
+// TestAuthorizeGroupSplit runs the four multi-group requests through the
+// same cases (groupSplit): every group allowed passes the request as it
+// is; every group denied is answered here, at the request's version;
+// a mix passes the allowed groups and merges the denied back in their
+// places, an extra entry of the inner answer kept at the end.
+func TestAuthorizeGroupSplit(t *testing.T) {
+	can := testCan()
+	type entry struct {
+		group string
+		code  int16
+	}
+	for _, k := range []struct {
+		name    string
+		allowed string // a group allowed the request's operation
+		build   func(groups []string) kmsg.Request
+		passed  func(kmsg.Request) []string
+		inner   func(groups []string) kmsg.Response
+		entries func(kmsg.Response) []entry
+	}{{
+		name: "DescribeGroups", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrDescribeGroupsRequest()
+			r.Version, r.Groups = 5, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.DescribeGroupsRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrDescribeGroupsResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.DescribeGroupsResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.DescribeGroupsResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "ConsumerGroupDescribe", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrConsumerGroupDescribeRequest()
+			r.Version, r.Groups = 1, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.ConsumerGroupDescribeRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrConsumerGroupDescribeResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.ConsumerGroupDescribeResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.ConsumerGroupDescribeResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "DeleteGroups", allowed: "ok",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrDeleteGroupsRequest()
+			r.Version, r.Groups = 2, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.DeleteGroupsRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrDeleteGroupsResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.DeleteGroupsResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.DeleteGroupsResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "ShareGroupDescribe", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrShareGroupDescribeRequest()
+			r.Version, r.GroupIDs = 1, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.ShareGroupDescribeRequest).GroupIDs },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrShareGroupDescribeResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.ShareGroupDescribeResponseGroup{GroupID: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.ShareGroupDescribeResponse).Groups {
+				out = append(out, entry{g.GroupID, g.ErrorCode})
+			}
+			return out
+		},
+	}} {
+		t.Run(k.name, func(t *testing.T) {
+			req := k.build([]string{k.allowed})
+			if d := Authorize(req, can, nil); d.Answer != nil || d.Pass != req || d.Finish != nil {
+				t.Fatalf("every group allowed: %+v, want the request passed as it is", d)
+			}
+
+			req = k.build([]string{"nope", "nope-2"})
+			d := Authorize(req, can, nil)
+			if d.Answer == nil {
+				t.Fatalf("every group denied: %+v, want an answer here", d)
+			}
+			if d.Answer.GetVersion() != req.GetVersion() {
+				t.Errorf("answered at version %d, want the request's %d", d.Answer.GetVersion(), req.GetVersion())
+			}
+			if got, want := k.entries(d.Answer), []entry{{"nope", gaf}, {"nope-2", gaf}}; !reflect.DeepEqual(got, want) {
+				t.Errorf("every group denied answered %v, want %v", got, want)
+			}
+
+			req = k.build([]string{"nope", k.allowed, "nope-2"})
+			d = Authorize(req, can, nil)
+			if d.Answer != nil || d.Finish == nil {
+				t.Fatalf("a mix: %+v, want the allowed passed and a merge", d)
+			}
+			if got := k.passed(d.Pass); !reflect.DeepEqual(got, []string{k.allowed}) {
+				t.Fatalf("a mix passed %v, want [%s]", got, k.allowed)
+			}
+			if got := k.passed(req); len(got) != 3 {
+				t.Fatalf("the client's request was changed: %v", got)
+			}
+			got := k.entries(d.Finish(k.inner([]string{k.allowed, "extra"})))
+			want := []entry{{"nope", gaf}, {k.allowed, 0}, {"nope-2", gaf}, {"extra", 0}}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("a mix merged %v, want %v", got, want)
+			}
+		})
+	}
+}
