@@ -157,64 +157,62 @@ func topicOf(n string, id [16]byte, name TopicName) (string, bool) {
 }
 
 func offsetCommit(r *kmsg.OffsetCommitRequest, can Can, name TopicName) Decision {
-	var allowed, refused []kmsg.OffsetCommitRequestTopic
-	for _, t := range r.Topics {
-		if n, ok := topicOf(t.Topic, t.TopicID, name); ok && can(topic, n, read) {
-			allowed = append(allowed, t)
-		} else {
-			refused = append(refused, t)
-		}
-	}
-	dr := *r
-	dr.Topics = refused
-	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.OffsetCommitResponse).Topics
-	if len(allowed) == 0 {
-		// As the broker: nothing left to commit, the coordinator is
-		// not asked.
-		resp := kmsg.NewPtrOffsetCommitResponse()
-		resp.SetVersion(r.Version)
-		resp.Topics = denied
-		return Decision{Answer: resp}
-	}
-	if len(denied) == 0 {
-		return Decision{Pass: r}
-	}
-	cp := *r
-	cp.Topics = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if cr, ok := resp.(*kmsg.OffsetCommitResponse); ok {
-			cr.Topics = append(denied, cr.Topics...)
-		}
-		return resp
-	}}
+	return commitTopics(r, r.Topics,
+		func(t kmsg.OffsetCommitRequestTopic) bool {
+			n, ok := topicOf(t.Topic, t.TopicID, name)
+			return ok && can(topic, n, read)
+		},
+		func(ts []kmsg.OffsetCommitRequestTopic) kmsg.Request { cp := *r; cp.Topics = ts; return &cp },
+		func(resp kmsg.Response) *[]kmsg.OffsetCommitResponseTopic {
+			if cr, ok := resp.(*kmsg.OffsetCommitResponse); ok {
+				return &cr.Topics
+			}
+			return nil
+		})
 }
 
 func txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, can Can) Decision {
-	var allowed, refused []kmsg.TxnOffsetCommitRequestTopic
-	for _, t := range r.Topics {
-		if can(topic, t.Topic, read) {
-			allowed = append(allowed, t)
+	return commitTopics(r, r.Topics,
+		func(t kmsg.TxnOffsetCommitRequestTopic) bool { return can(topic, t.Topic, read) },
+		func(ts []kmsg.TxnOffsetCommitRequestTopic) kmsg.Request { cp := *r; cp.Topics = ts; return &cp },
+		func(resp kmsg.Response) *[]kmsg.TxnOffsetCommitResponseTopic {
+			if cr, ok := resp.(*kmsg.TxnOffsetCommitResponse); ok {
+				return &cr.Topics
+			}
+			return nil
+		})
+}
+
+// commitTopics is the topic filter of OffsetCommit and TxnOffsetCommit:
+// of r's topics (request topics T), those allowed does not allow are
+// left out of what passes (with builds r with other topics) and answered
+// TOPIC_AUTHORIZATION_FAILED ahead of the coordinator's answer (answer
+// topics D, topicsOf: an answer's topics, nil for an answer of another
+// type). With no topic allowed the answer is whole here: as the broker,
+// nothing is left to commit and the coordinator is not asked. With
+// every topic allowed, r passes as it is.
+func commitTopics[T, D any](r kmsg.Request, topics []T, allowed func(T) bool,
+	with func([]T) kmsg.Request, topicsOf func(kmsg.Response) *[]D) Decision {
+	var kept, refused []T
+	for _, t := range topics {
+		if allowed(t) {
+			kept = append(kept, t)
 		} else {
 			refused = append(refused, t)
 		}
 	}
-	dr := *r
-	dr.Topics = refused
-	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.TxnOffsetCommitResponse).Topics
-	if len(allowed) == 0 {
-		resp := kmsg.NewPtrTxnOffsetCommitResponse()
-		resp.SetVersion(r.Version)
-		resp.Topics = denied
+	denied := *topicsOf(codec.GroupErrorResponse(with(refused), codeTopicAuth))
+	if len(kept) == 0 {
+		resp := r.ResponseKind() // at r's version
+		*topicsOf(resp) = denied
 		return Decision{Answer: resp}
 	}
 	if len(denied) == 0 {
 		return Decision{Pass: r}
 	}
-	cp := *r
-	cp.Topics = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if cr, ok := resp.(*kmsg.TxnOffsetCommitResponse); ok {
-			cr.Topics = append(denied, cr.Topics...)
+	return Decision{Pass: with(kept), Finish: func(resp kmsg.Response) kmsg.Response {
+		if ts := topicsOf(resp); ts != nil {
+			*ts = append(denied, *ts...)
 		}
 		return resp
 	}}

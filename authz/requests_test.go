@@ -133,7 +133,7 @@ func TestAuthorizeCommits(t *testing.T) {
 	if !reflect.DeepEqual(codes, map[string]int16{"t-ok": 0, "t-no": taf}) {
 		t.Fatalf("merged commit codes %v", codes)
 	}
-	if d := Authorize(commitReq("ok", "t-no"), can, nil); d.Answer == nil || d.Pass != nil {
+	if d := Authorize(commitReq("ok", "t-no"), can, nil); d.Answer == nil || d.Pass != nil || d.Answer.GetVersion() != 9 {
 		t.Fatalf("commit of denied topics only reaches the coordinator: %+v", d)
 	}
 	if d := Authorize(commitReq("desc", "t-ok"), can, nil); d.Answer.(*kmsg.OffsetCommitResponse).Topics[0].Partitions[0].ErrorCode != gaf {
@@ -157,6 +157,25 @@ func TestAuthorizeCommits(t *testing.T) {
 	tx.TransactionalID = "tx"
 	if d := Authorize(tx, can, nil); d.Pass != tx {
 		t.Fatalf("txn commit allowed: %+v", d)
+	}
+	// The same topic filter as OffsetCommit's: the denied topics are
+	// answered ahead of the coordinator's, or alone, at the version.
+	tx.Version = 3
+	tx.Topics = append(tx.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: "t-no", Partitions: []kmsg.TxnOffsetCommitRequestTopicPartition{{Partition: 4}}})
+	d = Authorize(tx, can, nil)
+	if d.Answer != nil || len(d.Pass.(*kmsg.TxnOffsetCommitRequest).Topics) != 1 || d.Pass.(*kmsg.TxnOffsetCommitRequest).Topics[0].Topic != "t-ok" {
+		t.Fatalf("mixed txn commit: %+v", d)
+	}
+	txInner := kmsg.NewPtrTxnOffsetCommitResponse()
+	txInner.Topics = []kmsg.TxnOffsetCommitResponseTopic{{Topic: "t-ok", Partitions: []kmsg.TxnOffsetCommitResponseTopicPartition{{Partition: 1}}}}
+	txGot := d.Finish(txInner).(*kmsg.TxnOffsetCommitResponse).Topics
+	if len(txGot) != 2 || txGot[0].Topic != "t-no" || txGot[0].Partitions[0].ErrorCode != taf || txGot[1].Topic != "t-ok" || txGot[1].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("merged txn commit %+v", txGot)
+	}
+	tx.Topics = tx.Topics[1:]
+	d = Authorize(tx, can, nil)
+	if d.Answer == nil || d.Answer.GetVersion() != 3 || d.Answer.(*kmsg.TxnOffsetCommitResponse).Topics[0].Partitions[0].ErrorCode != taf {
+		t.Fatalf("txn commit of denied topics only: %+v", d)
 	}
 }
 
