@@ -427,13 +427,14 @@ type groupSplit[G any] struct {
 	// one decide builds from req.ResponseKind()); nil for an answer of
 	// another type.
 	groups func(kmsg.Response) *[]G
-	// fill, when set, completes each answered group (the KIP-430
-	// authorized operations asked for).
-	fill func(*G)
+	// ops, set when the request asks for the groups' authorized
+	// operations (KIP-430), is an answered group's error code, name and
+	// field for them; decide fills it where the code is 0.
+	ops func(*G) (code int16, group string, field *int32)
 }
 
-// decide splits s.names: with every group allowed (and nothing to
-// fill) req passes as it is; with every group denied the answer is
+// decide splits s.names: with every group allowed (and no operations
+// to fill) req passes as it is; with every group denied the answer is
 // whole here; else the allowed pass and Finish puts the denied back in
 // their places.
 func (s groupSplit[G]) decide(can Can) Decision {
@@ -447,7 +448,7 @@ func (s groupSplit[G]) decide(can Can) Decision {
 			deniedAt[i], anyDenied = true, true
 		}
 	}
-	if !anyDenied && s.fill == nil {
+	if !anyDenied && s.ops == nil {
 		return Decision{Pass: s.req}
 	}
 	merge := func(inner []G) []G {
@@ -461,8 +462,10 @@ func (s groupSplit[G]) decide(can Can) Decision {
 			if next < len(inner) {
 				rg := inner[next]
 				next++
-				if s.fill != nil {
-					s.fill(&rg)
+				if s.ops != nil {
+					if code, g, field := s.ops(&rg); code == 0 {
+						*field = authorizedOps(can, g)
+					}
 				}
 				out = append(out, rg)
 			}
@@ -503,11 +506,7 @@ func describeGroups(r *kmsg.DescribeGroupsRequest, can Can) Decision {
 		},
 	}
 	if r.IncludeAuthorizedOperations {
-		s.fill = func(rg *G) {
-			if rg.ErrorCode == 0 {
-				rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-			}
-		}
+		s.ops = func(rg *G) (int16, string, *int32) { return rg.ErrorCode, rg.Group, &rg.AuthorizedOperations }
 	}
 	return s.decide(can)
 }
@@ -529,11 +528,7 @@ func consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, can Can) Decisi
 		},
 	}
 	if r.IncludeAuthorizedOperations {
-		s.fill = func(rg *G) {
-			if rg.ErrorCode == 0 {
-				rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-			}
-		}
+		s.ops = func(rg *G) (int16, string, *int32) { return rg.ErrorCode, rg.Group, &rg.AuthorizedOperations }
 	}
 	return s.decide(can)
 }
