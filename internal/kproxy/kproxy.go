@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
@@ -314,7 +313,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsForward {
-		serve, err := clusterLacksShares(ctx, cl)
+		serve, err := shares.ClusterLacks(ctx, cl)
 		switch {
 		case err != nil:
 			log.Warn("share groups: cannot tell whether the cluster serves them; forwarding them", "err", err)
@@ -408,27 +407,6 @@ func (w *Server) startShares(ops shares.Ops, log *slog.Logger) error {
 	// The service closes before the engine it asks.
 	w.closers = append(w.closers, func(context.Context) error { svc.Close(); return nil })
 	return nil
-}
-
-// clusterLacksShares reports whether the cluster's brokers do not
-// advertise ShareGroupHeartbeat (Kafka before 4.0, or 4.x with share
-// groups not enabled).
-func clusterLacksShares(ctx context.Context, cl *kgo.Client) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
-	if err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == 76 { // ShareGroupHeartbeat
-			return false, nil
-		}
-	}
-	return true, nil
 }
 
 // startCoexist starts the takeover loop of the coexistence with the

@@ -956,3 +956,25 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// ClusterLacks reports whether the cluster's brokers do not
+// advertise ShareGroupHeartbeat (Kafka before 4.0, or 4.x with share
+// groups not enabled): the assembly then serves them itself when asked
+// to decide (SharesAuto).
+func ClusterLacks(ctx context.Context, cl kmsg.Requestor) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	if err != nil {
+		return false, fmt.Errorf("ApiVersions: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return false, fmt.Errorf("ApiVersions: %w", err)
+	}
+	for _, k := range resp.ApiKeys {
+		if k.ApiKey == 76 { // ShareGroupHeartbeat
+			return false, nil
+		}
+	}
+	return true, nil
+}
