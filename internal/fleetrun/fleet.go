@@ -76,15 +76,9 @@ type Runtime struct {
 // reports which of the transactional APIs distributed mode needs it
 // lacks.
 func upstreamSupportsTransactions(ctx context.Context, cl *kgo.Client) error {
-	req := kmsg.NewPtrApiVersionsRequest()
-	req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
-	resp, err := req.RequestWith(ctx, cl)
+	have, err := kafkastore.ClusterKeys(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("asking the upstream for its API versions: %w", err)
-	}
-	have := map[int16]bool{}
-	for _, k := range resp.ApiKeys {
-		have[k.ApiKey] = true
 	}
 	var missing []string
 	for _, key := range []int16{22, 24, 25, 26, 28} { // InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit

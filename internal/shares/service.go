@@ -28,6 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/groupstate/share"
 	"github.com/kproxy/kproxy/proxy"
 )
@@ -964,17 +965,9 @@ func deref(s *string) string {
 func ClusterLacks(ctx context.Context, cl kmsg.Requestor) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	keys, err := kafkastore.ClusterKeys(ctx, cl)
 	if err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
+		return false, err
 	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == 76 { // ShareGroupHeartbeat
-			return false, nil
-		}
-	}
-	return true, nil
+	return !keys[kmsg.ShareGroupHeartbeat.Int16()], nil
 }
