@@ -1,10 +1,14 @@
 // Package kproxy assembles a running kproxy from one Config: kproxy's own
-// client of the upstream cluster, telemetry (tap), the offset store, the
-// coordinator engine (local, or distributed with the fleet runtime of
-// docs/fleet.md), the proxy's listeners and the admin HTTP server. The
-// command (serve, dev), the end-to-end tests and the browser test's
-// server all build kproxy here, so they run the same thing; the command
-// only turns its YAML file and flags into a Config.
+// client of the upstream cluster, telemetry (tap), the group settings and
+// GROUP configs (internal/groupconfig), the offset store, the coordinator
+// engine (local, or distributed with the fleet runtime of
+// internal/fleetrun), coexistence with the cluster's coordinator
+// (internal/coexist), the share service (internal/shares), authorization,
+// the proxy's listeners and the admin HTTP server. It builds and wires
+// them and holds no domain logic. The command (serve, dev), the
+// end-to-end tests and the browser test's server all build kproxy here,
+// so they run the same thing; the command only turns its YAML file and
+// flags into a Config.
 package kproxy
 
 import (
