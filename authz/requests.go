@@ -157,64 +157,62 @@ func topicOf(n string, id [16]byte, name TopicName) (string, bool) {
 }
 
 func offsetCommit(r *kmsg.OffsetCommitRequest, can Can, name TopicName) Decision {
-	var allowed, refused []kmsg.OffsetCommitRequestTopic
-	for _, t := range r.Topics {
-		if n, ok := topicOf(t.Topic, t.TopicID, name); ok && can(topic, n, read) {
-			allowed = append(allowed, t)
-		} else {
-			refused = append(refused, t)
-		}
-	}
-	dr := *r
-	dr.Topics = refused
-	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.OffsetCommitResponse).Topics
-	if len(allowed) == 0 {
-		// As the broker: nothing left to commit, the coordinator is
-		// not asked.
-		resp := kmsg.NewPtrOffsetCommitResponse()
-		resp.SetVersion(r.Version)
-		resp.Topics = denied
-		return Decision{Answer: resp}
-	}
-	if len(denied) == 0 {
-		return Decision{Pass: r}
-	}
-	cp := *r
-	cp.Topics = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if cr, ok := resp.(*kmsg.OffsetCommitResponse); ok {
-			cr.Topics = append(denied, cr.Topics...)
-		}
-		return resp
-	}}
+	return commitTopics(r, r.Topics,
+		func(t kmsg.OffsetCommitRequestTopic) bool {
+			n, ok := topicOf(t.Topic, t.TopicID, name)
+			return ok && can(topic, n, read)
+		},
+		func(ts []kmsg.OffsetCommitRequestTopic) kmsg.Request { cp := *r; cp.Topics = ts; return &cp },
+		func(resp kmsg.Response) *[]kmsg.OffsetCommitResponseTopic {
+			if cr, ok := resp.(*kmsg.OffsetCommitResponse); ok {
+				return &cr.Topics
+			}
+			return nil
+		})
 }
 
 func txnOffsetCommit(r *kmsg.TxnOffsetCommitRequest, can Can) Decision {
-	var allowed, refused []kmsg.TxnOffsetCommitRequestTopic
-	for _, t := range r.Topics {
-		if can(topic, t.Topic, read) {
-			allowed = append(allowed, t)
+	return commitTopics(r, r.Topics,
+		func(t kmsg.TxnOffsetCommitRequestTopic) bool { return can(topic, t.Topic, read) },
+		func(ts []kmsg.TxnOffsetCommitRequestTopic) kmsg.Request { cp := *r; cp.Topics = ts; return &cp },
+		func(resp kmsg.Response) *[]kmsg.TxnOffsetCommitResponseTopic {
+			if cr, ok := resp.(*kmsg.TxnOffsetCommitResponse); ok {
+				return &cr.Topics
+			}
+			return nil
+		})
+}
+
+// commitTopics is the topic filter of OffsetCommit and TxnOffsetCommit:
+// of r's topics (request topics T), those allowed does not allow are
+// left out of what passes (with builds r with other topics) and answered
+// TOPIC_AUTHORIZATION_FAILED ahead of the coordinator's answer (answer
+// topics D, topicsOf: an answer's topics, nil for an answer of another
+// type). With no topic allowed the answer is whole here: as the broker,
+// nothing is left to commit and the coordinator is not asked. With
+// every topic allowed, r passes as it is.
+func commitTopics[T, D any](r kmsg.Request, topics []T, allowed func(T) bool,
+	with func([]T) kmsg.Request, topicsOf func(kmsg.Response) *[]D) Decision {
+	var kept, refused []T
+	for _, t := range topics {
+		if allowed(t) {
+			kept = append(kept, t)
 		} else {
 			refused = append(refused, t)
 		}
 	}
-	dr := *r
-	dr.Topics = refused
-	denied := codec.GroupErrorResponse(&dr, codeTopicAuth).(*kmsg.TxnOffsetCommitResponse).Topics
-	if len(allowed) == 0 {
-		resp := kmsg.NewPtrTxnOffsetCommitResponse()
-		resp.SetVersion(r.Version)
-		resp.Topics = denied
+	denied := *topicsOf(codec.GroupErrorResponse(with(refused), codeTopicAuth))
+	if len(kept) == 0 {
+		resp := r.ResponseKind() // at r's version
+		*topicsOf(resp) = denied
 		return Decision{Answer: resp}
 	}
 	if len(denied) == 0 {
 		return Decision{Pass: r}
 	}
-	cp := *r
-	cp.Topics = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if cr, ok := resp.(*kmsg.TxnOffsetCommitResponse); ok {
-			cr.Topics = append(denied, cr.Topics...)
+	return Decision{Pass: with(kept), Finish: func(resp kmsg.Response) kmsg.Response {
+		if ts := topicsOf(resp); ts != nil {
+			*ts = append(denied, *ts...)
 		}
 		return resp
 	}}
@@ -409,145 +407,146 @@ func authorizedOps(can Can, g string) int32 {
 	return bits
 }
 
-// splitGroups authorizes each group of a multi-group request for op.
-func splitGroups(names []string, can Can, op kmsg.ACLOperation) (allowed []string, denied []bool, any bool) {
-	denied = make([]bool, len(names))
-	for i, g := range names {
-		if can(group, g, op) {
+// groupSplit is the authorization of a request naming several groups
+// (DescribeGroups, ConsumerGroupDescribe, DeleteGroups,
+// ShareGroupDescribe), over its answer's per-group entries G: the
+// groups the principal may not perform op on are answered
+// GROUP_AUTHORIZATION_FAILED in their place and the others pass, as a
+// broker's KafkaApis splits them before its coordinator sees the
+// request. It takes a function per field of kmsg's structs, as
+// shareTopics does.
+type groupSplit[G any] struct {
+	req   kmsg.Request
+	names []string // req's groups, in order
+	op    kmsg.ACLOperation
+	// denied is a denied group's answer.
+	denied func(name string) G
+	// narrow is req with only the allowed groups.
+	narrow func(allowed []string) kmsg.Request
+	// groups is the answer's groups (an answer of req's kind, or the
+	// one decide builds from req.ResponseKind()); nil for an answer of
+	// another type.
+	groups func(kmsg.Response) *[]G
+	// ops, set when the request asks for the groups' authorized
+	// operations (KIP-430), is an answered group's error code, name and
+	// field for them; decide fills it where the code is 0.
+	ops func(*G) (code int16, group string, field *int32)
+}
+
+// decide splits s.names: with every group allowed (and no operations
+// to fill) req passes as it is; with every group denied the answer is
+// whole here; else the allowed pass and Finish puts the denied back in
+// their places.
+func (s groupSplit[G]) decide(can Can) Decision {
+	var allowed []string
+	deniedAt := make([]bool, len(s.names))
+	anyDenied := false
+	for i, g := range s.names {
+		if can(group, g, s.op) {
 			allowed = append(allowed, g)
 		} else {
-			denied[i], any = true, true
+			deniedAt[i], anyDenied = true, true
 		}
 	}
-	return allowed, denied, any
+	if !anyDenied && s.ops == nil {
+		return Decision{Pass: s.req}
+	}
+	merge := func(inner []G) []G {
+		out := make([]G, 0, len(s.names))
+		next := 0
+		for i, g := range s.names {
+			if deniedAt[i] {
+				out = append(out, s.denied(g))
+				continue
+			}
+			if next < len(inner) {
+				rg := inner[next]
+				next++
+				if s.ops != nil {
+					if code, g, field := s.ops(&rg); code == 0 {
+						*field = authorizedOps(can, g)
+					}
+				}
+				out = append(out, rg)
+			}
+		}
+		return append(out, inner[min(next, len(inner)):]...)
+	}
+	if anyDenied && len(allowed) == 0 {
+		resp := s.req.ResponseKind() // at req's version
+		*s.groups(resp) = merge(nil)
+		return Decision{Answer: resp}
+	}
+	pass := s.req
+	if anyDenied {
+		pass = s.narrow(allowed)
+	}
+	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
+		if gs := s.groups(resp); gs != nil {
+			*gs = merge(*gs)
+		}
+		return resp
+	}}
 }
 
 func describeGroups(r *kmsg.DescribeGroupsRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, desc)
-	merge := func(inner []kmsg.DescribeGroupsResponseGroup) []kmsg.DescribeGroupsResponseGroup {
-		out := make([]kmsg.DescribeGroupsResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewDescribeGroupsResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.DescribeGroupsResponseGroup
+	s := groupSplit[G]{req: r, names: r.Groups, op: desc,
+		denied: func(g string) G {
+			rg := kmsg.NewDescribeGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.DescribeGroupsResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				rg := inner[next]
-				next++
-				if r.IncludeAuthorizedOperations && rg.ErrorCode == 0 {
-					rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-				}
-				out = append(out, rg)
-			}
-		}
-		return append(out, inner[min(next, len(inner)):]...)
+			return nil
+		},
 	}
-	if len(allowed) == 0 && len(r.Groups) > 0 {
-		resp := kmsg.NewPtrDescribeGroupsResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
+	if r.IncludeAuthorizedOperations {
+		s.ops = func(rg *G) (int16, string, *int32) { return rg.ErrorCode, rg.Group, &rg.AuthorizedOperations }
 	}
-	pass := kmsg.Request(r)
-	if anyDenied {
-		cp := *r
-		cp.Groups = allowed
-		pass = &cp
-	}
-	if !anyDenied && !r.IncludeAuthorizedOperations {
-		return Decision{Pass: r}
-	}
-	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.DescribeGroupsResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+	return s.decide(can)
 }
 
 func consumerGroupDescribe(r *kmsg.ConsumerGroupDescribeRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, desc)
-	merge := func(inner []kmsg.ConsumerGroupDescribeResponseGroup) []kmsg.ConsumerGroupDescribeResponseGroup {
-		out := make([]kmsg.ConsumerGroupDescribeResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewConsumerGroupDescribeResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.ConsumerGroupDescribeResponseGroup
+	s := groupSplit[G]{req: r, names: r.Groups, op: desc,
+		denied: func(g string) G {
+			rg := kmsg.NewConsumerGroupDescribeResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.ConsumerGroupDescribeResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				rg := inner[next]
-				next++
-				if r.IncludeAuthorizedOperations && rg.ErrorCode == 0 {
-					rg.AuthorizedOperations = authorizedOps(can, rg.Group)
-				}
-				out = append(out, rg)
-			}
-		}
-		return append(out, inner[min(next, len(inner)):]...)
+			return nil
+		},
 	}
-	if len(allowed) == 0 && len(r.Groups) > 0 {
-		resp := kmsg.NewPtrConsumerGroupDescribeResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
+	if r.IncludeAuthorizedOperations {
+		s.ops = func(rg *G) (int16, string, *int32) { return rg.ErrorCode, rg.Group, &rg.AuthorizedOperations }
 	}
-	if !anyDenied && !r.IncludeAuthorizedOperations {
-		return Decision{Pass: r}
-	}
-	pass := kmsg.Request(r)
-	if anyDenied {
-		cp := *r
-		cp.Groups = allowed
-		pass = &cp
-	}
-	return Decision{Pass: pass, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.ConsumerGroupDescribeResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+	return s.decide(can)
 }
 
 func deleteGroups(r *kmsg.DeleteGroupsRequest, can Can) Decision {
-	allowed, denied, anyDenied := splitGroups(r.Groups, can, del)
-	if !anyDenied {
-		return Decision{Pass: r}
-	}
-	merge := func(inner []kmsg.DeleteGroupsResponseGroup) []kmsg.DeleteGroupsResponseGroup {
-		out := make([]kmsg.DeleteGroupsResponseGroup, 0, len(r.Groups))
-		next := 0
-		for i, g := range r.Groups {
-			if denied[i] {
-				rg := kmsg.NewDeleteGroupsResponseGroup()
-				rg.Group, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.DeleteGroupsResponseGroup
+	return groupSplit[G]{req: r, names: r.Groups, op: del,
+		denied: func(g string) G {
+			rg := kmsg.NewDeleteGroupsResponseGroup()
+			rg.Group, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.Groups = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.DeleteGroupsResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				out = append(out, inner[next])
-				next++
-			}
-		}
-		return append(out, inner[min(next, len(inner)):]...)
-	}
-	if len(allowed) == 0 {
-		resp := kmsg.NewPtrDeleteGroupsResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
-	}
-	cp := *r
-	cp.Groups = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.DeleteGroupsResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+			return nil
+		},
+	}.decide(can)
 }

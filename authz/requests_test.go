@@ -133,7 +133,7 @@ func TestAuthorizeCommits(t *testing.T) {
 	if !reflect.DeepEqual(codes, map[string]int16{"t-ok": 0, "t-no": taf}) {
 		t.Fatalf("merged commit codes %v", codes)
 	}
-	if d := Authorize(commitReq("ok", "t-no"), can, nil); d.Answer == nil || d.Pass != nil {
+	if d := Authorize(commitReq("ok", "t-no"), can, nil); d.Answer == nil || d.Pass != nil || d.Answer.GetVersion() != 9 {
 		t.Fatalf("commit of denied topics only reaches the coordinator: %+v", d)
 	}
 	if d := Authorize(commitReq("desc", "t-ok"), can, nil); d.Answer.(*kmsg.OffsetCommitResponse).Topics[0].Partitions[0].ErrorCode != gaf {
@@ -157,6 +157,25 @@ func TestAuthorizeCommits(t *testing.T) {
 	tx.TransactionalID = "tx"
 	if d := Authorize(tx, can, nil); d.Pass != tx {
 		t.Fatalf("txn commit allowed: %+v", d)
+	}
+	// The same topic filter as OffsetCommit's: the denied topics are
+	// answered ahead of the coordinator's, or alone, at the version.
+	tx.Version = 3
+	tx.Topics = append(tx.Topics, kmsg.TxnOffsetCommitRequestTopic{Topic: "t-no", Partitions: []kmsg.TxnOffsetCommitRequestTopicPartition{{Partition: 4}}})
+	d = Authorize(tx, can, nil)
+	if d.Answer != nil || len(d.Pass.(*kmsg.TxnOffsetCommitRequest).Topics) != 1 || d.Pass.(*kmsg.TxnOffsetCommitRequest).Topics[0].Topic != "t-ok" {
+		t.Fatalf("mixed txn commit: %+v", d)
+	}
+	txInner := kmsg.NewPtrTxnOffsetCommitResponse()
+	txInner.Topics = []kmsg.TxnOffsetCommitResponseTopic{{Topic: "t-ok", Partitions: []kmsg.TxnOffsetCommitResponseTopicPartition{{Partition: 1}}}}
+	txGot := d.Finish(txInner).(*kmsg.TxnOffsetCommitResponse).Topics
+	if len(txGot) != 2 || txGot[0].Topic != "t-no" || txGot[0].Partitions[0].ErrorCode != taf || txGot[1].Topic != "t-ok" || txGot[1].Partitions[0].ErrorCode != 0 {
+		t.Fatalf("merged txn commit %+v", txGot)
+	}
+	tx.Topics = tx.Topics[1:]
+	d = Authorize(tx, can, nil)
+	if d.Answer == nil || d.Answer.GetVersion() != 3 || d.Answer.(*kmsg.TxnOffsetCommitResponse).Topics[0].Partitions[0].ErrorCode != taf {
+		t.Fatalf("txn commit of denied topics only: %+v", d)
 	}
 }
 
@@ -265,5 +284,146 @@ func TestAuthorizeMultiGroup(t *testing.T) {
 	}
 	if got := d.Finish(kmsg.NewPtrOffsetDeleteResponse()).(*kmsg.OffsetDeleteResponse); got.Topics[0].Partitions[0].ErrorCode != taf {
 		t.Fatalf("offset delete merged %+v", got)
+	}
+}
+
+// TestAuthorizeGroupSplit runs the four multi-group requests through the
+// same cases (groupSplit): every group allowed passes the request as it
+// is; every group denied is answered here, at the request's version;
+// a mix passes the allowed groups and merges the denied back in their
+// places, an extra entry of the inner answer kept at the end.
+func TestAuthorizeGroupSplit(t *testing.T) {
+	can := testCan()
+	type entry struct {
+		group string
+		code  int16
+	}
+	for _, k := range []struct {
+		name    string
+		allowed string // a group allowed the request's operation
+		build   func(groups []string) kmsg.Request
+		passed  func(kmsg.Request) []string
+		inner   func(groups []string) kmsg.Response
+		entries func(kmsg.Response) []entry
+	}{{
+		name: "DescribeGroups", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrDescribeGroupsRequest()
+			r.Version, r.Groups = 5, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.DescribeGroupsRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrDescribeGroupsResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.DescribeGroupsResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.DescribeGroupsResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "ConsumerGroupDescribe", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrConsumerGroupDescribeRequest()
+			r.Version, r.Groups = 1, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.ConsumerGroupDescribeRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrConsumerGroupDescribeResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.ConsumerGroupDescribeResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.ConsumerGroupDescribeResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "DeleteGroups", allowed: "ok",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrDeleteGroupsRequest()
+			r.Version, r.Groups = 2, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.DeleteGroupsRequest).Groups },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrDeleteGroupsResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.DeleteGroupsResponseGroup{Group: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.DeleteGroupsResponse).Groups {
+				out = append(out, entry{g.Group, g.ErrorCode})
+			}
+			return out
+		},
+	}, {
+		name: "ShareGroupDescribe", allowed: "desc",
+		build: func(gs []string) kmsg.Request {
+			r := kmsg.NewPtrShareGroupDescribeRequest()
+			r.Version, r.GroupIDs = 1, gs
+			return r
+		},
+		passed: func(r kmsg.Request) []string { return r.(*kmsg.ShareGroupDescribeRequest).GroupIDs },
+		inner: func(gs []string) kmsg.Response {
+			resp := kmsg.NewPtrShareGroupDescribeResponse()
+			for _, g := range gs {
+				resp.Groups = append(resp.Groups, kmsg.ShareGroupDescribeResponseGroup{GroupID: g})
+			}
+			return resp
+		},
+		entries: func(r kmsg.Response) (out []entry) {
+			for _, g := range r.(*kmsg.ShareGroupDescribeResponse).Groups {
+				out = append(out, entry{g.GroupID, g.ErrorCode})
+			}
+			return out
+		},
+	}} {
+		t.Run(k.name, func(t *testing.T) {
+			req := k.build([]string{k.allowed})
+			if d := Authorize(req, can, nil); d.Answer != nil || d.Pass != req || d.Finish != nil {
+				t.Fatalf("every group allowed: %+v, want the request passed as it is", d)
+			}
+
+			req = k.build([]string{"nope", "nope-2"})
+			d := Authorize(req, can, nil)
+			if d.Answer == nil {
+				t.Fatalf("every group denied: %+v, want an answer here", d)
+			}
+			if d.Answer.GetVersion() != req.GetVersion() {
+				t.Errorf("answered at version %d, want the request's %d", d.Answer.GetVersion(), req.GetVersion())
+			}
+			if got, want := k.entries(d.Answer), []entry{{"nope", gaf}, {"nope-2", gaf}}; !reflect.DeepEqual(got, want) {
+				t.Errorf("every group denied answered %v, want %v", got, want)
+			}
+
+			req = k.build([]string{"nope", k.allowed, "nope-2"})
+			d = Authorize(req, can, nil)
+			if d.Answer != nil || d.Finish == nil {
+				t.Fatalf("a mix: %+v, want the allowed passed and a merge", d)
+			}
+			if got := k.passed(d.Pass); !reflect.DeepEqual(got, []string{k.allowed}) {
+				t.Fatalf("a mix passed %v, want [%s]", got, k.allowed)
+			}
+			if got := k.passed(req); len(got) != 3 {
+				t.Fatalf("the client's request was changed: %v", got)
+			}
+			got := k.entries(d.Finish(k.inner([]string{k.allowed, "extra"})))
+			want := []entry{{"nope", gaf}, {k.allowed, 0}, {"nope-2", gaf}, {"extra", 0}}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("a mix merged %v, want %v", got, want)
+			}
+		})
 	}
 }

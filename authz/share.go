@@ -30,11 +30,7 @@ func shareRequest(req kmsg.Request, can Can, name TopicName) (Decision, bool) {
 			return deny(), true
 		}
 	case *kmsg.ShareGroupDescribeRequest:
-		for _, g := range r.GroupIDs {
-			if !can(group, g, desc) {
-				return shareDescribe(r, can), true
-			}
-		}
+		return shareDescribe(r, can), true
 	case *kmsg.DescribeShareGroupOffsetsRequest:
 		for _, g := range r.Groups {
 			if !can(group, g.GroupID, desc) {
@@ -83,38 +79,21 @@ func readable(id [16]byte, can Can, name TopicName) bool {
 // shareDescribe answers the denied groups of a ShareGroupDescribe and
 // passes the others.
 func shareDescribe(r *kmsg.ShareGroupDescribeRequest, can Can) Decision {
-	allowed, denied, _ := splitGroups(r.GroupIDs, can, desc)
-	merge := func(inner []kmsg.ShareGroupDescribeResponseGroup) []kmsg.ShareGroupDescribeResponseGroup {
-		out := make([]kmsg.ShareGroupDescribeResponseGroup, 0, len(r.GroupIDs))
-		next := 0
-		for i, g := range r.GroupIDs {
-			if denied[i] {
-				rg := kmsg.NewShareGroupDescribeResponseGroup()
-				rg.GroupID, rg.ErrorCode = g, codeGroupAuth
-				out = append(out, rg)
-				continue
+	type G = kmsg.ShareGroupDescribeResponseGroup
+	return groupSplit[G]{req: r, names: r.GroupIDs, op: desc,
+		denied: func(g string) G {
+			rg := kmsg.NewShareGroupDescribeResponseGroup()
+			rg.GroupID, rg.ErrorCode = g, codeGroupAuth
+			return rg
+		},
+		narrow: func(allowed []string) kmsg.Request { cp := *r; cp.GroupIDs = allowed; return &cp },
+		groups: func(resp kmsg.Response) *[]G {
+			if dr, ok := resp.(*kmsg.ShareGroupDescribeResponse); ok {
+				return &dr.Groups
 			}
-			if next < len(inner) {
-				out = append(out, inner[next])
-				next++
-			}
-		}
-		return append(out, inner[min(next, len(inner)):]...)
-	}
-	if len(allowed) == 0 {
-		resp := kmsg.NewPtrShareGroupDescribeResponse()
-		resp.SetVersion(r.Version)
-		resp.Groups = merge(nil)
-		return Decision{Answer: resp}
-	}
-	cp := *r
-	cp.GroupIDs = allowed
-	return Decision{Pass: &cp, Finish: func(resp kmsg.Response) kmsg.Response {
-		if dr, ok := resp.(*kmsg.ShareGroupDescribeResponse); ok {
-			dr.Groups = merge(dr.Groups)
-		}
-		return resp
-	}}
+			return nil
+		},
+	}.decide(can)
 }
 
 // shareFetch leaves out the topics the principal may not read and

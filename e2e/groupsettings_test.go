@@ -17,13 +17,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/groupconfig"
 	"github.com/kproxy/kproxy/internal/kproxy"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
 
 // This file checks that kproxy takes its group settings from the
-// cluster (issue 21, internal/kproxy/groupsettings.go): the brokers'
+// cluster (issue 21, internal/groupconfig/settings.go): the brokers'
 // group.initial.rebalance.delay.ms and session bounds apply through
 // kproxy without a flag, a flag overrides them, a cluster that cannot be
 // read leaves kproxy's defaults, and /api/group-settings says which
@@ -146,16 +147,16 @@ func TestGroupSettingsFromCluster(t *testing.T) {
 	if v.Cluster.Error != "" || v.Cluster.Broker < 0 {
 		t.Fatalf("the cluster was not read: %+v", v.Cluster)
 	}
-	wantSetting(t, by, "group.initial.rebalance.delay.ms", "0", kproxy.SourceCluster)
-	wantSetting(t, by, "group.min.session.timeout.ms", "1000", kproxy.SourceCluster)
+	wantSetting(t, by, "group.initial.rebalance.delay.ms", "0", groupconfig.SourceCluster)
+	wantSetting(t, by, "group.min.session.timeout.ms", "1000", groupconfig.SourceCluster)
 	// kfake's own defaults are the cluster's values too.
-	wantSetting(t, by, "group.max.session.timeout.ms", "300000", kproxy.SourceCluster)
-	wantSetting(t, by, "group.consumer.heartbeat.interval.ms", "5000", kproxy.SourceCluster)
+	wantSetting(t, by, "group.max.session.timeout.ms", "300000", groupconfig.SourceCluster)
+	wantSetting(t, by, "group.consumer.heartbeat.interval.ms", "5000", groupconfig.SourceCluster)
 	// kfake does not name these: kproxy's defaults stand.
-	wantSetting(t, by, "group.consumer.assignors", "uniform,range", kproxy.SourceDefault)
-	wantSetting(t, by, "group.consumer.min.session.timeout.ms", "45000", kproxy.SourceDefault)
+	wantSetting(t, by, "group.consumer.assignors", "uniform,range", groupconfig.SourceDefault)
+	wantSetting(t, by, "group.consumer.min.session.timeout.ms", "45000", groupconfig.SourceDefault)
 	for _, gs := range v.Settings {
-		if gs.Source == kproxy.SourceCluster && (gs.Cluster == nil || *gs.Cluster != gs.Value) {
+		if gs.Source == groupconfig.SourceCluster && (gs.Cluster == nil || *gs.Cluster != gs.Value) {
 			t.Errorf("%s: taken from the cluster as %q but the cluster's value is reported as %v", gs.Name, gs.Value, gs.Cluster)
 		}
 	}
@@ -194,8 +195,8 @@ func TestGroupSettingsFlagOverridesCluster(t *testing.T) {
 	t.Cleanup(c.Close)
 	k := startKproxy(t, "kproxy", c.ListenAddrs(), "--groups", "local", "--group-initial-rebalance-delay", "1500ms")
 	_, by := groupSettings(t, k.admin)
-	wantSetting(t, by, "group.initial.rebalance.delay.ms", "1500", kproxy.SourceFlag)
-	wantSetting(t, by, "group.min.session.timeout.ms", "1000", kproxy.SourceCluster)
+	wantSetting(t, by, "group.initial.rebalance.delay.ms", "1500", groupconfig.SourceFlag)
+	wantSetting(t, by, "group.min.session.timeout.ms", "1000", groupconfig.SourceCluster)
 	if cv := by["group.initial.rebalance.delay.ms"].Cluster; cv == nil || *cv != "0" {
 		t.Errorf("the cluster's overridden value is not reported: %v", cv)
 	}
@@ -252,9 +253,9 @@ func TestGroupSettingsClusterUnreadable(t *testing.T) {
 	if !strings.Contains(v.Cluster.Error, "CLUSTER_AUTHORIZATION_FAILED") {
 		t.Errorf("cluster read error %q, want CLUSTER_AUTHORIZATION_FAILED", v.Cluster.Error)
 	}
-	wantSetting(t, by, "group.initial.rebalance.delay.ms", "3000", kproxy.SourceDefault)
-	wantSetting(t, by, "group.min.session.timeout.ms", "6000", kproxy.SourceDefault)
-	wantSetting(t, by, "group.max.session.timeout.ms", "1800000", kproxy.SourceDefault)
+	wantSetting(t, by, "group.initial.rebalance.delay.ms", "3000", groupconfig.SourceDefault)
+	wantSetting(t, by, "group.min.session.timeout.ms", "6000", groupconfig.SourceDefault)
+	wantSetting(t, by, "group.max.session.timeout.ms", "1800000", groupconfig.SourceDefault)
 	for _, gs := range v.Settings {
 		if gs.Cluster != nil {
 			t.Errorf("%s: a cluster value %q is reported from a cluster that was not read", gs.Name, *gs.Cluster)
@@ -302,7 +303,7 @@ func TestGroupSettingsRefreshReportsClusterChange(t *testing.T) {
 	for {
 		_, by := groupSettings(t, s.kproxy.AdminAddr())
 		if cv := by["group.min.session.timeout.ms"].Cluster; cv != nil && *cv == "2000" {
-			wantSetting(t, by, "group.min.session.timeout.ms", "1000", kproxy.SourceCluster)
+			wantSetting(t, by, "group.min.session.timeout.ms", "1000", groupconfig.SourceCluster)
 			break
 		}
 		if time.Now().After(deadline) {
@@ -314,7 +315,7 @@ func TestGroupSettingsRefreshReportsClusterChange(t *testing.T) {
 	s.stop()
 	s.start()
 	_, by := groupSettings(t, s.kproxy.AdminAddr())
-	wantSetting(t, by, "group.min.session.timeout.ms", "2000", kproxy.SourceCluster)
+	wantSetting(t, by, "group.min.session.timeout.ms", "2000", groupconfig.SourceCluster)
 }
 
 // TestGroupSettingsFromClusterDisabled: with --group-settings-from-cluster
@@ -323,8 +324,8 @@ func TestGroupSettingsRefreshReportsClusterChange(t *testing.T) {
 func TestGroupSettingsFromClusterDisabled(t *testing.T) {
 	s := clusterSettingsStack(t, func(c *kproxy.Config) { c.Groups.IgnoreClusterSettings = true })
 	_, by := groupSettings(t, s.kproxy.AdminAddr())
-	wantSetting(t, by, "group.initial.rebalance.delay.ms", "3000", kproxy.SourceDefault)
-	wantSetting(t, by, "group.min.session.timeout.ms", "6000", kproxy.SourceDefault)
+	wantSetting(t, by, "group.initial.rebalance.delay.ms", "3000", groupconfig.SourceDefault)
+	wantSetting(t, by, "group.min.session.timeout.ms", "6000", groupconfig.SourceDefault)
 	if cv := by["group.initial.rebalance.delay.ms"].Cluster; cv == nil || *cv != "0" {
 		t.Errorf("the cluster's value is not reported: %v", cv)
 	}
@@ -355,7 +356,7 @@ func TestGroupSettingsConflictNamesSources(t *testing.T) {
 		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
 		Groups: kproxy.GroupsConfig{Mode: kproxy.GroupsLocal,
 			Engine:         groupstate.Config{MaxSessionTimeout: 3 * time.Second},
-			SettingSources: map[string]string{"group.max.session.timeout.ms": kproxy.SourceFlag}},
+			SettingSources: map[string]string{"group.max.session.timeout.ms": groupconfig.SourceFlag}},
 		Telemetry: tap.Config{Getenv: func(string) string { return "" }},
 		Logger:    testLogger(),
 	})

@@ -93,7 +93,7 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 // bounds, group.max.size and KIP-848's group.consumer.*) are set only
 // when a flag or the file gives them: the others stay zero, and the
 // assembly takes them from the cluster, or else the engine's defaults
-// (internal/kproxy/groupsettings.go).
+// (internal/groupconfig/settings.go).
 func engineConfig(cfg fileConfig) groupstate.Config {
 	g, cg := cfg.Groups, cfg.Groups.Consumer
 	e := groupstate.Config{

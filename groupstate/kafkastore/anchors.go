@@ -2,8 +2,10 @@ package kafkastore
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -89,6 +91,25 @@ func (s *Store) GroupRequestOn(ctx context.Context, cl *kgo.Client, group string
 	return s.coordRequestOn(ctx, cl, coordinatorGroup, group, req, maxVersion, code)
 }
 
+// ClusterKeys asks the cluster, with ApiVersions on cl, which API keys
+// it answers, each with its highest version.
+func ClusterKeys(ctx context.Context, cl kmsg.Requestor) (map[int16]int16, error) {
+	req := kmsg.NewPtrApiVersionsRequest()
+	req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ApiVersions: %w", err)
+	}
+	keys := make(map[int16]int16, len(resp.ApiKeys))
+	for _, k := range resp.ApiKeys {
+		keys[k.ApiKey] = k.MaxVersion
+	}
+	return keys, nil
+}
+
 // SupportsKey reports whether the cluster answers requests of key (asked
 // once, with ApiVersions, and remembered).
 func (s *Store) SupportsKey(ctx context.Context, key int16) bool {
@@ -96,21 +117,16 @@ func (s *Store) SupportsKey(ctx context.Context, key int16) bool {
 	keys := s.apiKeys
 	s.mu.Unlock()
 	if keys == nil {
-		req := kmsg.NewPtrApiVersionsRequest()
-		req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
-		resp, err := req.RequestWith(ctx, s.cl)
-		if err != nil || resp.ErrorCode != 0 {
+		var err error
+		if keys, err = ClusterKeys(ctx, s.cl); err != nil {
 			return false
-		}
-		keys = make(map[int16]bool, len(resp.ApiKeys))
-		for _, k := range resp.ApiKeys {
-			keys[k.ApiKey] = true
 		}
 		s.mu.Lock()
 		s.apiKeys = keys
 		s.mu.Unlock()
 	}
-	return keys[key]
+	_, ok := keys[key]
+	return ok
 }
 
 // LacksKey reports whether the cluster is known not to answer requests

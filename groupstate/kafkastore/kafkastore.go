@@ -66,7 +66,7 @@ type Store struct {
 	anchors Anchors
 	// apiKeys caches the API keys the cluster answers (SupportsKey);
 	// guarded by mu.
-	apiKeys map[int16]bool
+	apiKeys map[int16]int16
 	// reqs lends a client to each request for a group sent to its
 	// coordinator (lend, internal/clientpool); nil sends them on cl. Set
 	// once by SetAnchors before the store is shared.

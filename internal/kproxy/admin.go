@@ -73,10 +73,10 @@ func (w *Server) startAdmin(ctx context.Context) error {
 		acfg.Groups = w.engine
 	}
 	if w.fleet != nil {
-		acfg.Fleet = w.fleet.status
+		acfg.Fleet = w.fleet.Status
 	}
 	if w.groupSettings != nil {
-		acfg.GroupSettings = w.groupSettings.view
+		acfg.GroupSettings = w.groupSettings.View
 	}
 	if w.cfg.FleetView != nil {
 		acfg.Fleet = w.cfg.FleetView

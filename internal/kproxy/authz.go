@@ -148,12 +148,6 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 	// Refresh ahead of expiry so that requests rarely wait for
 	// DescribeAcls: one that does holds up the requests behind it on its
 	// connection (the session's reader decides).
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		cache.RefreshAhead(rctx)
-	}()
-	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
+	w.runUntilClose(cache.RefreshAhead)
 	return nil
 }

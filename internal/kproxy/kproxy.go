@@ -1,10 +1,14 @@
 // Package kproxy assembles a running kproxy from one Config: kproxy's own
-// client of the upstream cluster, telemetry (tap), the offset store, the
-// coordinator engine (local, or distributed with the fleet runtime of
-// docs/fleet.md), the proxy's listeners and the admin HTTP server. The
-// command (serve, dev), the end-to-end tests and the browser test's
-// server all build kproxy here, so they run the same thing; the command
-// only turns its YAML file and flags into a Config.
+// client of the upstream cluster, telemetry (tap), the group settings and
+// GROUP configs (internal/groupconfig), the offset store, the coordinator
+// engine (local, or distributed with the fleet runtime of
+// internal/fleetrun), coexistence with the cluster's coordinator
+// (internal/coexist), the share service (internal/shares), authorization,
+// the proxy's listeners and the admin HTTP server. It builds and wires
+// them and holds no domain logic. The command (serve, dev), the
+// end-to-end tests and the browser test's server all build kproxy here,
+// so they run the same thing; the command only turns its YAML file and
+// flags into a Config.
 package kproxy
 
 import (
@@ -16,6 +20,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
@@ -23,6 +28,8 @@ import (
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/coexist"
+	"github.com/kproxy/kproxy/internal/fleetrun"
+	"github.com/kproxy/kproxy/internal/groupconfig"
 	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
@@ -116,10 +123,11 @@ type GroupsConfig struct {
 	// coordinator (docs/anchors.md), in local and distributed mode.
 	Anchors AnchorsConfig
 	// SettingSources names, by Kafka config name, the group settings of
-	// Engine the command took from a flag or the file (SourceFlag,
-	// SourceFile). Every other setting Engine leaves at its zero value
-	// is taken from the cluster (DescribeConfigs, groupsettings.go); a
-	// non-zero field is explicit (SourceConfig). A listed setting is
+	// Engine the command took from a flag or the file
+	// (groupconfig.SourceFlag, SourceFile). Every other setting Engine
+	// leaves at its zero value is taken from the cluster
+	// (DescribeConfigs, package groupconfig); a non-zero field is
+	// explicit (SourceConfig). A listed setting is
 	// explicit even at its zero value.
 	SettingSources map[string]string
 	// IgnoreClusterSettings keeps the engine's defaults for the settings
@@ -132,7 +140,7 @@ type GroupsConfig struct {
 	SettingsRefresh time.Duration
 	// GroupConfigsRefresh is how often the GROUP configs of the KIP-848
 	// groups served here (consumer.session.timeout.ms,
-	// consumer.heartbeat.interval.ms; groupconfigs.go) are read again,
+	// consumer.heartbeat.interval.ms; package groupconfig) are read again,
 	// applied at each group's next heartbeat: 0 means 30s.
 	GroupConfigsRefresh time.Duration
 }
@@ -205,7 +213,7 @@ type Server struct {
 	// shareService is what the proxy hands share requests to: shares,
 	// authorized when group authorization is on (authz.go).
 	shareService proxy.ShareService
-	fleet        *fleetRuntime // nil unless groups are distributed
+	fleet        *fleetrun.Runtime // nil unless groups are distributed
 	tap          *tap.Tap
 	coordinator  proxy.Coordinator
 	// coexist is the coexistence with the cluster's coordinator:
@@ -219,12 +227,12 @@ type Server struct {
 	// groupSettings reports the engine's group settings and where they
 	// came from (nil with groups forwarded); immutable after wiring,
 	// internally synchronised.
-	groupSettings *groupSettingsState
+	groupSettings *groupconfig.Settings
 	// groupConfigs caches the KIP-848 groups' own GROUP configs (nil
 	// when the embedding program sets Engine.GroupSettings itself, or
 	// with groups forwarded); immutable after wiring, internally
 	// synchronised.
-	groupConfigs *groupConfigs
+	groupConfigs *groupconfig.Configs
 	// closers run in reverse order at shutdown.
 	closers []func(context.Context) error
 
@@ -263,7 +271,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		pcfg.Forwarder = s.coexist.Forwarder()
 	}
 	if s.groupConfigs != nil && pcfg.ConfigsAltered == nil {
-		pcfg.ConfigsAltered = s.groupConfigs.altered
+		pcfg.ConfigsAltered = s.groupConfigs.Altered
 	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
@@ -292,7 +300,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	log := cfg.Logger
 	w := &Server{cfg: cfg, log: log, id: cfg.ID}
 	if w.id == "" {
-		w.id = kproxyID()
+		w.id = fleetrun.NewID()
 	}
 	opts := []kgo.Opt{kgo.SeedBrokers(cfg.Upstream...), kgo.ClientID("kproxy")}
 	if cfg.DialTimeout > 0 {
@@ -312,7 +320,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Groups.SharesAuto && !cfg.Groups.ServeShares && cfg.Groups.Mode != GroupsForward {
 		topic := kafkastore.DefaultGroupsTopic
 		if cfg.Groups.Mode == GroupsDistributed {
-			_, topic = fleetNames(cfg.Groups.Fleet.Name)
+			_, topic = fleetrun.Names(cfg.Groups.Fleet.Name)
 		}
 		held := kafkastore.NewWith(cl, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
 		dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -342,8 +350,18 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	engCfg := cfg.Groups.Engine
-	wireGroupSettings(ctx, w, cfg.Groups, &engCfg)
-	wireGroupConfigs(w, cl, cfg.Groups.GroupConfigsRefresh, &engCfg)
+	w.groupSettings = groupconfig.ReadSettings(ctx, kadm.NewClient(cl), groupconfig.SettingsConfig{
+		Sources:       cfg.Groups.SettingSources,
+		IgnoreCluster: cfg.Groups.IgnoreClusterSettings,
+		Refresh:       cfg.Groups.SettingsRefresh,
+		Logger:        log.With("component", "group_settings"),
+	}, &engCfg)
+	w.runUntilClose(w.groupSettings.Run)
+	if engCfg.GroupSettings == nil { // else the embedding program's own
+		w.groupConfigs = groupconfig.NewConfigs(cl, cfg.Groups.GroupConfigsRefresh, log.With("component", "group_configs"))
+		engCfg.GroupSettings = w.groupConfigs.Get
+		w.runUntilClose(w.groupConfigs.Run)
+	}
 	if engCfg.Logger == nil {
 		engCfg.Logger = log.With("component", "engine")
 	}
@@ -369,13 +387,13 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
 		w.close(context.Background())
-		return nil, w.groupSettings.engineError(err)
+		return nil, w.groupSettings.EngineError(err)
 	}
 	w.engine = eng
 	if w.coexist != nil {
 		w.coexist.AttachEngine(eng)
 	}
-	w.coordinator = engineCoordinator{e: eng, gc: w.groupConfigs}
+	w.coordinator = w.engineCoordinator(eng)
 	w.startCoexist()
 	// The engine closes before the upstream client it stores through.
 	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
@@ -397,7 +415,7 @@ func (w *Server) startShares(ops shares.Ops, log *slog.Logger) error {
 		Logger:    log.With("component", "shares"),
 	}
 	if w.groupConfigs != nil {
-		scfg.ConfigsRead = w.groupConfigs.unread
+		scfg.ConfigsRead = w.groupConfigs.Unread
 	}
 	svc, err := shares.New(scfg)
 	if err != nil {
@@ -432,35 +450,32 @@ func (w *Server) publish(ev groupstate.Event) {
 // proxy's client becomes the engine's request context.
 func EngineCoordinator(e *groupstate.Engine) proxy.Coordinator { return engineCoordinator{e: e} }
 
-// engineCoordinator adapts groupstate.Engine to proxy.Coordinator. With
-// gc, a KIP-848 member joining a group whose GROUP configs were not read
-// yet waits for that read (at most groupConfigsFirstWait), so that its
-// first answer carries the group's own heartbeat interval and its
-// session the group's timeout, as from Kafka's coordinator; once per
-// group, and never while the reads fail.
-type engineCoordinator struct {
-	e  *groupstate.Engine
-	gc *groupConfigs // nil: the engine's settings, or the embedder's GroupSettings
-}
+// engineCoordinator adapts groupstate.Engine to proxy.Coordinator.
+type engineCoordinator struct{ e *groupstate.Engine }
 
 func (c engineCoordinator) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
-	rc := groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}
-	if q, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && q.MemberEpoch == 0 && c.gc != nil {
-		if read := c.gc.unread(q.Group); read != nil {
-			req := proxy.CloneRequest(req) // the wait outlives the caller's buffers
-			go func() {
-				t := time.NewTimer(groupConfigsFirstWait)
-				defer t.Stop()
-				select {
-				case <-read:
-				case <-t.C:
-				}
-				c.e.Handle(rc, req, reply)
-			}()
-			return
-		}
+	c.e.Handle(groupstate.RequestContext{ClientID: cl.ID, ClientHost: cl.Host}, req, reply)
+}
+
+// engineCoordinator is eng as the proxy's coordinator: with the groups'
+// own configs read here, a joining KIP-848 member waits for its group's
+// first read (groupconfig.Configs.WaitFirstRead).
+func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
+	var c proxy.Coordinator = engineCoordinator{e: eng}
+	if w.groupConfigs != nil {
+		c = w.groupConfigs.WaitFirstRead(c)
 	}
-	c.e.Handle(rc, req, reply)
+	return c
+}
+
+// runUntilClose runs loop on a goroutine of its own until kproxy stops:
+// its closer ends loop's context and waits for it to return (before the
+// upstream client closes: closers run in reverse).
+func (w *Server) runUntilClose(loop func(context.Context)) {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); loop(ctx) }()
+	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
 }
 
 // Addr is the proxy's bootstrap address.

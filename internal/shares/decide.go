@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate/kafkastore"
 )
 
 // Choice is who serves share groups under `--share-groups auto`, decided
@@ -41,7 +41,7 @@ type Choice struct {
 // An error reading the groups topic is returned rather than guessed
 // past: forwarding would lose the state of the groups kproxy served,
 // serving would take from the cluster groups it serves.
-func Decide(ctx context.Context, cl *kgo.Client, held func(context.Context) ([]string, error)) (Choice, error) {
+func Decide(ctx context.Context, cl kmsg.Requestor, held func(context.Context) ([]string, error)) (Choice, error) {
 	lacks, err := clusterLacksShares(ctx, cl)
 	if err != nil {
 		return Choice{}, err
@@ -76,20 +76,13 @@ func summarize(names []string, n int) string {
 // advertise ShareGroupHeartbeat v1 or later: Kafka before 4.0, 4.x with
 // share groups not enabled, or 4.0's early access, whose v0 Kafka 4.1
 // removed and today's share consumers do not speak.
-func clusterLacksShares(ctx context.Context, cl *kgo.Client) (bool, error) {
+func clusterLacksShares(ctx context.Context, cl kmsg.Requestor) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, cl)
+	keys, err := kafkastore.ClusterKeys(ctx, cl)
 	if err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
+		return false, err
 	}
-	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
-		return false, fmt.Errorf("ApiVersions: %w", err)
-	}
-	for _, k := range resp.ApiKeys {
-		if k.ApiKey == 76 && k.MaxVersion >= 1 { // ShareGroupHeartbeat
-			return false, nil
-		}
-	}
-	return true, nil
+	v, ok := keys[kmsg.ShareGroupHeartbeat.Int16()]
+	return !ok || v < 1, nil
 }

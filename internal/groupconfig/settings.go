@@ -1,4 +1,4 @@
-package kproxy
+package groupconfig
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 
 // The group settings kproxy takes from the cluster (issue 21). A group
 // behaves through kproxy as on the cluster behind it: unless a setting is
-// given explicitly (a flag, the config file, or a non-zero field of
-// GroupsConfig.Engine), the engine uses the value the brokers answer
+// given explicitly (a flag, the config file, or a non-zero field of the
+// engine's Config), the engine uses the value the brokers answer
 // DescribeConfigs (BROKER) with, and kproxy's own default only when the
 // cluster cannot be read or does not name the setting. The names and
 // Kafka's defaults are those of Kafka's GroupCoordinatorConfig (classic
@@ -40,7 +40,7 @@ const (
 	SourceDefault = "default" // kproxy's default (Kafka's, where kproxy has the setting)
 )
 
-// defaultGroupSettingsRefresh is GroupsConfig.SettingsRefresh's default.
+// defaultGroupSettingsRefresh is SettingsConfig.Refresh's default.
 const defaultGroupSettingsRefresh = time.Minute
 
 // groupSetting is one group setting: its Kafka name and how it maps onto
@@ -337,24 +337,26 @@ func resolveGroupSettings(cfg groupstate.Config, sources map[string]string, clus
 	return cfg, out
 }
 
-// groupSettingsState is what the admin API reports about the group
-// settings: what the engine was built with, and the cluster's latest
-// answer. Built before the engine; mu guards latest, written by the
-// refresh loop and read by the admin server.
-type groupSettingsState struct {
-	applied []resolvedSetting // immutable after wiring
+// Settings is what the admin API reports about the group settings: what
+// the engine was built with, and the cluster's latest answer. Built
+// before the engine; mu guards latest, written by Run and read by the
+// admin server.
+type Settings struct {
+	applied []resolvedSetting // immutable after ReadSettings
 	ignore  bool              // the cluster's values are not used (immutable)
 	unread  bool              // the cluster could not be read at the start (immutable)
-	log     *slog.Logger
+	log     *slog.Logger      // immutable
+	adm     *kadm.Client      // immutable
+	every   time.Duration     // Run's period, negative: none (immutable)
 
 	mu     sync.Mutex
 	latest clusterGroupSettings // guarded by mu
 }
 
-// engineError wraps an error of groupstate.New with the settings that
+// EngineError wraps an error of groupstate.New with the settings that
 // did not come from kproxy's defaults, so that a conflict between an
 // override and the cluster's value names both.
-func (s *groupSettingsState) engineError(err error) error {
+func (s *Settings) EngineError(err error) error {
 	var set []string
 	for _, r := range s.applied {
 		if r.source != SourceDefault && r.value != "" {
@@ -367,8 +369,8 @@ func (s *groupSettingsState) engineError(err error) error {
 	return fmt.Errorf("coordinator engine (group settings %s): %w", strings.Join(set, ", "), err)
 }
 
-// view is /api/group-settings.
-func (s *groupSettingsState) view() tap.GroupSettingsView {
+// View is /api/group-settings.
+func (s *Settings) View() tap.GroupSettingsView {
 	s.mu.Lock()
 	latest := s.latest
 	s.mu.Unlock()
@@ -391,7 +393,7 @@ func (s *groupSettingsState) view() tap.GroupSettingsView {
 // refresh re-reads the cluster's settings and logs each change to a
 // setting the engine took from the cluster or from its default: it
 // applies at kproxy's next start.
-func (s *groupSettingsState) refresh(ctx context.Context, adm *kadm.Client) {
+func (s *Settings) refresh(ctx context.Context, adm *kadm.Client) {
 	now := readClusterGroupSettings(ctx, adm)
 	s.mu.Lock()
 	prev := s.latest
@@ -429,25 +431,46 @@ func (s *groupSettingsState) refresh(ctx context.Context, adm *kadm.Client) {
 	}
 }
 
-// wireGroupSettings reads the cluster's group settings into engCfg
-// before the engine is built and starts their periodic re-read. Nothing
-// here is on a request's path.
-func wireGroupSettings(ctx context.Context, w *Server, gc GroupsConfig, engCfg *groupstate.Config) {
-	log := w.log.With("component", "group_settings")
-	adm := kadm.NewClient(w.upstream)
+// SettingsConfig configures ReadSettings.
+type SettingsConfig struct {
+	// Sources names, by Kafka config name, the settings the command
+	// took from a flag or the file (SourceFlag, SourceFile); a listed
+	// setting is explicit even at its zero value.
+	Sources map[string]string
+	// IgnoreCluster keeps kproxy's defaults for the settings the
+	// engine's Config leaves unset; the cluster is still read, for the
+	// admin API.
+	IgnoreCluster bool
+	// Refresh is how often Run re-reads the cluster's settings to
+	// report a change: 0 means a minute, negative never.
+	Refresh time.Duration
+	Logger  *slog.Logger
+}
+
+// ReadSettings reads the cluster's group settings into engCfg, before
+// the engine is built, and returns what the admin API reports about
+// them; Run re-reads them. Nothing here is on a request's path.
+func ReadSettings(ctx context.Context, adm *kadm.Client, sc SettingsConfig, engCfg *groupstate.Config) *Settings {
+	log := sc.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	cluster := readClusterGroupSettings(rctx, adm)
 	cancel()
 	use := cluster
-	if gc.IgnoreClusterSettings {
+	if sc.IgnoreCluster {
 		use.values = nil // read for the admin API only
 	}
-	resolved, applied := resolveGroupSettings(*engCfg, gc.SettingSources, use)
+	resolved, applied := resolveGroupSettings(*engCfg, sc.Sources, use)
 	*engCfg = resolved
-	st := &groupSettingsState{applied: applied, ignore: gc.IgnoreClusterSettings, unread: cluster.err != nil, latest: cluster, log: log}
-	w.groupSettings = st
+	every := sc.Refresh
+	if every == 0 {
+		every = defaultGroupSettingsRefresh
+	}
+	st := &Settings{applied: applied, ignore: sc.IgnoreCluster, unread: cluster.err != nil, latest: cluster, log: log, adm: adm, every: every}
 	switch {
-	case gc.IgnoreClusterSettings:
+	case sc.IgnoreCluster:
 		log.Info("group settings: the cluster's are not used (kproxy's defaults where no flag or file sets them)", "cluster_read_err", cluster.err)
 	case cluster.err != nil:
 		log.Warn("cannot read the cluster's group settings: kproxy's defaults stand where no flag or file sets them", "err", cluster.err)
@@ -463,30 +486,26 @@ func wireGroupSettings(ctx context.Context, w *Server, gc GroupsConfig, engCfg *
 		}
 		log.Info("group settings from the cluster", "broker", cluster.broker, "settings", fromCluster)
 	}
-	every := gc.SettingsRefresh
-	if every == 0 {
-		every = defaultGroupSettingsRefresh
-	}
-	if every < 0 {
+	return st
+}
+
+// Run re-reads the cluster's group settings every SettingsConfig.Refresh
+// until ctx ends, reporting changes (refresh); it returns at once when
+// the refresh is off.
+func (s *Settings) Run(ctx context.Context) {
+	if s.every < 0 {
 		return
 	}
-	lctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-lctx.Done():
-				return
-			case <-t.C:
-				rctx, cancel := context.WithTimeout(lctx, 10*time.Second)
-				st.refresh(rctx, adm)
-				cancel()
-			}
+	t := time.NewTicker(s.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			s.refresh(rctx, s.adm)
+			cancel()
 		}
-	}()
-	// Runs before the upstream client closes (closers run in reverse).
-	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
+	}
 }

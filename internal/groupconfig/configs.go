@@ -1,4 +1,4 @@
-package kproxy
+package groupconfig
 
 import (
 	"context"
@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/proxy"
 )
 
 // The GROUP configs (KIP-848, Kafka's GroupConfig) kproxy applies to the
@@ -92,17 +92,17 @@ const (
 	groupConfigsFirstWait = 500 * time.Millisecond
 )
 
-// groupConfigs caches the GROUP configs of the groups the engine serves.
-// get answers from the cache at once (it runs on the engine's shard
+// Configs caches the GROUP configs of the groups the engine serves.
+// Get answers from the cache at once (it runs on the engine's shard
 // loops at every KIP-848 heartbeat). A group's first joining heartbeat
-// waits for its first read (engineCoordinator, at most
+// waits for its first read (WaitFirstRead, at most
 // groupConfigsFirstWait), so that it is answered with the group's own
 // settings, as Kafka's coordinator answers it; a heartbeat after a change
 // on the cluster gets the new settings once the next refresh read them
 // (every groupConfigsRefresh), or at once when the change went through
-// kproxy (altered: as Kafka's coordinator applies a group's new configs
+// kproxy (Altered: as Kafka's coordinator applies a group's new configs
 // as soon as they are set).
-type groupConfigs struct {
+type Configs struct {
 	cl      kmsg.Requestor // kproxy's own client of the cluster; immutable
 	log     *slog.Logger   // immutable
 	refresh time.Duration  // immutable
@@ -114,15 +114,15 @@ type groupConfigs struct {
 	// or one that refuses the resource type); nothing is asked again.
 	off bool // guarded by mu
 
-	// failing: the last read failed (written by run, one log line per
-	// episode; read by unread, which then does not make joins wait).
+	// failing: the last read failed (written by Run, one log line per
+	// episode; read by Unread, which then does not make joins wait).
 	failing atomic.Bool
-	// Owned by run: whether a group's describe was refused was logged.
+	// Owned by Run: whether a group's describe was refused was logged.
 	refusedLogged bool
 }
 
 // groupConfigEntry is one group's cache entry; its fields are guarded
-// by groupConfigs.mu, but for readCh, which is immutable.
+// by Configs.mu, but for readCh, which is immutable.
 type groupConfigEntry struct {
 	settings groupstate.GroupSettings
 	read     bool          // read at least once
@@ -143,13 +143,22 @@ func (e *groupConfigEntry) markRead() {
 	}
 }
 
-func newGroupConfigs(cl kmsg.Requestor, log *slog.Logger) *groupConfigs {
-	return &groupConfigs{cl: cl, log: log, refresh: groupConfigsRefresh, wake: make(chan struct{}, 1),
+// NewConfigs returns an empty cache reading the groups' configs with cl
+// (kproxy's own client of the cluster) once Run runs, every refresh (0:
+// 30s).
+func NewConfigs(cl kmsg.Requestor, refresh time.Duration, log *slog.Logger) *Configs {
+	if refresh <= 0 {
+		refresh = groupConfigsRefresh
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Configs{cl: cl, log: log, refresh: refresh, wake: make(chan struct{}, 1),
 		entries: map[string]*groupConfigEntry{}}
 }
 
-// get is groupstate.Config.GroupSettings.
-func (c *groupConfigs) get(group string) groupstate.GroupSettings {
+// Get is groupstate.Config.GroupSettings.
+func (c *Configs) Get(group string) groupstate.GroupSettings {
 	now := time.Now()
 	c.mu.Lock()
 	if c.off {
@@ -169,11 +178,11 @@ func (c *groupConfigs) get(group string) groupstate.GroupSettings {
 	return gs
 }
 
-// unread returns a channel closed once group's configs are read for the
-// first time, asking for that read as get does; nil when they were read
+// Unread returns a channel closed once group's configs are read for the
+// first time, asking for that read as Get does; nil when they were read
 // already, or when no read is coming soon: the cluster has no GROUP
 // configs, or the last read failed.
-func (c *groupConfigs) unread(group string) <-chan struct{} {
+func (c *Configs) Unread(group string) <-chan struct{} {
 	if c.failing.Load() {
 		return nil
 	}
@@ -200,12 +209,12 @@ func (c *groupConfigs) unread(group string) <-chan struct{} {
 	return e.readCh
 }
 
-// altered is proxy.Config.ConfigsAltered: the groups whose GROUP configs
+// Altered is proxy.Config.ConfigsAltered: the groups whose GROUP configs
 // a forwarded AlterConfigs or IncrementalAlterConfigs changed (the
 // cluster answered their resource without error) are read again now
 // rather than at the next refresh. Groups not cached are left alone:
 // their first read comes when they are first asked about.
-func (c *groupConfigs) altered(resp kmsg.Response) {
+func (c *Configs) Altered(resp kmsg.Response) {
 	var groups []string
 	switch r := resp.(type) {
 	case *kmsg.IncrementalAlterConfigsResponse:
@@ -237,17 +246,17 @@ func (c *groupConfigs) altered(resp kmsg.Response) {
 	}
 }
 
-// kick wakes run to read the groups added.
-func (c *groupConfigs) kick() {
+// kick wakes Run to read the groups added.
+func (c *Configs) kick() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
 }
 
-// run reads the groups added since the last read as they come, and every
+// Run reads the groups added since the last read as they come, and every
 // refresh all of them, until ctx ends.
-func (c *groupConfigs) run(ctx context.Context) {
+func (c *Configs) Run(ctx context.Context) {
 	tick := time.NewTicker(c.refresh)
 	defer tick.Stop()
 	for {
@@ -268,7 +277,7 @@ func (c *groupConfigs) run(ctx context.Context) {
 // readOnce reads the groups not read yet (all: every group, forgetting
 // those unused for groupConfigsForget); false once the cluster has no
 // GROUP configs.
-func (c *groupConfigs) readOnce(ctx context.Context, all bool) bool {
+func (c *Configs) readOnce(ctx context.Context, all bool) bool {
 	now := time.Now()
 	var groups []string
 	c.mu.Lock()
@@ -345,7 +354,7 @@ var errNoGroupConfigs = errors.New("no group configs on the cluster")
 // cluster's broker settings. A group the cluster refuses to describe
 // (no DESCRIBE_CONFIGS right on it) has the refusal; it keeps what it
 // had.
-func (c *groupConfigs) describe(ctx context.Context, groups []string) (map[string]groupConfigRead, error) {
+func (c *Configs) describe(ctx context.Context, groups []string) (map[string]groupConfigRead, error) {
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	for _, g := range groups {
 		r := kmsg.NewDescribeConfigsRequestResource()
@@ -401,21 +410,36 @@ type groupConfigRead struct {
 	err      error
 }
 
-// wireGroupConfigs makes the engine built from engCfg apply the groups'
-// own configs, read with kproxy's own client of the cluster every
-// refresh (0: groupConfigsRefresh).
-func wireGroupConfigs(w *Server, cl *kgo.Client, refresh time.Duration, engCfg *groupstate.Config) {
-	if engCfg.GroupSettings != nil {
-		return // the embedding program's own
+// WaitFirstRead is next with, for a KIP-848 member joining a group
+// whose GROUP configs were not read yet, a wait for that read (at most
+// groupConfigsFirstWait), so that its first answer carries the group's
+// own heartbeat interval and its session the group's timeout, as from
+// Kafka's coordinator; once per group, and never while the reads fail.
+func (c *Configs) WaitFirstRead(next proxy.Coordinator) proxy.Coordinator {
+	return firstReadWaiter{next: next, gc: c}
+}
+
+// firstReadWaiter is Configs.WaitFirstRead's coordinator.
+type firstReadWaiter struct {
+	next proxy.Coordinator
+	gc   *Configs
+}
+
+func (w firstReadWaiter) Handle(cl proxy.Client, req kmsg.Request, reply func(kmsg.Response)) {
+	if q, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && q.MemberEpoch == 0 {
+		if read := w.gc.Unread(q.Group); read != nil {
+			req := proxy.CloneRequest(req) // the wait outlives the caller's buffers
+			go func() {
+				t := time.NewTimer(groupConfigsFirstWait)
+				defer t.Stop()
+				select {
+				case <-read:
+				case <-t.C:
+				}
+				w.next.Handle(cl, req, reply)
+			}()
+			return
+		}
 	}
-	gc := newGroupConfigs(cl, w.log.With("component", "group_configs"))
-	if refresh > 0 {
-		gc.refresh = refresh
-	}
-	engCfg.GroupSettings = gc.get
-	w.groupConfigs = gc
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); gc.run(ctx) }()
-	w.closers = append(w.closers, func(context.Context) error { stop(); <-done; return nil })
+	w.next.Handle(cl, req, reply)
 }

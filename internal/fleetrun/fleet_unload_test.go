@@ -1,4 +1,4 @@
-package kproxy
+package fleetrun
 
 import (
 	"context"
@@ -41,10 +41,10 @@ func (s *stuckStore) CommitOffsets(ctx context.Context, group string, topics []k
 // unloadRuntime is a fleet runtime of an engine over store, serving
 // every partition, without a fleet member (onRevoked and onLost need
 // none).
-func unloadRuntime(t *testing.T, store groupstate.OffsetStore) *fleetRuntime {
+func unloadRuntime(t *testing.T, store groupstate.OffsetStore) *Runtime {
 	t.Helper()
 	const parts = 8
-	f := &fleetRuntime{partitions: parts, log: slog.New(slog.DiscardHandler), changed: make(chan struct{}),
+	f := &Runtime{partitions: parts, log: slog.New(slog.DiscardHandler), changed: make(chan struct{}),
 		store: kafkastore.New(nil), serving: make([]atomic.Bool, parts), locks: make([]sync.Mutex, parts)}
 	for p := range f.serving {
 		f.serving[p].Store(true)
@@ -70,7 +70,7 @@ func unloadRuntime(t *testing.T, store groupstate.OffsetStore) *fleetRuntime {
 
 // groupsOnDistinctPartitions returns two group ids of distinct
 // groups-topic partitions.
-func groupsOnDistinctPartitions(f *fleetRuntime) (a, b string) {
+func groupsOnDistinctPartitions(f *Runtime) (a, b string) {
 	a = "stuck-group"
 	for i := 0; ; i++ {
 		b = "free-group-" + strconv.Itoa(i)
@@ -82,7 +82,7 @@ func groupsOnDistinctPartitions(f *fleetRuntime) (a, b string) {
 
 // commitTo sends a simple group's OffsetCommit to f's engine and returns
 // a channel that receives its answer.
-func commitTo(f *fleetRuntime, group string) <-chan kmsg.Response {
+func commitTo(f *Runtime, group string) <-chan kmsg.Response {
 	req := kmsg.NewPtrOffsetCommitRequest()
 	req.Version = 8
 	req.Group, req.Generation, req.MemberID = group, -1, ""
@@ -99,7 +99,7 @@ func commitTo(f *fleetRuntime, group string) <-chan kmsg.Response {
 
 // joinTo sends a JoinGroup for group to f's engine and returns a channel
 // that receives its answer.
-func joinTo(f *fleetRuntime, group string) <-chan kmsg.Response {
+func joinTo(f *Runtime, group string) <-chan kmsg.Response {
 	req := kmsg.NewPtrJoinGroupRequest()
 	req.Version = 3 // no KIP-394 member id round trip
 	req.Group, req.ProtocolType = group, "consumer"

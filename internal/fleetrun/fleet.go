@@ -1,11 +1,10 @@
-package kproxy
+package fleetrun
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -21,23 +20,23 @@ import (
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
-	"github.com/kproxy/kproxy/internal/coexist"
-	"github.com/kproxy/kproxy/internal/shares"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
 
-// fleetRuntime ties together, in distributed mode, the fleet member (who
+// Runtime ties together, in distributed mode, the fleet member (who
 // should own which partition of the groups topic), the transactional
 // store (who can write it) and the engine (who serves the groups): a
 // partition is served here only once the store has claimed it, and is
-// unloaded before it is given up (docs/fleet.md).
-type fleetRuntime struct {
+// unloaded before it is given up (docs/fleet.md). Its fields are
+// immutable once Join returned, unless said otherwise.
+type Runtime struct {
 	id         string
+	group      string // the fleet group
 	partitions int
-	member     *fleet.Member
+	member     *fleet.Member // set by Join, before the member runs
 	store      *kafkastore.Store
-	engine     *groupstate.Engine // set once, before the member runs
+	engine     *groupstate.Engine // set by Join, before the member runs
 	log        *slog.Logger
 
 	// serving[p] is set once p is claimed and cleared before p is
@@ -57,13 +56,13 @@ type fleetRuntime struct {
 	moves  atomic.Int64
 	fenced atomic.Int64
 	// movesMetric counts ownership changes by kind (claimed, released,
-	// lost, fenced, claim_failed); immutable after startFleet.
+	// lost, fenced, claim_failed); immutable after New.
 	movesMetric metric.Int64Counter
 	// txnMetric records each groups-partition transaction's duration by
-	// outcome; immutable after startFleet.
+	// outcome; immutable after New.
 	txnMetric metric.Float64Histogram
 
-	peer *proxy.PeerServer
+	peer *proxy.PeerServer // set by Join, before the member runs
 
 	// changedMu guards changed, closed and replaced whenever what Locate
 	// answers may have changed: the fleet's table, or a partition
@@ -77,19 +76,13 @@ type fleetRuntime struct {
 // reports which of the transactional APIs distributed mode needs it
 // lacks.
 func upstreamSupportsTransactions(ctx context.Context, cl *kgo.Client) error {
-	req := kmsg.NewPtrApiVersionsRequest()
-	req.ClientSoftwareName, req.ClientSoftwareVersion = "kproxy", "1"
-	resp, err := req.RequestWith(ctx, cl)
+	have, err := kafkastore.ClusterKeys(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("asking the upstream for its API versions: %w", err)
 	}
-	have := map[int16]bool{}
-	for _, k := range resp.ApiKeys {
-		have[k.ApiKey] = true
-	}
 	var missing []string
 	for _, key := range []int16{22, 24, 25, 26, 28} { // InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit
-		if !have[key] {
+		if _, ok := have[key]; !ok {
 			missing = append(missing, kmsg.NameForKey(key))
 		}
 	}
@@ -100,129 +93,116 @@ func upstreamSupportsTransactions(ctx context.Context, cl *kgo.Client) error {
 	return nil
 }
 
-// fleetNames returns the fleet group and the groups topic for a fleet
+// Names returns the fleet group and the groups topic for a fleet
 // name.
-func fleetNames(name string) (group, topic string) {
+func Names(name string) (group, topic string) {
 	if name == "" {
 		return "__kproxy_fleet", kafkastore.DefaultGroupsTopic
 	}
 	return "__kproxy_fleet." + name, kafkastore.DefaultGroupsTopic + "." + name
 }
 
-// kproxyID names this process in the fleet: host, pid and start time,
+// NewID names this process in the fleet: host, pid and start time,
 // so a restarted kproxy is a new member.
-func kproxyID() string {
+func NewID() string {
 	host, _ := os.Hostname()
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatInt(time.Now().UnixMilli()%1_000_000, 36)
 }
 
-// startFleet builds the distributed-mode coordinator: the store in
-// transactional mode, the engine gated on ownership, the peer server,
-// the fleet member and the router. The returned coordinator is what the
-// proxy serves group requests through.
-func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Config, log *slog.Logger) error {
-	fc := cfg.Groups.Fleet
-	if err := upstreamSupportsTransactions(ctx, w.upstream); err != nil {
-		return err
+// Config configures a Runtime.
+type Config struct {
+	// ID is this kproxy's fleet member id (NewID by default).
+	ID string
+	// Client is kproxy's own client of the cluster: the store's.
+	Client *kgo.Client
+	// Name is the fleet's name (Names).
+	Name          string
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
+}
+
+// New builds the runtime of distributed mode before its engine: it
+// checks that the cluster has transactions, builds the store over the
+// fleet's groups topic in transactional mode and reads its partition
+// count. The engine built next gates on Owns and stores through Store;
+// Join then starts the fleet member.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	group, topic := fleetNames(fc.Name)
-	f := &fleetRuntime{id: w.id, log: log.With("component", "fleet"), changed: make(chan struct{})}
-	f.store = kafkastore.NewWith(w.upstream, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
+	if err := upstreamSupportsTransactions(ctx, cfg.Client); err != nil {
+		return nil, err
+	}
+	group, topic := Names(cfg.Name)
+	f := &Runtime{id: cfg.ID, group: group, log: log.With("component", "fleet"), changed: make(chan struct{})}
+	if f.id == "" {
+		f.id = NewID()
+	}
+	f.store = kafkastore.NewWith(cfg.Client, kafkastore.Options{GroupsTopic: topic, Logger: log.With("component", "store")})
 	f.store.EnableTransactions(kafkastore.TxnOptions{OnFenced: f.onFenced, OnTransaction: f.onTransaction})
-	w.enableAnchors(f.store, cfg, f.lastOwner, f.owns)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	n, err := f.store.Partitions(pctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("groups topic %s: %w", topic, err)
+		return nil, fmt.Errorf("groups topic %s: %w", topic, err)
 	}
 	f.partitions = n
 	f.serving = make([]atomic.Bool, n)
 	f.locks = make([]sync.Mutex, n)
-	if err := f.registerMetrics(w.meterProvider); err != nil {
-		return err
+	if err := f.registerMetrics(cfg.MeterProvider); err != nil {
+		return nil, err
 	}
+	return f, nil
+}
 
-	engCfg.Store = f.store
-	engCfg.ClusterGroups = coexist.NewClusterGroups(f.store)
-	engCfg.Owns = f.owns
-	eng, err := groupstate.New(engCfg)
-	if err != nil {
-		return w.groupSettings.engineError(err)
-	}
-	f.engine = eng
-	w.engine = eng
-	if w.coexist != nil {
-		w.coexist.AttachEngine(eng)
-	}
-	w.closers = append(w.closers, func(context.Context) error { eng.Close(); return nil })
+// Store is the transactional store of the fleet's groups topic.
+func (f *Runtime) Store() *kafkastore.Store { return f.store }
 
-	listen := fc.PeerListen
-	if listen == "" {
-		host, _, _ := net.SplitHostPort(cfg.Proxy.Listen)
-		listen = net.JoinHostPort(host, "0")
-	}
-	// Kproxy messages from other kproxies, and for groups owned here.
-	messages := proxy.NewPeerMessages()
-	if w.coexist != nil {
-		w.coexist.RegisterMessages(messages)
-	}
-	if cfg.Groups.ServeShares {
-		// Share steps of members behind other kproxies (internal/shares).
-		for _, kind := range shares.MsgKinds {
-			messages.Handle(kind, 0, shares.PeerHandler(eng, kind))
-		}
-	}
-	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
-		Listen:      listen,
-		Coordinator: w.engineCoordinator(eng),
-		Logger:      log.With("component", "peer"),
-		MaxFrame:    cfg.Proxy.MaxFrame,
-		TLS:         fc.PeerTLS,
-		Serving:     f.owns,
-		Messages:    messages,
-	})
-	if err != nil {
-		return fmt.Errorf("peer listener: %w", err)
-	}
-	f.peer = peer
-	w.closers = append(w.closers, func(context.Context) error { peer.Close(); return nil })
-	advertise := fc.PeerAdvertise
+// JoinConfig configures Join.
+type JoinConfig struct {
+	// Engine serves the groups of the partitions claimed here; built
+	// over Store, gated on Owns.
+	Engine *groupstate.Engine
+	// Peer is this kproxy's peer server; Advertise the address told to
+	// the fleet ("": Peer's).
+	Peer      *proxy.PeerServer
+	Advertise string
+	// Client is the fleet member's own client of the cluster (not
+	// shared with the anchors' joins: a JoinGroup held by the broker
+	// would hold up the others on the same connection).
+	Client *kgo.Client
+	// Relay makes this kproxy own no partition.
+	Relay                             bool
+	SessionTimeout, HeartbeatInterval time.Duration
+}
+
+// Join starts the fleet member: partitions assigned here are claimed
+// and served, revoked ones unloaded and handed over. leave hands them
+// over and stops the member; call it before the engine and the peer
+// server close.
+func (f *Runtime) Join(jc JoinConfig) (leave func(context.Context) error, err error) {
+	f.engine, f.peer = jc.Engine, jc.Peer
+	advertise := jc.Advertise
 	if advertise == "" {
-		advertise = peer.Addr()
+		advertise = jc.Peer.Addr()
 	}
-
-	// The fleet member joins with a client of its own. A kgo client
-	// sends every JoinGroup and SyncGroup to a broker on one connection,
-	// and a broker handles one request of a connection at a time: on
-	// upstream's, the fleet's JoinGroup, held by the broker until every
-	// kproxy rejoined (up to a fleet heartbeat), held up every anchor's
-	// join and sync to that broker, and with them the rebalances of the
-	// groups served here (a cooperative rebalance's second round waited
-	// 0.45 s for a fleet rejoin after a heal); the other way round,
-	// anchors' joins held in a cluster rebalance would delay the
-	// fleet's own join and so its lease.
-	fcl, err := kgo.NewClient(w.upstreamOpts...)
-	if err != nil {
-		return fmt.Errorf("fleet client: %w", err)
-	}
-	w.closers = append(w.closers, func(context.Context) error { fcl.Close(); return nil })
 	m, err := fleet.New(fleet.Config{
-		Client:            fcl,
-		Group:             group,
+		Client:            jc.Client,
+		Group:             f.group,
 		ID:                f.id,
 		PeerAddr:          advertise,
-		Partitions:        int32(n),
-		Owner:             !fc.Relay,
-		SessionTimeout:    fc.SessionTimeout,
-		HeartbeatInterval: fc.HeartbeatInterval,
-		Logger:            log.With("component", "fleet"),
+		Partitions:        int32(f.partitions),
+		Owner:             !jc.Relay,
+		SessionTimeout:    jc.SessionTimeout,
+		HeartbeatInterval: jc.HeartbeatInterval,
+		Logger:            f.log,
 		OnAssigned:        f.onAssigned,
 		OnRevoked:         f.onRevoked,
 		OnLost:            f.onLost,
 	})
 	if err != nil {
-		return fmt.Errorf("fleet: %w", err)
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
 	f.member = m
 	runCtx, stop := context.WithCancel(context.Background())
@@ -234,65 +214,23 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 			f.log.Error("fleet member stopped", "err", err)
 		}
 	}()
-	// Closers run in reverse: the member leaves (handing its partitions
-	// over) before the engine and the peer server close.
-	w.closers = append(w.closers, func(ctx context.Context) error {
+	role := "owner"
+	if jc.Relay {
+		role = "relay"
+	}
+	f.log.Info("fleet: joining", "fleet_group", f.group, "groups_topic", f.store.GroupsTopic(), "partitions", f.partitions, "id", f.id, "peer", advertise, "role", role)
+	return func(ctx context.Context) error {
 		err := m.Leave(ctx)
 		stop()
 		<-done
 		f.unloading.Wait()
 		return err
-	})
-	var dialer proxy.Dialer // nil: plaintext
-	if fc.PeerTLS != nil {
-		if dialer, err = proxy.PeerTLSDialer(fc.PeerTLS, fc.PeerTLSServerName); err != nil {
-			return err
-		}
-	}
-	router := proxy.NewRouter(proxy.RouterConfig{
-		Dialer:        dialer,
-		Local:         w.engineCoordinator(eng),
-		Locator:       f,
-		Messages:      messages,
-		Logger:        log.With("component", "router"),
-		MeterProvider: w.meterProvider,
-
-		KeepCutOffMembers:      fc.KeepCutOffMembers,
-		ConsumerSessionTimeout: eng.ConsumerSessionTimeout(),
-		ConsumerSessionTimeoutOf: func(group string) time.Duration {
-			session, _ := eng.ConsumerSettings(group)
-			return session
-		},
-	})
-	w.closers = append(w.closers, func(context.Context) error { router.Close(); return nil })
-	w.coordinator = router
-	if cfg.Groups.ServeShares {
-		if err := w.startShares(shares.Routed(eng, f, router, log.With("component", "shares")), log); err != nil {
-			return err
-		}
-	}
-	if w.coexist != nil {
-		w.coexist.JoinFleet(f.id, router.SendPeer)
-		w.startCoexist()
-	}
-	w.fleet = f
-	log.Info("fleet: joining", "fleet_group", group, "groups_topic", topic, "partitions", n, "id", f.id, "peer", advertise, "role", fleetRole(fc))
-	return nil
+	}, nil
 }
 
-// engineCoordinator is eng as the fleet's coordinator: with anchors, the
-// takeover reports of kproxies of an earlier version are refused before
-// eng sees them (takeover_fleet.go).
-func (w *Server) engineCoordinator(eng *groupstate.Engine) proxy.Coordinator {
-	if w.coexist == nil {
-		return engineCoordinator{e: eng, gc: w.groupConfigs}
-	}
-	return w.coexist.Guard(engineCoordinator{e: eng, gc: w.groupConfigs})
-}
-
-// lastOwner reports whether no other kproxy owns a partition in this
+// LastOwner reports whether no other kproxy owns a partition in this
 // member's latest view of the fleet table (read when kproxy stops).
-func (f *fleetRuntime) lastOwner() bool {
+func (f *Runtime) LastOwner() bool {
 	if f.member == nil {
 		return true
 	}
@@ -304,30 +242,21 @@ func (f *fleetRuntime) lastOwner() bool {
 	return true
 }
 
-// fleetRole names this kproxy's role in the fleet, as the command's
-// --fleet-role does.
-func fleetRole(fc FleetConfig) string {
-	if fc.Relay {
-		return "relay"
-	}
-	return "owner"
-}
-
 // partitionOf is the groups-topic partition holding group.
-func (f *fleetRuntime) partitionOf(group string) int32 {
+func (f *Runtime) partitionOf(group string) int32 {
 	return kafkastore.GroupPartition(group, f.partitions)
 }
 
-// owns is the engine's ownership gate: group's partition is claimed here
+// Owns is the engine's ownership gate: group's partition is claimed here
 // and the fleet lease still holds.
-func (f *fleetRuntime) owns(group string) bool {
+func (f *Runtime) Owns(group string) bool {
 	p := f.partitionOf(group)
 	return f.serving[p].Load() && f.member.Owns(p)
 }
 
 // Locate implements proxy.Locator.
-func (f *fleetRuntime) Locate(group string) (local bool, addr string, ok bool) {
-	if f.owns(group) {
+func (f *Runtime) Locate(group string) (local bool, addr string, ok bool) {
+	if f.Owns(group) {
 		return true, "", true
 	}
 	p := f.partitionOf(group)
@@ -344,14 +273,14 @@ func (f *fleetRuntime) Locate(group string) (local bool, addr string, ok bool) {
 }
 
 // Changed implements proxy.Locator.
-func (f *fleetRuntime) Changed() <-chan struct{} {
+func (f *Runtime) Changed() <-chan struct{} {
 	f.changedMu.Lock()
 	defer f.changedMu.Unlock()
 	return f.changed
 }
 
 // notify wakes whoever waits on Changed.
-func (f *fleetRuntime) notify() {
+func (f *Runtime) notify() {
 	f.changedMu.Lock()
 	close(f.changed)
 	f.changed = make(chan struct{})
@@ -360,7 +289,7 @@ func (f *fleetRuntime) notify() {
 
 // forwardTableChanges turns the member's table changes into notify calls
 // until ctx ends.
-func (f *fleetRuntime) forwardTableChanges(ctx context.Context) {
+func (f *Runtime) forwardTableChanges(ctx context.Context) {
 	for {
 		select {
 		case <-f.member.Changed():
@@ -372,7 +301,7 @@ func (f *fleetRuntime) forwardTableChanges(ctx context.Context) {
 }
 
 // Peers implements proxy.Locator: every other owner's peer address.
-func (f *fleetRuntime) Peers() []string {
+func (f *Runtime) Peers() []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, o := range f.member.Table() {
@@ -386,7 +315,7 @@ func (f *fleetRuntime) Peers() []string {
 }
 
 // ownerRecord is what a claim writes as p's owner record.
-func (f *fleetRuntime) ownerRecord(gen int32) []byte {
+func (f *Runtime) ownerRecord(gen int32) []byte {
 	b, _ := json.Marshal(struct {
 		ID         string `json:"id"`
 		Peer       string `json:"peer"`
@@ -402,7 +331,7 @@ func (f *fleetRuntime) ownerRecord(gen int32) []byte {
 //
 // Each claim is logged at debug; one info line sums them up (a start of
 // `kproxy dev` claims every partition of the groups topic at once).
-func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32) {
+func (f *Runtime) onAssigned(ctx context.Context, gen int32, gained []int32) {
 	var (
 		wg      sync.WaitGroup
 		claimed atomic.Int64
@@ -441,7 +370,7 @@ func (f *fleetRuntime) onAssigned(ctx context.Context, gen int32, gained []int32
 // goroutine of its own, so a partition whose store call is stuck (its
 // unload waits for it, up to the engine's store timeout) holds up no
 // other partition's hand-over; onRevoked returns once all are done.
-func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
+func (f *Runtime) onRevoked(ctx context.Context, lost []int32) {
 	var wg sync.WaitGroup
 	for _, p := range lost {
 		wg.Add(1)
@@ -469,7 +398,7 @@ func (f *fleetRuntime) onRevoked(ctx context.Context, lost []int32) {
 // neither the member loop nor another partition waits for it. A later
 // claim of the same partition waits for its unload (locks[p], taken
 // here before onLost returns).
-func (f *fleetRuntime) onLost(lost []int32) {
+func (f *Runtime) onLost(lost []int32) {
 	for _, p := range lost {
 		f.serving[p].Store(false)
 	}
@@ -491,7 +420,7 @@ func (f *fleetRuntime) onLost(lost []int32) {
 
 // onFenced is the store's report that a newer owner fenced p: stop
 // serving it now, unload its groups and tell the fleet.
-func (f *fleetRuntime) onFenced(p int32) {
+func (f *Runtime) onFenced(p int32) {
 	if int(p) >= len(f.serving) || !f.serving[p].Swap(false) {
 		return
 	}
@@ -505,12 +434,12 @@ func (f *fleetRuntime) onFenced(p int32) {
 }
 
 // matcher selects the groups of partition p.
-func (f *fleetRuntime) matcher(p int32) func(string) bool {
+func (f *Runtime) matcher(p int32) func(string) bool {
 	return func(group string) bool { return f.partitionOf(group) == p }
 }
 
-// status implements the admin server's /api/fleet.
-func (f *fleetRuntime) status() tap.FleetView {
+// Status implements the admin server's /api/fleet.
+func (f *Runtime) Status() tap.FleetView {
 	s := f.member.Snapshot()
 	v := tap.FleetView{
 		ID: f.id, Peer: s.Peer, PeerListen: f.peer.Addr(), Partitions: f.partitions,
@@ -527,7 +456,7 @@ func (f *fleetRuntime) status() tap.FleetView {
 
 // registerMetrics registers the fleet's instruments: ownership moves by
 // kind and the partitions served here.
-func (f *fleetRuntime) registerMetrics(mp metric.MeterProvider) error {
+func (f *Runtime) registerMetrics(mp metric.MeterProvider) error {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
@@ -564,7 +493,7 @@ func (f *fleetRuntime) registerMetrics(mp metric.MeterProvider) error {
 }
 
 // onTransaction records one groups-partition transaction.
-func (f *fleetRuntime) onTransaction(_ int32, took time.Duration, _ int, err error) {
+func (f *Runtime) onTransaction(_ int32, took time.Duration, _ int, err error) {
 	outcome := "committed"
 	if err != nil {
 		outcome = "failed"
@@ -573,7 +502,7 @@ func (f *fleetRuntime) onTransaction(_ int32, took time.Duration, _ int, err err
 }
 
 // moved counts one ownership change of kind.
-func (f *fleetRuntime) moved(ctx context.Context, kind string) {
+func (f *Runtime) moved(ctx context.Context, kind string) {
 	f.moves.Add(1)
 	f.movesMetric.Add(ctx, 1, metric.WithAttributes(attribute.String("kind", kind)))
 }

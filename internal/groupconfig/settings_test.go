@@ -1,4 +1,4 @@
-package kproxy
+package groupconfig
 
 import (
 	"errors"
