@@ -178,14 +178,23 @@ func runShareFleet(t *testing.T, fault shareFleetFault) {
 		// Back once the fleet moved the group (its session is 3 s).
 		time.Sleep(5 * time.Second)
 		owner.signal(t, syscall.SIGCONT)
-	case ownerCutOff:
+	}
+	healed := make(chan struct{})
+	if fault == ownerCutOff {
 		// Healed once the fleet moved the group: the old owner's held
 		// writes then reach the broker, where the fencing refuses them.
-		time.Sleep(8 * time.Second)
-		relays[owner.name].Heal()
+		go func() {
+			defer close(healed)
+			time.Sleep(8 * time.Second)
+			relays[owner.name].Heal()
+			time.Sleep(time.Second) // for its held writes to land, or not
+		}()
+	} else {
+		close(healed)
 	}
 	<-done
-	t.Logf("%d records final %v after the kill", l.final(), time.Since(killed).Round(time.Millisecond))
+	t.Logf("%d records final %v after the fault", l.final(), time.Since(killed).Round(time.Millisecond))
+	<-healed
 
 	l.mu.Lock()
 	for _, v := range l.violations {
