@@ -135,6 +135,9 @@ func clientLogger(name string, start time.Time) kgo.Logger {
 	level := kgo.LogLevelNone
 	if testing.Verbose() {
 		level = kgo.LogLevelWarn
+		if os.Getenv("KPROXY_CLIENT_DEBUG") != "" {
+			level = kgo.LogLevelDebug
+		}
 	}
 	return kgo.BasicLogger(os.Stderr, level, func() string { return name + " " + time.Since(start).Round(time.Millisecond).String() + " " })
 }

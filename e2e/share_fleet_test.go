@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/faultnet"
 )
 
 // TestShareGroupsServedFleet: a fleet of three kproxy processes serves a
@@ -30,14 +31,28 @@ import (
 // counts only rise and stay within the limit, both members got records;
 // through a survivor, every share-partition then starts at its log's end.
 func TestShareGroupsServedFleet(t *testing.T) {
-	t.Run("owner SIGKILLed", func(t *testing.T) { runShareFleet(t, syscall.SIGKILL) })
+	t.Run("owner SIGKILLed", func(t *testing.T) { runShareFleet(t, ownerKilled) })
 	// A paused owner comes back after the fleet gave its groups to
 	// another: it must write nothing (the fleet's fencing) and the
 	// ledger must not tell.
-	t.Run("owner SIGSTOPped", func(t *testing.T) { runShareFleet(t, syscall.SIGSTOP) })
+	t.Run("owner SIGSTOPped", func(t *testing.T) { runShareFleet(t, ownerPaused) })
+	// An owner cut off from the brokers (both directions blackholed)
+	// stays reachable by its peers: its writes hang, its fleet lease
+	// runs out, a survivor takes the group over; healed later, it must
+	// write nothing and answer nothing it did not store.
+	t.Run("owner cut off from the brokers", func(t *testing.T) { runShareFleet(t, ownerCutOff) })
 }
 
-func runShareFleet(t *testing.T, sig syscall.Signal) {
+// shareFleetFault is what befalls the share group's owner.
+type shareFleetFault int
+
+const (
+	ownerKilled shareFleetFault = iota
+	ownerPaused
+	ownerCutOff
+)
+
+func runShareFleet(t *testing.T, fault shareFleetFault) {
 	const (
 		topic, group = "fleet-share", "fleet-share-g"
 		partitions   = int32(3)
@@ -61,9 +76,19 @@ func runShareFleet(t *testing.T, sig syscall.Signal) {
 	setShareReset(ctx, t, direct, group)
 
 	args := append(append([]string{}, fleetArgs...), "--share-groups", "serve")
-	a := startKproxy(t, "A", brokers, args...)
-	b := startKproxy(t, "B", brokers, args...)
-	c := startKproxy(t, "C", brokers, args...)
+	// Each kproxy reaches the broker through a fault relay of its own
+	// (--upstream-dial-via: the broker advertises its own address).
+	relays := map[string]*faultnet.Relay{}
+	start := func(name string) *kproxyProc {
+		r, err := faultnet.Listen(brokers[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		relays[name] = r
+		return startKproxy(t, name, brokers, append(args, "--upstream-dial-via", brokers[0]+"="+r.Addr())...)
+	}
+	a, b, c := start("A"), start("B"), start("C")
 	procs := []*kproxyProc{a, b, c}
 	owners := waitFleetSettled(t, procs, 30*time.Second)
 	byName := map[string]*kproxyProc{"A": a, "B": b, "C": c}
@@ -139,15 +164,37 @@ func runShareFleet(t *testing.T, sig syscall.Signal) {
 		}
 	}
 	killed := time.Now()
-	owner.signal(t, sig)
-	t.Logf("%v to the owner %s after %d final records", sig, owner.name, l.final())
-	if sig == syscall.SIGSTOP {
+	switch fault {
+	case ownerKilled:
+		owner.signal(t, syscall.SIGKILL)
+	case ownerPaused:
+		owner.signal(t, syscall.SIGSTOP)
+	case ownerCutOff:
+		relays[owner.name].Blackhole(faultnet.Both)
+	}
+	t.Logf("fault %d to the owner %s after %d final records", fault, owner.name, l.final())
+	switch fault {
+	case ownerPaused:
 		// Back once the fleet moved the group (its session is 3 s).
 		time.Sleep(5 * time.Second)
 		owner.signal(t, syscall.SIGCONT)
 	}
+	healed := make(chan struct{})
+	if fault == ownerCutOff {
+		// Healed once the fleet moved the group: the old owner's held
+		// writes then reach the broker, where the fencing refuses them.
+		go func() {
+			defer close(healed)
+			time.Sleep(8 * time.Second)
+			relays[owner.name].Heal()
+			time.Sleep(time.Second) // for its held writes to land, or not
+		}()
+	} else {
+		close(healed)
+	}
 	<-done
-	t.Logf("%d records final %v after the kill", l.final(), time.Since(killed).Round(time.Millisecond))
+	t.Logf("%d records final %v after the fault", l.final(), time.Since(killed).Round(time.Millisecond))
+	<-healed
 
 	l.mu.Lock()
 	for _, v := range l.violations {

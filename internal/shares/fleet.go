@@ -142,6 +142,7 @@ func (r *routed) call(kind, group string, in, out any) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), peerCallTimeout)
 	defer cancel()
+	go r.abandonOnMove(ctx, cancel, group)
 	ans, err := r.peers.SendPeer(ctx, group, kind, 0, payload)
 	if err != nil {
 		return fmt.Errorf("%s for group %q: %w", kind, group, err)
@@ -153,6 +154,34 @@ func (r *routed) call(kind, group string, in, out any) error {
 		return fmt.Errorf("decoding the answer to %s for group %q: %w", kind, group, err)
 	}
 	return nil
+}
+
+// abandonOnMove cancels a step sent to group's owner once the fleet
+// names another owner, or none, until ctx ends. An owner that lost the
+// group mid-step (cut off from the brokers, its lease ran out) can hold
+// the step until its store call gives up; whether the step took effect
+// there is unknown either way (its state write may have landed before
+// the lease ran out, and cannot after the next owner's claim fences
+// it), so the step fails at once rather than at peerCallTimeout, and the
+// client is answered as for any owner lost (ackLost).
+func (r *routed) abandonOnMove(ctx context.Context, cancel context.CancelFunc, group string) {
+	changed := r.loc.Changed()
+	_, first, ok := r.loc.Locate(group)
+	if !ok {
+		return // SendPeer finds no owner either
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
+		changed = r.loc.Changed()
+		if local, addr, ok := r.loc.Locate(group); !ok || local || addr != first {
+			cancel()
+			return
+		}
+	}
 }
 
 func (r *routed) SharePrepare(group, member string, acks map[groupstate.ShareTP][]share.AckBatch, fetch []groupstate.ShareTP, done func(groupstate.SharePlan)) {

@@ -237,3 +237,66 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// movingLocator names one owner until move, then another.
+type movingLocator struct {
+	mu      sync.Mutex
+	addr    string
+	changed chan struct{}
+}
+
+func (m *movingLocator) Locate(string) (bool, string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return false, m.addr, true
+}
+
+func (m *movingLocator) Changed() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.changed
+}
+
+func (m *movingLocator) Peers() []string { return nil }
+
+func (m *movingLocator) move(addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.addr = addr
+	close(m.changed)
+	m.changed = make(chan struct{})
+}
+
+// holdingPeer never answers: an owner that lost the group while its
+// state write hangs.
+type holdingPeer struct{}
+
+func (holdingPeer) SendPeer(ctx context.Context, _, _ string, _ int16, _ []byte) ([]byte, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestRoutedStepAbandonedWhenTheOwnerMoves: a step the owner holds is
+// failed (COORDINATOR_NOT_AVAILABLE, which the share service answers as
+// a lost acknowledgement) as soon as the fleet names another owner, not
+// at peerCallTimeout.
+func TestRoutedStepAbandonedWhenTheOwnerMoves(t *testing.T) {
+	loc := &movingLocator{addr: "127.0.0.1:1", changed: make(chan struct{})}
+	r := Routed(nil, loc, holdingPeer{}, nil)
+	got := make(chan groupstate.SharePlan, 1)
+	start := time.Now()
+	r.SharePrepare("g", "m", nil, nil, func(p groupstate.SharePlan) { got <- p })
+	time.Sleep(50 * time.Millisecond)
+	loc.move("127.0.0.1:2")
+	select {
+	case p := <-got:
+		if p.Code != kerr.CoordinatorNotAvailable.Code {
+			t.Errorf("plan code %d, want COORDINATOR_NOT_AVAILABLE", p.Code)
+		}
+		if took := time.Since(start); took > peerCallTimeout/2 {
+			t.Errorf("the step failed after %v, want soon after the move", took)
+		}
+	case <-time.After(peerCallTimeout + time.Second):
+		t.Fatal("the step held by the old owner was not failed after the move")
+	}
+}

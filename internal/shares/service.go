@@ -375,7 +375,7 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 		return
 	}
 	for tp, code := range plan.AckCodes {
-		ackCodes[tp] = code
+		ackCodes[tp] = ackCode(code)
 	}
 	resp.AcquisitionLockTimeoutMillis = int32(plan.Settings.LockDuration / time.Millisecond)
 	for tp, code := range ackCodes {
@@ -464,6 +464,21 @@ func (s *Service) shareFetch(c proxy.ShareConn, req *kmsg.ShareFetchRequest, rep
 // do not send such an acknowledgement again. The records come back to
 // the group for another delivery.
 var ackLost = kerr.NotLeaderForPartition.Code
+
+// ackCode is what a client is answered for a partition's
+// acknowledgements whose result at the group's owner was code: an owner
+// that lost the group while its state write was in flight (fenced, or
+// unloaded when its fleet lease ran out) answers NOT_COORDINATOR or the
+// like for each partition; to the client that is ackLost, as when the
+// owner could not be asked at all. Clients would keep such an
+// acknowledgement to send again, and their FlushAcks would wait for an
+// answer no share-partition leader gives.
+func ackCode(code int16) int16 {
+	if ownerUnavailable(code) {
+		return ackLost
+	}
+	return code
+}
 
 // ownerRetry is how often a fetch asks again for a group whose owner
 // could not be asked.
@@ -875,7 +890,7 @@ func (s *Service) shareAcknowledge(c proxy.ShareConn, req *kmsg.ShareAcknowledge
 		return
 	}
 	for tp, code := range plan.AckCodes {
-		codes[tp] = code
+		codes[tp] = ackCode(code)
 	}
 	if req.ShareSessionEpoch == -1 {
 		s.cfg.Engine.ShareReleaseMember(group, member, parts)
