@@ -243,7 +243,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		}
 	}
 	if ok {
-		r.send(d, c, req, done)
+		r.relay(d, c, req, group, done)
 		return
 	}
 	start := time.Now()
@@ -269,7 +269,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
-		r.send(d, c, req, done)
+		r.relay(d, c, req, group, done)
 	})
 }
 
@@ -472,6 +472,13 @@ func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
 // members, local or relayed, go through the member tracker
 // (relay_members.go), which may answer UNKNOWN_MEMBER_ID instead.
 func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
+	r.sendTo(d, c, req, done, nil)
+}
+
+// sendTo is send; when took is not nil, an answer the owner gave (not
+// one the relay made up) is first offered to took, and done is not
+// called when took returns true (took then answers through done).
+func (r *Router) sendTo(d dest, c Client, req kmsg.Request, done func(kmsg.Response), took func(kmsg.Response) bool) {
 	start := time.Now()
 	key := req.Key()
 	mr, tracked := memberOf(req)
@@ -544,6 +551,9 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
 		r.metrics.record(key, o, time.Since(start))
 		finish(resp, o)
+		if o == outcomeOK && took != nil && took(resp) {
+			return
+		}
 		if o != outcomeOK {
 			if tracked {
 				r.failMember(mr, req, done)
