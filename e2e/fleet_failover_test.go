@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sort"
 	"sync"
@@ -11,35 +12,56 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/kproxy/kproxy/fleet"
+	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/faultnet"
 	"github.com/kproxy/kproxy/internal/kproxy"
+	"github.com/kproxy/kproxy/proxy"
+	"github.com/kproxy/kproxy/tap"
 )
-
-// failoverDetection is the fleet's detection time in
-// TestFleetFailoverWithinDetection: the fleet session the kproxies of
-// startCutFleetKproxy join with (their heartbeat interval is 300ms). The
-// brokers expel a kproxy that stopped heartbeating that long after the
-// last heartbeat they received; nobody can be given its partitions
-// sooner.
-const failoverDetection = 3 * time.Second
 
 // TestFleetFailoverWithinDetection measures what a healthy member pays
 // when its group's owner loses the brokers (docs/fleet.md, "Failover,
 // part by part"): a fleet of two in-process kproxies over kfake, A and
 // B; A owns a classic group and a KIP-848 group whose members are all
 // connected to B, and A's every connection to the cluster is blackholed
-// both ways for 10s. B's members must commit again within the fleet's
-// detection time plus 1s of their last commit before the fault. Beside
-// them, in the same run, a direct group on kfake (whose coordinator the
-// fault does not touch). Asserts, besides the bound, that no partition
-// is owned by two members of a group at once, that committed offsets
-// never go backwards, that nothing acknowledged is lost and that every
-// record is consumed.
+// both ways. B's members must commit again within the fleet's detection
+// time plus 1s of their last commit before the fault. The detection time
+// is the fleet session plus a fleet heartbeat interval: the brokers
+// expel A a session after the last heartbeat they received from it, and
+// the other kproxies learn it at their next heartbeat. Beside them, in
+// the same run, a direct group on kfake (whose coordinator the fault
+// does not touch). Asserts, besides the bound, that no partition is
+// owned by two members of a group at once, that committed offsets never
+// go backwards, that nothing acknowledged is lost and that every record
+// is consumed. Run with the e2e tests' short fleet timers (3s session,
+// 300ms heartbeats) and with the defaults (10s, 1s).
 func TestFleetFailoverWithinDetection(t *testing.T) {
+	t.Run("session_3s", func(t *testing.T) { failoverWithinDetection(t, 3*time.Second, 300*time.Millisecond) })
+	t.Run("defaults", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("a 10s fleet session: skipped with -short")
+		}
+		failoverWithinDetection(t, fleet.DefaultSessionTimeout, fleet.DefaultHeartbeatInterval)
+	})
+}
+
+func failoverWithinDetection(t *testing.T, session, heartbeat time.Duration) {
+	detection := session + heartbeat
+	fc := kproxy.FleetConfig{SessionTimeout: session, HeartbeatInterval: heartbeat}
+	// The members' sessions (classic and KIP-848) outlast the failover
+	// (as Kafka's default 45s outlasts the default fleet session), so
+	// that B's router does not tell them to give up (relay_members.go)
+	// before their group's new owner serves them.
+	memberSession := max(cutSession, 2*detection)
+	configs := map[string]string{
+		"group.consumer.session.timeout.ms":    fmt.Sprint(memberSession.Milliseconds()),
+		"group.consumer.heartbeat.interval.ms": "300",
+	}
 	const topic, partitions = "failover", 6
 	cluster, err := kproxy.NewDevCluster(3, partitions, testLogger(), kfake.GroupMinSessionTimeout(time.Second),
-		kfake.SeedTopics(partitions, topic), kfake.BrokerConfigs(cutClusterConfigs))
+		kfake.SeedTopics(partitions, topic), kfake.BrokerConfigs(configs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,12 +69,12 @@ func TestFleetFailoverWithinDetection(t *testing.T) {
 	brokers := cluster.ListenAddrs()
 
 	pathA := newFaultPath(t)
-	a := startCutFleetKproxy(t, brokers, kproxy.FleetConfig{}, pathA)
+	a := startFailoverKproxy(t, brokers, fc, memberSession, pathA)
 	waitUntil(t, 60*time.Second, "A to serve every partition", func() bool {
 		s, ok := fleetServing(a)
 		return ok && len(s) == fleetPartitions
 	})
-	b := startCutFleetKproxy(t, brokers, kproxy.FleetConfig{}, nil)
+	b := startFailoverKproxy(t, brokers, fc, memberSession, nil)
 	var servedByA []int32
 	waitUntil(t, 60*time.Second, "A and B to share the partitions", func() bool {
 		sa, okA := fleetServing(a)
@@ -77,7 +99,7 @@ func TestFleetFailoverWithinDetection(t *testing.T) {
 	// timeout), so that a retry's backoff is the client's own, as in an
 	// application, not cut short by a failed commit call.
 	retry := kgo.RetryTimeout(30 * time.Second)
-	classic := []kgo.Opt{kgo.SessionTimeout(cutSession), retry}
+	classic := []kgo.Opt{kgo.SessionTimeout(memberSession), retry}
 	kip := append(slices.Clone(kip848Member), retry)
 	member := func(name, group string, seeds []string, opts []kgo.Opt) *faultMember {
 		return startFaultMember(t, ctx, name, group, topic, seeds, nil, seen[group], &seenMu, opts...)
@@ -120,7 +142,7 @@ func TestFleetFailoverWithinDetection(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}()
-	const faultFor = 10 * time.Second
+	faultFor := detection + 6*time.Second
 	pathA.apply(func(r *faultnet.Relay) { r.Blackhole(faultnet.Both) })
 	time.Sleep(faultFor)
 	healAt := time.Now()
@@ -149,20 +171,59 @@ func TestFleetFailoverWithinDetection(t *testing.T) {
 	if servedAt.IsZero() {
 		t.Fatal("B never served the groups' partitions")
 	}
-	t.Logf("fleet detection (session) %v; B served the groups %.2fs into the fault", failoverDetection, servedAt.Sub(faultAt).Seconds())
-	bound := failoverDetection + time.Second
+	t.Logf("fleet session %v, heartbeat %v: detection %v; B served the groups %.2fs into the fault", session, heartbeat,
+		detection, servedAt.Sub(faultAt).Seconds())
+	bound := detection + time.Second
 	for _, m := range all {
 		w, last, next := m.stallAcross(faultAt, healAt)
 		t.Logf("%-10s no commit for %5.2fs (last %+5.2fs, next %+5.2fs into the fault)", m.name, w.Seconds(),
 			last.Sub(faultAt).Seconds(), next.Sub(faultAt).Seconds())
 		if w > bound && slices.Contains(viaB, m) {
 			t.Errorf("%s went %v without a commit; want at most the fleet's detection time %v plus 1s", m.name,
-				w.Round(time.Millisecond), failoverDetection)
+				w.Round(time.Millisecond), detection)
 			l := m.log.String()
 			t.Logf("%s log tail:\n%s", m.name, l[max(0, len(l)-4000):])
 		}
 	}
 	cancel()
+}
+
+// startFailoverKproxy is startCutFleetKproxy with the fleet timers of fc
+// and KIP-848 sessions of memberSession.
+func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, memberSession time.Duration, path *faultPath) *kproxy.Server {
+	t.Helper()
+	cfg := kproxy.Config{
+		Upstream: brokers,
+		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
+		Groups: kproxy.GroupsConfig{
+			Mode: kproxy.GroupsDistributed,
+			Engine: groupstate.Config{
+				InitialRebalanceDelay: -1, MinSessionTimeout: time.Second,
+				ConsumerSessionTimeout: memberSession, ConsumerMinSessionTimeout: time.Second,
+				ConsumerHeartbeatInterval: 300 * time.Millisecond, TopicRefreshInterval: time.Second,
+			},
+			Fleet: fc,
+		},
+		AdminListen: "127.0.0.1:0",
+		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
+		Logger:      testLogger(),
+	}
+	if path != nil {
+		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(path.dial)}
+		cfg.Proxy.Dial = path.dial
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	k, err := kproxy.Start(ctx, cfg)
+	if err != nil {
+		t.Fatalf("starting a fleet kproxy: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		k.Shutdown(ctx)
+	})
+	return k
 }
 
 // stallAcross is the longest time between successful commits of m from
