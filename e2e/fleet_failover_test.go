@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
@@ -125,7 +128,24 @@ func failoverWithinDetection(t *testing.T, session, heartbeat time.Duration) {
 	if s, ok := fleetServing(a); !ok || !slices.Contains(s, pc) || !slices.Contains(s, pk) {
 		t.Fatalf("A no longer serves the groups' partitions (serves %v)", s)
 	}
-	time.Sleep(2 * time.Second) // steady state
+	// Steady state; the fleet's heartbeats over it are counted at the
+	// brokers (the cost of the fleet session chosen, docs/fleet.md).
+	var fleetBeats atomic.Int64
+	cluster.ControlKey(int16(kmsg.Heartbeat), func(r kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if strings.HasPrefix(r.(*kmsg.HeartbeatRequest).Group, fleet.DefaultGroup) {
+			fleetBeats.Add(1)
+		}
+		return nil, nil, false
+	})
+	const steady = 3 * time.Second
+	time.Sleep(steady)
+	beats := fleetBeats.Load()
+	perKproxy := float64(beats) / steady.Seconds() / 2
+	t.Logf("fleet heartbeats at the brokers: %.2f/s per kproxy (1/interval = %.2f/s)", perKproxy, 1/heartbeat.Seconds())
+	if want := 1 / heartbeat.Seconds(); perKproxy < want/2 || perKproxy > want*2 {
+		t.Errorf("%.2f fleet heartbeats/s per kproxy, want about %.2f", perKproxy, want)
+	}
 
 	// When B starts serving the groups' partitions: the end of the
 	// fleet's part of the wait.

@@ -13,13 +13,22 @@ import (
 // announces.
 const followRetry = 100 * time.Millisecond
 
+// followCap bounds how long after it was first sent a followed request
+// is answered: below franz-go's default request read timeout (10s,
+// RequestTimeoutOverhead), past which the client closes the connection,
+// and Kafka's consumer's request.timeout.ms (30s).
+const followCap = 8 * time.Second
+
 // relay sends a single-group request to d, following its group to the
 // group's next owner when d answers that it does not serve the group
 // (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
 // COORDINATOR_LOAD_IN_PROGRESS): the request is held and sent again the
 // moment the table names another owner (or, every followRetry, to the
-// same one, which may have been claiming), until RelayTimeout after it
-// was first sent; past that the last answer is passed on. Without it,
+// same one, which may have been claiming), until RelayTimeout after the
+// first such answer (a new owner comes within the lease margin and a
+// fleet heartbeat of an owner's lease running out) and at most
+// followCap after it was first sent; past that the last answer is
+// passed on. Without it,
 // the client retried after its own backoff (franz-go's grows from 250ms
 // to 5s, Kafka's to 1s), which cost a member behind a healthy kproxy
 // 1.4-2.2s of the failover after the new owner served its group
@@ -43,8 +52,8 @@ func (r *Router) relay(d dest, c Client, req kmsg.Request, group string, done fu
 	f := &follower{
 		r: r, c: c, group: group, done: done,
 		key: req.Key(), version: req.GetVersion(),
-		raw:      req.AppendTo(nil), // req's buffers are the caller's
-		deadline: time.Now().Add(r.cfg.RelayTimeout),
+		raw:  req.AppendTo(nil), // req's buffers are the caller's
+		sent: time.Now(),
 	}
 	f.sendTo(d, req)
 }
@@ -59,16 +68,18 @@ func followed(req kmsg.Request) bool {
 	return false
 }
 
-// follower is one request relay follows. Its fields are set before the
-// first send and only read afterwards; one attempt is in flight at a
-// time, so the goroutines that carry it never run at once.
+// follower is one request relay follows. Its fields but deadline are
+// set before the first send and only read afterwards. deadline is owned
+// by whichever goroutine carries the one attempt in flight (an answer
+// callback, then wait): attempts follow each other, never overlap.
 type follower struct {
 	r            *Router
 	c            Client
 	group        string
 	key, version int16
-	raw          []byte // the request's body, to send it again
-	deadline     time.Time
+	raw          []byte    // the request's body, to send it again
+	sent         time.Time // when it was first sent
+	deadline     time.Time // set at the first refusal
 	done         func(kmsg.Response)
 }
 
@@ -76,7 +87,14 @@ type follower struct {
 // held by wait.
 func (f *follower) sendTo(d dest, req kmsg.Request) {
 	f.r.sendTo(d, f.c, req, f.done, func(resp kmsg.Response) bool {
-		if !notServed(answerCode(resp)) || !time.Now().Before(f.deadline) {
+		if !notServed(answerCode(resp)) {
+			return false
+		}
+		now := time.Now()
+		if f.deadline.IsZero() {
+			f.deadline = now.Add(min(f.r.cfg.RelayTimeout, followCap-now.Sub(f.sent)))
+		}
+		if !now.Before(f.deadline) {
 			return false
 		}
 		f.r.goWait(func() { f.wait(d, resp) })

@@ -98,11 +98,13 @@ const defaultRebalanceTimeout = 5 * time.Minute
 // within WaitForOwner, or its owner cannot be reached, cuts the connection
 // with the request in flight, goes silent (a keepalive unanswered for
 // PeerKeepalive; then at once, until the owner answers again), or does
-// not answer in time: a request once
-// sent is never resent, since the owner may have acted on it. Every
-// answer an owner gives, NOT_COORDINATOR included, reaches the client
-// as given; both errors make a client look the coordinator up again,
-// which brings it back to its local kproxy. A member (classic or
+// not answer in time: such a request is
+// never resent, since the owner may have acted on it. Every answer an
+// owner gives reaches the client as given, except that a member's
+// request an owner refuses (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+// COORDINATOR_LOAD_IN_PROGRESS) follows its group to the next owner
+// for a while (relay_follow.go); both errors make a client look the
+// coordinator up again, which brings it back to its local kproxy. A member (classic or
 // KIP-848) whose requests stopped reaching an owner (relayed or local:
 // a kproxy whose fleet lease ran out finds no owner for its groups) for
 // longer than the owner keeps it is answered UNKNOWN_MEMBER_ID instead,
