@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
 )
 
 // followRetry is how long a followed request (relay) waits for the table
@@ -28,7 +30,8 @@ const followCap = 8 * time.Second
 // first such answer (a new owner comes within the lease margin and a
 // fleet heartbeat of an owner's lease running out) and at most
 // followCap after it was first sent; past that the last answer is
-// passed on. Without it,
+// passed on. A member about to be told to give up (relay_members.go) is
+// held only until that moment, and then told (UNKNOWN_MEMBER_ID). Without it,
 // the client retried after its own backoff (franz-go's grows from 250ms
 // to 5s, Kafka's to 1s), which cost a member behind a healthy kproxy
 // 1.4-2.2s of the failover after the new owner served its group
@@ -55,6 +58,7 @@ func (r *Router) relay(d dest, c Client, req kmsg.Request, group string, done fu
 		raw:  req.AppendTo(nil), // req's buffers are the caller's
 		sent: time.Now(),
 	}
+	f.mr, f.tracked = memberOf(req)
 	f.sendTo(d, req)
 }
 
@@ -79,6 +83,8 @@ type follower struct {
 	key, version int16
 	raw          []byte    // the request's body, to send it again
 	sent         time.Time // when it was first sent
+	mr           memberReq // the member the request is from, if tracked
+	tracked      bool
 	deadline     time.Time // set at the first refusal
 	done         func(kmsg.Response)
 }
@@ -93,6 +99,16 @@ func (f *follower) sendTo(d dest, req kmsg.Request) {
 		now := time.Now()
 		if f.deadline.IsZero() {
 			f.deadline = now.Add(min(f.r.cfg.RelayTimeout, followCap-now.Sub(f.sent)))
+		}
+		if f.tracked {
+			// A member about to be told to give up
+			// (relay_members.go) is told on time: the hold ends at
+			// that moment.
+			mr := f.mr
+			mr.dest = d.memberDest()
+			if wait, ok := f.r.members.untilVerdict(mr, now); ok && now.Add(wait).Before(f.deadline) {
+				f.deadline = now.Add(wait)
+			}
 		}
 		if !now.Before(f.deadline) {
 			return false
@@ -127,7 +143,7 @@ func (f *follower) wait(from dest, last kmsg.Response) {
 			}
 			retry.Reset(followRetry)
 		case <-deadline.C:
-			f.done(last)
+			f.expire(from, last)
 			return
 		case <-f.r.closing:
 			f.done(last)
@@ -136,16 +152,46 @@ func (f *follower) wait(from dest, last kmsg.Response) {
 	}
 }
 
-// again sends the request to d once more; last is answered if it cannot
-// be rebuilt (it can: kmsg decodes what it encoded).
-func (f *follower) again(d dest, last kmsg.Response) {
+// expire answers a request held to its deadline: UNKNOWN_MEMBER_ID when
+// its member is to be told to give up by now (judged where its group
+// is now, as failMember does), else last, the owner's refusal.
+func (f *follower) expire(from dest, last kmsg.Response) {
+	if f.tracked {
+		mr := f.mr
+		mr.dest = from.memberDest()
+		if d, ok := f.r.locate(f.mr.key.group); ok {
+			mr.dest = d.memberDest()
+		}
+		if f.r.members.check(mr, time.Now()) {
+			if req := f.rebuild(); req != nil {
+				f.r.metrics.record(f.key, outcomeMemberExpired, 0)
+				f.done(codec.GroupErrorResponse(req, errUnknownMemberID))
+				return
+			}
+		}
+	}
+	f.done(last)
+}
+
+// rebuild decodes the request again from raw; nil if it cannot (it can:
+// kmsg decodes what it encoded).
+func (f *follower) rebuild() kmsg.Request {
 	req := kmsg.RequestForKey(f.key)
 	if req == nil {
-		f.done(last)
-		return
+		return nil
 	}
 	req.SetVersion(f.version)
 	if err := req.ReadFrom(f.raw); err != nil {
+		return nil
+	}
+	return req
+}
+
+// again sends the request to d once more; last is answered if it cannot
+// be rebuilt (it can: kmsg decodes what it encoded).
+func (f *follower) again(d dest, last kmsg.Response) {
+	req := f.rebuild()
+	if req == nil {
 		f.done(last)
 		return
 	}
