@@ -130,7 +130,11 @@ func (h *firstReadEOFs) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e kgo.Broke
 	}
 }
 
-// clientLogger logs a test client's warnings with -v.
+// clientLogger logs a test client's warnings with -v, and everything it
+// does (each request written and read, with its timing) with -v and
+// KPROXY_CLIENT_DEBUG=1 in the environment: how the share fleet test's
+// stalled FlushAcks was traced to an acknowledgement error franz-go
+// kept to resend.
 func clientLogger(name string, start time.Time) kgo.Logger {
 	level := kgo.LogLevelNone
 	if testing.Verbose() {
