@@ -101,6 +101,11 @@ type AnchorOptions struct {
 	// heartbeat would: such a group waits for its anchor to rejoin. 0
 	// means 3s.
 	PollInterval time.Duration
+	// RebalanceWatchInterval is how often each coordinator of an
+	// anchored group is asked which groups it rebalances
+	// (watchRebalances): how soon a member moved back to the brokers is
+	// seen. 0 means 250ms.
+	RebalanceWatchInterval time.Duration
 	// OnLost is called when the anchor of group was lost: the engine
 	// must stop serving the group (unload it). It runs on a goroutine of
 	// its own.
@@ -268,6 +273,9 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 	if o.PollInterval <= 0 {
 		o.PollInterval = 3 * time.Second
 	}
+	if o.RebalanceWatchInterval <= 0 {
+		o.RebalanceWatchInterval = 250 * time.Millisecond
+	}
 	if o.JoinClients <= 0 {
 		o.JoinClients = 256
 	}
@@ -292,6 +300,7 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 func (as *Anchors) start() {
 	as.s.SetAnchors(as, as.reqs)
 	go as.scheduler()
+	go as.watchRebalances()
 }
 
 // Close stops the anchors' heartbeats. With leave, every anchor
@@ -521,6 +530,23 @@ func (as *Anchors) work(a *anchor) {
 		op, ok := a.nextOpLocked(now)
 		if ok && !a.retryAt.IsZero() && now.Before(a.retryAt) {
 			ok = false // the scheduler kicks it again once the retry is due
+		}
+		if !ok && a.handback != nil && !a.forgotten && a.state == anchorIn && a.retryAt.IsZero() {
+			// A hand-back checks the cluster's group every
+			// handbackCheckEvery: wait here for the next check rather
+			// than for the scheduler's next tick.
+			wait := time.Until(a.handback.nextCheck)
+			a.mu.Unlock()
+			select {
+			case <-as.stop:
+				a.mu.Lock()
+				a.running = false
+				a.broadcastLocked()
+				a.mu.Unlock()
+				return
+			case <-time.After(max(wait, 0)):
+			}
+			continue
 		}
 		if !ok {
 			a.running = false
@@ -1343,15 +1369,11 @@ func (as *Anchors) GroupCoordinator(ctx context.Context, group string) (int32, e
 // maxDescribeBatch bounds the groups of one polling DescribeGroups.
 const maxDescribeBatch = 500
 
-// pollRebalances describes the groups whose anchor is a member, in
-// batches per coordinator, and marks for a rejoin each one the cluster
-// is rebalancing: a member reached it directly, and the cluster waits
-// for the anchor, which rejoins and, leading, keeps what kproxy's
-// members own (package doc). It runs on the scheduler.
-func (as *Anchors) pollRebalances() {
-	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
-	defer cancel()
+// heldAnchors returns the anchors that are members of their groups,
+// synced and idle (no rejoin asked, no worker running), by group.
+func (as *Anchors) heldAnchors() map[string]*anchor {
 	as.mu.Lock()
+	defer as.mu.Unlock()
 	held := make(map[string]*anchor)
 	for g, a := range as.groups {
 		a.mu.Lock()
@@ -1360,10 +1382,11 @@ func (as *Anchors) pollRebalances() {
 		}
 		a.mu.Unlock()
 	}
-	as.mu.Unlock()
-	if len(held) == 0 {
-		return
-	}
+	return held
+}
+
+// byCoordinator groups the groups of held by their coordinator's node.
+func (as *Anchors) byCoordinator(ctx context.Context, held map[string]*anchor) map[int32][]string {
 	byNode := make(map[int32][]string)
 	for g := range held {
 		node, err := as.s.GroupCoordinatorNode(ctx, g)
@@ -1372,45 +1395,140 @@ func (as *Anchors) pollRebalances() {
 		}
 		byNode[node] = append(byNode[node], g)
 	}
-	for node, groups := range byNode {
-		for len(groups) > 0 {
-			batch := groups[:min(len(groups), maxDescribeBatch)]
-			groups = groups[len(batch):]
-			req := kmsg.NewPtrDescribeGroupsRequest()
-			req.Groups = batch
-			resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
-			if err != nil {
+	return byNode
+}
+
+// pollRebalances describes the groups whose anchor is a member, in
+// batches per coordinator, and marks for a rejoin each one the cluster
+// is rebalancing: a member reached it directly, and the cluster waits
+// for the anchor, which rejoins and, leading, keeps what kproxy's
+// members own (package doc). It runs on the scheduler, every
+// PollInterval; watchRebalances finds most of these sooner.
+func (as *Anchors) pollRebalances() {
+	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
+	defer cancel()
+	held := as.heldAnchors()
+	if len(held) == 0 {
+		return
+	}
+	for node, groups := range as.byCoordinator(ctx, held) {
+		as.describeHeld(ctx, node, groups, held)
+	}
+}
+
+// describeHeld describes groups, all coordinated by node, in batches,
+// and acts on what the cluster holds for each (held names their
+// anchors): a member of the cluster's own in it makes the anchor check
+// for a hand-back, a rebalance without one makes it rejoin.
+func (as *Anchors) describeHeld(ctx context.Context, node int32, groups []string, held map[string]*anchor) {
+	for len(groups) > 0 {
+		batch := groups[:min(len(groups), maxDescribeBatch)]
+		groups = groups[len(batch):]
+		req := kmsg.NewPtrDescribeGroupsRequest()
+		req.Groups = batch
+		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		if err != nil {
+			continue
+		}
+		for _, g := range resp.Groups {
+			a := held[g.Group]
+			if a == nil || g.ErrorCode != 0 {
 				continue
 			}
-			for _, g := range resp.Groups {
-				a := held[g.Group]
-				if a == nil || g.ErrorCode != 0 {
-					continue
+			others := 0
+			for _, m := range g.Members {
+				if !as.isAnchor(m.InstanceID) {
+					others++
 				}
-				others := 0
-				for _, m := range g.Members {
-					if !as.isAnchor(m.InstanceID) {
-						others++
-					}
-				}
-				rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
-				if !rebalancing && others == 0 {
-					continue
-				}
+			}
+			rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
+			if !rebalancing && others == 0 {
+				continue
+			}
+			a.mu.Lock()
+			switch {
+			case a.state != anchorIn || a.handback != nil:
+			case others > 0 && as.handsBack(a):
+				// A member of the cluster's own: rebalancing to take
+				// it in, or in a generation the anchor led (given
+				// nothing). Either way the group goes back.
+				a.handbackCheck = true
+			case rebalancing:
+				a.rejoin, a.rejoinKnown = true, true
+			}
+			a.mu.Unlock()
+			as.kick(a)
+		}
+	}
+}
+
+// rebalancingStates are the group states ListGroups is asked for by
+// watchRebalances: a classic group rebalancing (a member joined it), and
+// a KIP-848 group reconciling (Kafka converted the anchored classic
+// group when a KIP-848 member joined it: its online upgrade, KIP-848).
+var rebalancingStates = []string{"PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"}
+
+// watchRebalances finds, every RebalanceWatchInterval until the anchors
+// stop, the anchored groups the cluster rebalances: one ListGroups
+// filtered by state (KIP-518; v4 and up) to each coordinator of an
+// anchored group, whose answer names only the groups rebalancing, so
+// that a member moved back to the brokers is seen within a fraction of
+// a second at the cost of one small request per coordinator. The
+// classic groups among them are described (describeHeld); a KIP-848 one
+// makes its anchor rejoin, whose JoinGroup answer starts the KIP-848
+// hand-back (handBackConsumer). A cluster that cannot filter is left to
+// pollRebalances.
+func (as *Anchors) watchRebalances() {
+	t := time.NewTicker(as.opts.RebalanceWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-as.stop:
+			return
+		case <-t.C:
+		}
+		as.watchOnce()
+	}
+}
+
+// watchOnce is one round of watchRebalances.
+func (as *Anchors) watchOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), max(as.opts.RebalanceWatchInterval, time.Second))
+	defer cancel()
+	held := as.heldAnchors()
+	if len(held) == 0 {
+		return
+	}
+	for node, groups := range as.byCoordinator(ctx, held) {
+		ours := make(map[string]bool, len(groups))
+		for _, g := range groups {
+			ours[g] = true
+		}
+		req := kmsg.NewPtrListGroupsRequest()
+		req.StatesFilter = rebalancingStates
+		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		if err != nil || resp.ErrorCode != 0 || resp.GetVersion() < 4 {
+			continue
+		}
+		var classicGroups []string
+		for _, g := range resp.Groups {
+			a := held[g.Group]
+			if a == nil || !ours[g.Group] {
+				continue
+			}
+			if g.GroupType == "consumer" {
 				a.mu.Lock()
-				switch {
-				case a.state != anchorIn || a.handback != nil:
-				case others > 0 && as.handsBack(a):
-					// A member of the cluster's own: rebalancing to take
-					// it in, or in a generation the anchor led (given
-					// nothing). Either way the group goes back.
-					a.handbackCheck = true
-				case rebalancing:
+				if a.state == anchorIn && a.handback == nil {
 					a.rejoin, a.rejoinKnown = true, true
 				}
 				a.mu.Unlock()
 				as.kick(a)
+				continue
 			}
+			classicGroups = append(classicGroups, g.Group)
+		}
+		if len(classicGroups) > 0 {
+			as.describeHeld(ctx, node, classicGroups, held)
 		}
 	}
 }
