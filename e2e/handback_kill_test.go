@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/internal/coexist"
 )
 
@@ -22,9 +23,10 @@ import (
 // SIGKILLed in the middle of handing the group back (docs/anchors.md,
 // "Out (rollback)" and "Removed at once": anchors of a kproxy that died
 // expire after their session timeout). Three cooperative members sit
-// behind one `kproxy serve --groups local` process with a 6 s anchor
-// session; c moves back to the brokers, kproxy begins the hand-back, and
-// kproxy is killed:
+// behind one `kproxy serve --groups local` process, with 6 s sessions
+// and the default --group-anchor-session-timeout (2 min): the anchor
+// joins with its members' longest session, 6 s. c moves back to the
+// brokers, kproxy begins the hand-back, and kproxy is killed:
 //
 //   - begun: at once after it logged that it hands the group back,
 //     before the members behind it reached the cluster's group;
@@ -33,7 +35,8 @@ import (
 //     the cluster's, and the anchor is still there.
 //
 // Then a, cut off with its sidecar, is restarted against the brokers; b
-// stays dead. The anchor never left, so the cluster must expire it (and
+// stays dead. The anchor never left, so the cluster must expire it, and
+// c-direct must consume again within a fleet session of the kill (and
 // a's join through the dead kproxy, which kfake sometimes keeps for good:
 // reapGhosts stands in for Kafka's expiry). In the end a-direct and c-direct own
 // every partition, each once, in the cluster's group without the anchor;
@@ -47,8 +50,10 @@ func TestHandBackOwnerKilled(t *testing.T) {
 
 func handBackOwnerKilled(t *testing.T, point string) {
 	const (
-		partitions    = 6
-		n             = 900
+		partitions = 6
+		n          = 900
+		// anchorSession is the session the anchor joins with: the
+		// members' (opts6s).
 		anchorSession = 6 * time.Second
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -61,9 +66,12 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	}
 	t.Cleanup(cluster.Close)
 	brokers := cluster.ListenAddrs()
+	// The anchors' session as configured by default (2 min): the anchor
+	// joins with its members' session instead (6 s), so the cluster
+	// keeps the anchor of the killed kproxy no longer than it would keep
+	// the members themselves.
 	k := startKproxy(t, "kproxy", brokers, "--groups", "local",
-		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s",
-		"--group-anchor-session-timeout", anchorSession.String())
+		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s")
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
@@ -176,6 +184,25 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	a2 := startMemberAt(t, brokers[0], "a-direct", mc())
 	defer a2.leave()
 	produce(n/3, 2*n/3)
+
+	// c-direct, moved back before the kill, consumes again once the
+	// cluster dropped the dead kproxy's anchor: within a fleet session
+	// (the anchor joined with its members' 6 s session, not the 2 min
+	// of --group-anchor-session-timeout). When a's join through the
+	// dead kproxy completed, a may lead the cluster's next generation
+	// and never sync: the others then wait for its session too, as
+	// they would for a member killed mid-join directly.
+	bound := fleet.DefaultSessionTimeout
+	if point == "members-joining" {
+		bound += opts6s
+	}
+	for len(own.owners()["c-direct"]) == 0 {
+		if time.Since(killed) > bound {
+			t.Fatalf("c-direct owns nothing %s after the kill: the cluster still waits for the dead kproxy's anchor", time.Since(killed).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("c-direct consumes again %s after the kill", time.Since(killed).Round(time.Millisecond))
 
 	// Up to two sessions of the members and a rebalance: when a's join
 	// through the dead kproxy made it the leader of the cluster's next

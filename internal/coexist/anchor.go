@@ -84,16 +84,26 @@ type AnchorOptions struct {
 	// InstanceID is the anchors' group.instance.id; "" means
 	// DefaultAnchorInstanceID.
 	InstanceID string
-	// SessionTimeout is the anchors' session timeout, within the
-	// cluster's group.min/max.session.timeout.ms. It is how long the
-	// cluster keeps an anchor whose kproxy is gone: until then a direct
-	// member waits for the partitions the anchor holds. 0 means 2m.
+	// SessionTimeout is the longest session timeout of the anchors,
+	// within the cluster's group.min/max.session.timeout.ms. An anchor
+	// joins with the longest session timeout of its group's members
+	// (groupstate.Anchor.SessionTimeout), at least MinSessionTimeout and
+	// at most this: that is how long the cluster keeps an anchor whose
+	// kproxy is gone, and until then a direct member waits for the
+	// partitions the anchor holds. A cluster that refuses the members'
+	// session for the anchor gets this one. 0 means 2m.
 	SessionTimeout time.Duration
+	// MinSessionTimeout is the shortest session timeout of the anchors:
+	// in a fleet, long enough that a failover's next owner replaces the
+	// anchor before its session ends. 0 means 6s, Kafka's default
+	// group.min.session.timeout.ms.
+	MinSessionTimeout time.Duration
 	// RebalanceTimeout is the anchors' rebalance timeout; 0 means 5m
 	// (the consumers' default max.poll.interval.ms).
 	RebalanceTimeout time.Duration
-	// HeartbeatInterval is how often an anchor heartbeats; 0 means a
-	// quarter of SessionTimeout.
+	// HeartbeatInterval is how often an anchor heartbeats at most (a
+	// quarter of its session when that is shorter); 0 means a quarter
+	// of SessionTimeout.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often the anchors' groups are described, many
 	// in one DescribeGroups per coordinator, to find those the cluster
@@ -202,10 +212,15 @@ type anchor struct {
 	want   groupstate.Anchor
 	wanted bool
 	// have is the Anchor the current membership was joined with.
-	have     groupstate.Anchor
-	state    anchorState
-	memberID string
-	gen      int32
+	have groupstate.Anchor
+	// session is the session timeout the current membership joined
+	// with (sessionFor); longSession is set once the cluster refused a
+	// session shorter than AnchorOptions.SessionTimeout.
+	session     time.Duration
+	longSession bool
+	state       anchorState
+	memberID    string
+	gen         int32
 	// rejoin is set when the cluster asked for a rejoin (a rebalance,
 	// an unknown member id, a generation moved on).
 	rejoin bool
@@ -269,6 +284,9 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 	}
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = o.SessionTimeout / 4
+	}
+	if o.MinSessionTimeout <= 0 {
+		o.MinSessionTimeout = 6 * time.Second
 	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = 3 * time.Second
@@ -825,6 +843,28 @@ func sortedTopics(owned map[string][]int32) []string {
 	return ts
 }
 
+// sessionForLocked is the session timeout a's next join asks for
+// (a.mu held): its members' longest, within [MinSessionTimeout,
+// SessionTimeout]; SessionTimeout when the members' is unknown or the
+// cluster refused a shorter one.
+func (as *Anchors) sessionForLocked(a *anchor) time.Duration {
+	s := a.want.SessionTimeout
+	if s <= 0 || a.longSession {
+		return as.opts.SessionTimeout
+	}
+	return min(max(s, as.opts.MinSessionTimeout), as.opts.SessionTimeout)
+}
+
+// heartbeatEvery is how often an anchor of session timeout session
+// heartbeats: HeartbeatInterval, or a quarter of the session when
+// shorter.
+func (as *Anchors) heartbeatEvery(session time.Duration) time.Duration {
+	if session <= 0 {
+		return as.opts.HeartbeatInterval
+	}
+	return min(as.opts.HeartbeatInterval, session/4)
+}
+
 // errAnchorFenced is the error of a request that found the anchor
 // replaced by another kproxy's.
 var errAnchorFenced = errors.New("anchor fenced by another kproxy")
@@ -865,6 +905,7 @@ func (as *Anchors) join(a *anchor) error {
 		a.mu.Lock()
 	}
 	want := a.want
+	session := as.sessionForLocked(a)
 	memberID := ""
 	if prev == anchorIn && (!a.rejoin || a.rejoinKnown) {
 		memberID = a.memberID
@@ -903,7 +944,7 @@ func (as *Anchors) join(a *anchor) error {
 	req := classic.Join{
 		Group: a.group, MemberID: memberID, InstanceID: &as.opts.InstanceID,
 		ProtocolType: want.ProtocolType, Protocols: protocols,
-		SessionTimeout: as.opts.SessionTimeout, RebalanceTimeout: as.opts.RebalanceTimeout,
+		SessionTimeout: session, RebalanceTimeout: as.opts.RebalanceTimeout,
 	}.Request()
 	resp, err := as.joinTakingOver(ctx, a, plan, req)
 	if err != nil {
@@ -926,6 +967,18 @@ func (as *Anchors) join(a *anchor) error {
 	case kerr.MemberIDRequired.Code, kerr.RebalanceInProgress.Code:
 		// A pre-KIP-345 answer or a race with a rebalance: try again.
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
+	case kerr.InvalidSessionTimeout.Code:
+		if session < as.opts.SessionTimeout {
+			// The members' session is below the cluster's
+			// group.min.session.timeout.ms: join again with the
+			// anchors' own.
+			a.mu.Lock()
+			a.longSession = true
+			a.mu.Unlock()
+			as.log.Info("the cluster refused the members' session timeout for the anchor; it joins with --group-anchor-session-timeout",
+				"group", a.group, "session", session, "anchor_session", as.opts.SessionTimeout)
+		}
+		return fail(fmt.Errorf("anchor join of group %q with session timeout %v: %w", a.group, session, kerr.ErrorForCode(jr.ErrorCode)))
 	default:
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
 	}
@@ -994,8 +1047,8 @@ func (as *Anchors) join(a *anchor) error {
 		return fmt.Errorf("anchor sync of group %q: %w", a.group, kerr.ErrorForCode(code))
 	}
 	a.mu.Lock()
-	a.state, a.memberID, a.gen, a.have = anchorIn, jr.MemberID, jr.Generation, want
-	a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+	a.state, a.memberID, a.gen, a.have, a.session = anchorIn, jr.MemberID, jr.Generation, want, session
+	a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(session))
 	a.broadcastLocked()
 	handsBack := as.handsBack(a)
 	a.mu.Unlock()
@@ -1035,13 +1088,13 @@ func (as *Anchors) heartbeat(a *anchor) error {
 	}
 	switch outcome {
 	case classic.OK:
-		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+		a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(a.session))
 	case classic.Rejoin, classic.Stale:
 		if code == kerr.RebalanceInProgress.Code && (a.handback != nil || as.handsBack(a)) {
 			// The cluster waits for the anchor: a hand-back in
 			// progress keeps it waiting, or one may begin.
 			a.handbackCheck = a.handback == nil
-			a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+			a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(a.session))
 			a.broadcastLocked()
 			return nil
 		}
