@@ -25,10 +25,10 @@ import (
 // leave until then. Through kproxy the move must cost at most a second
 // more than directly and no more callbacks per member. No partition is
 // ever owned twice and every record produced is consumed, on both paths.
-// KPROXY_HANDBACK_ROUNDS sets the rounds (alternating the paths; 2 by
+// KPROXY_HANDBACK_ROUNDS sets the rounds (alternating the paths; 3 by
 // default); the assertions take the medians.
 func TestHandBackAtDirectSpeed(t *testing.T) {
-	rounds := 2
+	rounds := 3
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_HANDBACK_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}

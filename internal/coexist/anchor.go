@@ -243,6 +243,9 @@ type anchor struct {
 	// (anchor_handback.go).
 	handbackCheck bool
 	handback      *handback
+	// watchUntil, while in the future, has watchRebalances describe the
+	// group every leaveWatchEvery: a member left kproxy's group then.
+	watchUntil time.Time
 	// commits counts commits in flight under memberID; a join waits for
 	// it to drop to zero and holds new ones off meanwhile.
 	commits int
@@ -380,6 +383,11 @@ func (as *Anchors) Anchor(group string, want groupstate.Anchor) {
 	delete(as.released, group)
 	as.mu.Unlock()
 	a.mu.Lock()
+	if a.wanted && want.Members > 0 && want.Members < a.want.Members {
+		// A member left kproxy's group: it may be on its way to the
+		// brokers (watchRebalances).
+		a.watchUntil = time.Now().Add(leaveWatch)
+	}
 	a.want, a.wanted, a.forgotten = want, true, false
 	a.mu.Unlock()
 	as.kick(a)
@@ -1531,16 +1539,58 @@ var rebalancingStates = []string{"PreparingRebalance", "CompletingRebalance", "A
 // makes its anchor rejoin, whose JoinGroup answer starts the KIP-848
 // hand-back (handBackConsumer). A cluster that cannot filter is left to
 // pollRebalances.
+//
+// A member that leaves kproxy's group is the likeliest to be moved
+// back: for leaveWatch after a member left, its group is described
+// every leaveWatchEvery, so that the hand-back begins before kproxy's
+// own rebalance for the leave completes and is folded into it (one
+// rebalance, as when the same move is made directly).
 func (as *Anchors) watchRebalances() {
-	t := time.NewTicker(as.opts.RebalanceWatchInterval)
+	t := time.NewTicker(leaveWatchEvery)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-as.stop:
 			return
 		case <-t.C:
 		}
-		as.watchOnce()
+		if time.Since(last) >= as.opts.RebalanceWatchInterval {
+			last = time.Now()
+			as.watchOnce()
+			continue
+		}
+		as.watchLeft()
+	}
+}
+
+// leaveWatch is how long a group is watched closely after a member left
+// kproxy's group (watchRebalances): the moved member's restart against
+// the brokers.
+const leaveWatch = 3 * time.Second
+
+// leaveWatchEvery is how often such a group is described.
+const leaveWatchEvery = 50 * time.Millisecond
+
+// watchLeft describes the groups a member left within leaveWatch.
+func (as *Anchors) watchLeft() {
+	held := as.heldAnchors()
+	now := time.Now()
+	for g, a := range held {
+		a.mu.Lock()
+		watched := now.Before(a.watchUntil) && a.handback == nil
+		a.mu.Unlock()
+		if !watched {
+			delete(held, g)
+		}
+	}
+	if len(held) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for node, groups := range as.byCoordinator(ctx, held) {
+		as.describeHeld(ctx, node, groups, held)
 	}
 }
 
