@@ -985,6 +985,10 @@ func (as *Anchors) join(a *anchor) error {
 			a.mu.Unlock()
 			as.log.Info("the cluster refused the members' session timeout for the anchor; it joins with --group-anchor-session-timeout",
 				"group", a.group, "session", session, "anchor_session", as.opts.SessionTimeout)
+			if plan == nil {
+				_ = fail(nil)
+				return as.join(a) // once: the session is SessionTimeout now
+			}
 		}
 		return fail(fmt.Errorf("anchor join of group %q with session timeout %v: %w", a.group, session, kerr.ErrorForCode(jr.ErrorCode)))
 	default:
