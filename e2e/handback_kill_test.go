@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/internal/coexist"
 )
 
@@ -22,9 +24,10 @@ import (
 // SIGKILLed in the middle of handing the group back (docs/anchors.md,
 // "Out (rollback)" and "Removed at once": anchors of a kproxy that died
 // expire after their session timeout). Three cooperative members sit
-// behind one `kproxy serve --groups local` process with a 6 s anchor
-// session; c moves back to the brokers, kproxy begins the hand-back, and
-// kproxy is killed:
+// behind one `kproxy serve --groups local` process, with 6 s sessions
+// and the default --group-anchor-session-timeout (2 min): the anchor
+// joins with its members' longest session, 6 s. c moves back to the
+// brokers, kproxy begins the hand-back, and kproxy is killed:
 //
 //   - begun: at once after it logged that it hands the group back,
 //     before the members behind it reached the cluster's group;
@@ -33,7 +36,8 @@ import (
 //     the cluster's, and the anchor is still there.
 //
 // Then a, cut off with its sidecar, is restarted against the brokers; b
-// stays dead. The anchor never left, so the cluster must expire it (and
+// stays dead. The anchor never left, so the cluster must expire it, and
+// c-direct must consume again within a fleet session of the kill (and
 // a's join through the dead kproxy, which kfake sometimes keeps for good:
 // reapGhosts stands in for Kafka's expiry). In the end a-direct and c-direct own
 // every partition, each once, in the cluster's group without the anchor;
@@ -47,8 +51,10 @@ func TestHandBackOwnerKilled(t *testing.T) {
 
 func handBackOwnerKilled(t *testing.T, point string) {
 	const (
-		partitions    = 6
-		n             = 900
+		partitions = 6
+		n          = 900
+		// anchorSession is the session the anchor joins with: the
+		// members' (opts6s).
 		anchorSession = 6 * time.Second
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -61,9 +67,12 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	}
 	t.Cleanup(cluster.Close)
 	brokers := cluster.ListenAddrs()
+	// The anchors' session as configured by default (2 min): the anchor
+	// joins with its members' session instead (6 s), so the cluster
+	// keeps the anchor of the killed kproxy no longer than it would keep
+	// the members themselves.
 	k := startKproxy(t, "kproxy", brokers, "--groups", "local",
-		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s",
-		"--group-anchor-session-timeout", anchorSession.String())
+		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s")
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
@@ -176,6 +185,25 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	a2 := startMemberAt(t, brokers[0], "a-direct", mc())
 	defer a2.leave()
 	produce(n/3, 2*n/3)
+
+	// c-direct, moved back before the kill, consumes again once the
+	// cluster dropped the dead kproxy's anchor: within a fleet session
+	// (the anchor joined with its members' 6 s session, not the 2 min
+	// of --group-anchor-session-timeout). When a's join through the
+	// dead kproxy completed, a may lead the cluster's next generation
+	// and never sync: the others then wait for its session too, as
+	// they would for a member killed mid-join directly.
+	bound := fleet.DefaultSessionTimeout
+	if point == "members-joining" {
+		bound += opts6s
+	}
+	for len(own.owners()["c-direct"]) == 0 {
+		if time.Since(killed) > bound {
+			t.Fatalf("c-direct owns nothing %s after the kill: the cluster still waits for the dead kproxy's anchor", time.Since(killed).Round(time.Millisecond))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("c-direct consumes again %s after the kill", time.Since(killed).Round(time.Millisecond))
 
 	// Up to two sessions of the members and a rebalance: when a's join
 	// through the dead kproxy made it the leader of the cluster's next
@@ -350,4 +378,153 @@ func reapGhosts(ctx context.Context, t testing.TB, cl *kgo.Client, adm *kadm.Cli
 			delete(seen, m.MemberID)
 		}
 	}
+}
+
+// TestHandBackOwnerKilledFleet: the owner of a classic group in a fleet
+// is SIGKILLed as it begins handing the group back. Three cooperative
+// members sit behind a relay of a fleet of two owners (3 s fleet
+// session); their 45 s sessions make the anchor's session 45 s, so that
+// the cluster would keep the dead owner's anchor that long. c moves back
+// to the brokers and the owner is killed at once. The other owner loads
+// the group about a fleet session later; its anchor, of the same
+// instance id, replaces the dead one in the cluster's group, its join
+// answer lists c-direct, and it hands the group back: c-direct must
+// consume again within a fleet session and a few seconds (the load, the
+// members' next heartbeat, their rejoin), well before the dead anchor's
+// session (45 s) would have ended. No partition is owned twice, offsets never
+// go backwards, nothing is lost.
+//
+// Two runs: settled, where c's leave settled in kproxy's group (a and b
+// own everything, written in the group's record) before c-direct starts;
+// leave-lost, where c-direct starts at once, so that the owner is
+// killed before kproxy's group wrote c's leave: the next owner then
+// loads c as a member and the hand-back waits for it, up to its
+// 10 s bound, as for any member of kproxy's that does not follow.
+func TestHandBackOwnerKilledFleet(t *testing.T) {
+	for _, run := range []string{"settled", "leave-lost"} {
+		t.Run(run, func(t *testing.T) { handBackOwnerKilledFleet(t, run) })
+	}
+}
+
+func handBackOwnerKilledFleet(t *testing.T, run string) {
+	const (
+		partitions   = 6
+		n            = 600
+		fleetSession = 3 * time.Second
+		session      = 45 * time.Second // the members' (Kafka's default), so the anchor's
+		// handBackWait is the longest a hand-back waits for kproxy's
+		// members (internal/coexist: at least 10 s).
+		handBackWait = 10 * time.Second
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	group, topic := "handback-kill-fleet-"+run, "handback-kill-fleet-t-"+run
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(3), kfake.SeedTopics(partitions, topic),
+		kfake.GroupMinSessionTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	brokers := cluster.ListenAddrs()
+	args := []string{"--groups", "distributed", "--fleet-name", "hbkill",
+		"--fleet-session-timeout", fleetSession.String(), "--fleet-heartbeat-interval", "300ms",
+		"--group-initial-rebalance-delay", "0s", "--group-min-session-timeout", "1s"}
+	owners := []*kproxyProc{startKproxy(t, "owner1", brokers, args...), startKproxy(t, "owner2", brokers, args...)}
+	relay := startKproxy(t, "relay", brokers, append(slices.Clone(args), "--fleet-role", "relay")...)
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			prod.Produce(ctx, &kgo.Record{Value: []byte(itoa(i))}, nil)
+		}
+		if err := prod.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	produce(0, n/2)
+	opts := []kgo.Opt{kgo.SessionTimeout(session), kgo.HeartbeatInterval(time.Second)}
+	own, recs := newOwnership(t), newRecords()
+	watch := watchOffsets(ctx, t, brokers, topic, group)
+	mc := func() memberCfg { return memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts} }
+	a := startMemberAt(t, relay.addr, "a", mc())
+	defer a.leave()
+	b := startMemberAt(t, relay.addr, "b", mc())
+	defer b.leave()
+	c := startMemberAt(t, relay.addr, "c", mc())
+	waitOwnersWithin(t, own, 45*time.Second, partitions, "a", "b", "c")
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	waitDirectWithin(ctx, t, adm, group, "anchored", 20*time.Second, func(d kadm.DescribedGroup) bool {
+		return len(d.Members) == 1 && d.Members[0].InstanceID != nil && d.State == "Stable"
+	})
+
+	c.leave()
+	own.releaseAll("c")
+	if run == "settled" {
+		waitOwnersWithin(t, own, 30*time.Second, partitions, "a", "b")
+		time.Sleep(time.Second) // the generation's record written
+	}
+	moved := time.Now()
+	c2 := startMemberAt(t, brokers[0], "c-direct", mc())
+	defer c2.leave()
+	const begun = "a member reached the cluster's group directly: handing the group back to the cluster's coordinator"
+	var owner *kproxyProc
+	for owner == nil {
+		for _, k := range owners {
+			if strings.Contains(k.log(), begun) {
+				owner = k
+			}
+		}
+		if time.Since(moved) > 15*time.Second {
+			t.Fatal("no owner began the hand-back within 15s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	owner.signal(t, syscall.SIGKILL)
+	killed := time.Now()
+	if strings.Contains(owner.log(), "group handed back to the cluster's coordinator") {
+		t.Fatal("the hand-back completed before the owner was killed: the test proves nothing")
+	}
+	t.Logf("killed %s, which began the hand-back %s after c-direct started", owner.name, killed.Sub(moved).Round(time.Millisecond))
+
+	// Within a fleet session and the hand-back (the lease's expiry, the
+	// claim and load, the anchor's join, the members' next heartbeat and
+	// rejoin: 2.8 s measured): 5 s more, far below the anchor's 45 s;
+	// when c's leave was lost, also the hand-back's wait for c.
+	bound := fleetSession + 5*time.Second
+	if run == "leave-lost" {
+		bound += handBackWait
+	}
+	for len(own.owners()["c-direct"]) == 0 {
+		if time.Since(killed) > bound {
+			for _, k := range owners {
+				if k != owner {
+					for _, l := range strings.Split(k.log(), "\n") {
+						if strings.Contains(l, group) {
+							t.Logf("%s: %s", k.name, l)
+						}
+					}
+				}
+			}
+			t.Logf("the cluster's group: %+v", describeDirect(ctx, t, adm, group))
+			t.Fatalf("c-direct owns nothing %s after the owner's kill: the cluster still waits for the dead owner's anchor (session %v)",
+				time.Since(killed).Round(time.Millisecond), session)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("%s: c-direct consumes again %s after the owner's kill", run, time.Since(killed).Round(time.Millisecond))
+	waitOwnersWithin(t, own, 30*time.Second, partitions, "a", "b", "c-direct")
+	t.Logf("a, b and c-direct share every partition %s after the kill", time.Since(killed).Round(time.Millisecond))
+	produce(n/2, n)
+	waitConsumed(t, recs, n)
+	own.check()
+	watch.check(t)
 }

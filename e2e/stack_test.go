@@ -289,10 +289,20 @@ type ownership struct {
 	// member epoch (KIP-848) gen: within one, a partition is given to
 	// one member only. Guarded by mu.
 	given map[int32]map[int32]string
+	// calls counts each member's assign callbacks (one per generation
+	// or epoch it completed); guarded by mu.
+	calls map[string]int
 }
 
 func newOwnership(t testing.TB) *ownership {
-	return &ownership{t: t, owner: map[int32]string{}, given: map[int32]map[int32]string{}}
+	return &ownership{t: t, owner: map[int32]string{}, given: map[int32]map[int32]string{}, calls: map[string]int{}}
+}
+
+// assignCalls returns how many assign callbacks member had.
+func (o *ownership) assignCalls(member string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.calls[member]
 }
 
 // assignedAt records that member was given parts at generation or
@@ -300,6 +310,7 @@ func newOwnership(t testing.TB) *ownership {
 // names it: its instance id when static) was given them at gen.
 func (o *ownership) assignedAt(member, who string, gen int32, parts []int32) {
 	o.mu.Lock()
+	o.calls[member]++
 	if gen >= 0 {
 		if o.given[gen] == nil {
 			o.given[gen] = map[int32]string{}

@@ -3,6 +3,7 @@ package groupstate
 import (
 	"errors"
 	"slices"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -47,13 +48,20 @@ type Anchor struct {
 	// static member there by its instance id, whichever process holds
 	// it (internal/coexist/anchor_handback.go).
 	InstanceIDs []string
+	// SessionTimeout is the longest session timeout among the members:
+	// how long the cluster would keep them, were they its own, after
+	// they went silent. The store bounds the anchor's session by it, so
+	// that the cluster keeps the anchor of a kproxy that died no longer
+	// than it would keep the members themselves.
+	SessionTimeout time.Duration
 }
 
 // SameMembership reports whether a and b stand for the same membership
 // in the cluster's group: the same protocol type, protocol names, topics
-// and owned partitions, whatever their member counts.
+// and owned partitions and session timeout, whatever their member
+// counts.
 func (a Anchor) SameMembership(b Anchor) bool {
-	if a.ProtocolType != b.ProtocolType || !slices.Equal(a.Protocols, b.Protocols) ||
+	if a.ProtocolType != b.ProtocolType || a.SessionTimeout != b.SessionTimeout || !slices.Equal(a.Protocols, b.Protocols) ||
 		!slices.Equal(a.Topics, b.Topics) || len(a.Owned) != len(b.Owned) {
 		return false
 	}
@@ -121,6 +129,9 @@ func (g *classicGroup) anchor() Anchor {
 	for id := range g.static {
 		a.InstanceIDs = append(a.InstanceIDs, id)
 	}
+	for _, m := range g.members {
+		a.SessionTimeout = max(a.SessionTimeout, m.sessionTimeout)
+	}
 	slices.Sort(a.InstanceIDs)
 	first := g.members[g.order[0]]
 	if g.protocol != "" {
@@ -170,6 +181,7 @@ func (g *consumerGroup) anchorChanged() {
 		owned := make(map[string]map[int32]struct{})
 		snap := g.s.e.topicsNow()
 		for _, m := range g.members {
+			a.SessionTimeout = max(a.SessionTimeout, g.sessionTimeout(m))
 			for _, t := range m.topics {
 				topics[t] = struct{}{}
 			}

@@ -84,16 +84,26 @@ type AnchorOptions struct {
 	// InstanceID is the anchors' group.instance.id; "" means
 	// DefaultAnchorInstanceID.
 	InstanceID string
-	// SessionTimeout is the anchors' session timeout, within the
-	// cluster's group.min/max.session.timeout.ms. It is how long the
-	// cluster keeps an anchor whose kproxy is gone: until then a direct
-	// member waits for the partitions the anchor holds. 0 means 2m.
+	// SessionTimeout is the longest session timeout of the anchors,
+	// within the cluster's group.min/max.session.timeout.ms. An anchor
+	// joins with the longest session timeout of its group's members
+	// (groupstate.Anchor.SessionTimeout), at least MinSessionTimeout and
+	// at most this: that is how long the cluster keeps an anchor whose
+	// kproxy is gone, and until then a direct member waits for the
+	// partitions the anchor holds. A cluster that refuses the members'
+	// session for the anchor gets this one. 0 means 2m.
 	SessionTimeout time.Duration
+	// MinSessionTimeout is the shortest session timeout of the anchors:
+	// in a fleet, long enough that a failover's next owner replaces the
+	// anchor before its session ends. 0 means 6s, Kafka's default
+	// group.min.session.timeout.ms.
+	MinSessionTimeout time.Duration
 	// RebalanceTimeout is the anchors' rebalance timeout; 0 means 5m
 	// (the consumers' default max.poll.interval.ms).
 	RebalanceTimeout time.Duration
-	// HeartbeatInterval is how often an anchor heartbeats; 0 means a
-	// quarter of SessionTimeout.
+	// HeartbeatInterval is how often an anchor heartbeats at most (a
+	// quarter of its session when that is shorter); 0 means a quarter
+	// of SessionTimeout.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often the anchors' groups are described, many
 	// in one DescribeGroups per coordinator, to find those the cluster
@@ -101,6 +111,11 @@ type AnchorOptions struct {
 	// heartbeat would: such a group waits for its anchor to rejoin. 0
 	// means 3s.
 	PollInterval time.Duration
+	// RebalanceWatchInterval is how often each coordinator of an
+	// anchored group is asked which groups it rebalances
+	// (watchRebalances): how soon a member moved back to the brokers is
+	// seen. 0 means 250ms.
+	RebalanceWatchInterval time.Duration
 	// OnLost is called when the anchor of group was lost: the engine
 	// must stop serving the group (unload it). It runs on a goroutine of
 	// its own.
@@ -197,10 +212,15 @@ type anchor struct {
 	want   groupstate.Anchor
 	wanted bool
 	// have is the Anchor the current membership was joined with.
-	have     groupstate.Anchor
-	state    anchorState
-	memberID string
-	gen      int32
+	have groupstate.Anchor
+	// session is the session timeout the current membership joined
+	// with (sessionFor); longSession is set once the cluster refused a
+	// session shorter than AnchorOptions.SessionTimeout.
+	session     time.Duration
+	longSession bool
+	state       anchorState
+	memberID    string
+	gen         int32
 	// rejoin is set when the cluster asked for a rejoin (a rebalance,
 	// an unknown member id, a generation moved on).
 	rejoin bool
@@ -223,6 +243,9 @@ type anchor struct {
 	// (anchor_handback.go).
 	handbackCheck bool
 	handback      *handback
+	// watchUntil, while in the future, has watchRebalances describe the
+	// group every leaveWatchEvery: a member left kproxy's group then.
+	watchUntil time.Time
 	// commits counts commits in flight under memberID; a join waits for
 	// it to drop to zero and holds new ones off meanwhile.
 	commits int
@@ -265,8 +288,14 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 	if o.HeartbeatInterval <= 0 {
 		o.HeartbeatInterval = o.SessionTimeout / 4
 	}
+	if o.MinSessionTimeout <= 0 {
+		o.MinSessionTimeout = 6 * time.Second
+	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = 3 * time.Second
+	}
+	if o.RebalanceWatchInterval <= 0 {
+		o.RebalanceWatchInterval = 250 * time.Millisecond
 	}
 	if o.JoinClients <= 0 {
 		o.JoinClients = 256
@@ -292,6 +321,7 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 func (as *Anchors) start() {
 	as.s.SetAnchors(as, as.reqs)
 	go as.scheduler()
+	go as.watchRebalances()
 }
 
 // Close stops the anchors' heartbeats. With leave, every anchor
@@ -353,6 +383,11 @@ func (as *Anchors) Anchor(group string, want groupstate.Anchor) {
 	delete(as.released, group)
 	as.mu.Unlock()
 	a.mu.Lock()
+	if a.wanted && want.Members > 0 && want.Members < a.want.Members {
+		// A member left kproxy's group: it may be on its way to the
+		// brokers (watchRebalances).
+		a.watchUntil = time.Now().Add(leaveWatch)
+	}
 	a.want, a.wanted, a.forgotten = want, true, false
 	a.mu.Unlock()
 	as.kick(a)
@@ -521,6 +556,23 @@ func (as *Anchors) work(a *anchor) {
 		op, ok := a.nextOpLocked(now)
 		if ok && !a.retryAt.IsZero() && now.Before(a.retryAt) {
 			ok = false // the scheduler kicks it again once the retry is due
+		}
+		if !ok && a.handback != nil && !a.forgotten && a.state == anchorIn && a.retryAt.IsZero() {
+			// A hand-back checks the cluster's group every
+			// handbackCheckEvery: wait here for the next check rather
+			// than for the scheduler's next tick.
+			wait := time.Until(a.handback.nextCheck)
+			a.mu.Unlock()
+			select {
+			case <-as.stop:
+				a.mu.Lock()
+				a.running = false
+				a.broadcastLocked()
+				a.mu.Unlock()
+				return
+			case <-time.After(max(wait, 0)):
+			}
+			continue
 		}
 		if !ok {
 			a.running = false
@@ -799,6 +851,28 @@ func sortedTopics(owned map[string][]int32) []string {
 	return ts
 }
 
+// sessionForLocked is the session timeout a's next join asks for
+// (a.mu held): its members' longest, within [MinSessionTimeout,
+// SessionTimeout]; SessionTimeout when the members' is unknown or the
+// cluster refused a shorter one.
+func (as *Anchors) sessionForLocked(a *anchor) time.Duration {
+	s := a.want.SessionTimeout
+	if s <= 0 || a.longSession {
+		return as.opts.SessionTimeout
+	}
+	return min(max(s, as.opts.MinSessionTimeout), as.opts.SessionTimeout)
+}
+
+// heartbeatEvery is how often an anchor of session timeout session
+// heartbeats: HeartbeatInterval, or a quarter of the session when
+// shorter.
+func (as *Anchors) heartbeatEvery(session time.Duration) time.Duration {
+	if session <= 0 {
+		return as.opts.HeartbeatInterval
+	}
+	return min(as.opts.HeartbeatInterval, session/4)
+}
+
 // errAnchorFenced is the error of a request that found the anchor
 // replaced by another kproxy's.
 var errAnchorFenced = errors.New("anchor fenced by another kproxy")
@@ -839,6 +913,7 @@ func (as *Anchors) join(a *anchor) error {
 		a.mu.Lock()
 	}
 	want := a.want
+	session := as.sessionForLocked(a)
 	memberID := ""
 	if prev == anchorIn && (!a.rejoin || a.rejoinKnown) {
 		memberID = a.memberID
@@ -877,7 +952,7 @@ func (as *Anchors) join(a *anchor) error {
 	req := classic.Join{
 		Group: a.group, MemberID: memberID, InstanceID: &as.opts.InstanceID,
 		ProtocolType: want.ProtocolType, Protocols: protocols,
-		SessionTimeout: as.opts.SessionTimeout, RebalanceTimeout: as.opts.RebalanceTimeout,
+		SessionTimeout: session, RebalanceTimeout: as.opts.RebalanceTimeout,
 	}.Request()
 	resp, err := as.joinTakingOver(ctx, a, plan, req)
 	if err != nil {
@@ -900,6 +975,22 @@ func (as *Anchors) join(a *anchor) error {
 	case kerr.MemberIDRequired.Code, kerr.RebalanceInProgress.Code:
 		// A pre-KIP-345 answer or a race with a rebalance: try again.
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
+	case kerr.InvalidSessionTimeout.Code:
+		if session < as.opts.SessionTimeout {
+			// The members' session is below the cluster's
+			// group.min.session.timeout.ms: join again with the
+			// anchors' own.
+			a.mu.Lock()
+			a.longSession = true
+			a.mu.Unlock()
+			as.log.Info("the cluster refused the members' session timeout for the anchor; it joins with --group-anchor-session-timeout",
+				"group", a.group, "session", session, "anchor_session", as.opts.SessionTimeout)
+			if plan == nil {
+				_ = fail(nil)
+				return as.join(a) // once: the session is SessionTimeout now
+			}
+		}
+		return fail(fmt.Errorf("anchor join of group %q with session timeout %v: %w", a.group, session, kerr.ErrorForCode(jr.ErrorCode)))
 	default:
 		return fail(fmt.Errorf("anchor join of group %q: %w", a.group, kerr.ErrorForCode(jr.ErrorCode)))
 	}
@@ -968,8 +1059,8 @@ func (as *Anchors) join(a *anchor) error {
 		return fmt.Errorf("anchor sync of group %q: %w", a.group, kerr.ErrorForCode(code))
 	}
 	a.mu.Lock()
-	a.state, a.memberID, a.gen, a.have = anchorIn, jr.MemberID, jr.Generation, want
-	a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+	a.state, a.memberID, a.gen, a.have, a.session = anchorIn, jr.MemberID, jr.Generation, want, session
+	a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(session))
 	a.broadcastLocked()
 	handsBack := as.handsBack(a)
 	a.mu.Unlock()
@@ -1009,13 +1100,13 @@ func (as *Anchors) heartbeat(a *anchor) error {
 	}
 	switch outcome {
 	case classic.OK:
-		a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+		a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(a.session))
 	case classic.Rejoin, classic.Stale:
 		if code == kerr.RebalanceInProgress.Code && (a.handback != nil || as.handsBack(a)) {
 			// The cluster waits for the anchor: a hand-back in
 			// progress keeps it waiting, or one may begin.
 			a.handbackCheck = a.handback == nil
-			a.nextHeartbeat = time.Now().Add(as.opts.HeartbeatInterval)
+			a.nextHeartbeat = time.Now().Add(as.heartbeatEvery(a.session))
 			a.broadcastLocked()
 			return nil
 		}
@@ -1343,15 +1434,11 @@ func (as *Anchors) GroupCoordinator(ctx context.Context, group string) (int32, e
 // maxDescribeBatch bounds the groups of one polling DescribeGroups.
 const maxDescribeBatch = 500
 
-// pollRebalances describes the groups whose anchor is a member, in
-// batches per coordinator, and marks for a rejoin each one the cluster
-// is rebalancing: a member reached it directly, and the cluster waits
-// for the anchor, which rejoins and, leading, keeps what kproxy's
-// members own (package doc). It runs on the scheduler.
-func (as *Anchors) pollRebalances() {
-	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
-	defer cancel()
+// heldAnchors returns the anchors that are members of their groups,
+// synced and idle (no rejoin asked, no worker running), by group.
+func (as *Anchors) heldAnchors() map[string]*anchor {
 	as.mu.Lock()
+	defer as.mu.Unlock()
 	held := make(map[string]*anchor)
 	for g, a := range as.groups {
 		a.mu.Lock()
@@ -1360,10 +1447,11 @@ func (as *Anchors) pollRebalances() {
 		}
 		a.mu.Unlock()
 	}
-	as.mu.Unlock()
-	if len(held) == 0 {
-		return
-	}
+	return held
+}
+
+// byCoordinator groups the groups of held by their coordinator's node.
+func (as *Anchors) byCoordinator(ctx context.Context, held map[string]*anchor) map[int32][]string {
 	byNode := make(map[int32][]string)
 	for g := range held {
 		node, err := as.s.GroupCoordinatorNode(ctx, g)
@@ -1372,45 +1460,182 @@ func (as *Anchors) pollRebalances() {
 		}
 		byNode[node] = append(byNode[node], g)
 	}
-	for node, groups := range byNode {
-		for len(groups) > 0 {
-			batch := groups[:min(len(groups), maxDescribeBatch)]
-			groups = groups[len(batch):]
-			req := kmsg.NewPtrDescribeGroupsRequest()
-			req.Groups = batch
-			resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
-			if err != nil {
+	return byNode
+}
+
+// pollRebalances describes the groups whose anchor is a member, in
+// batches per coordinator, and marks for a rejoin each one the cluster
+// is rebalancing: a member reached it directly, and the cluster waits
+// for the anchor, which rejoins and, leading, keeps what kproxy's
+// members own (package doc). It runs on the scheduler, every
+// PollInterval; watchRebalances finds most of these sooner.
+func (as *Anchors) pollRebalances() {
+	ctx, cancel := context.WithTimeout(context.Background(), as.opts.PollInterval)
+	defer cancel()
+	held := as.heldAnchors()
+	if len(held) == 0 {
+		return
+	}
+	for node, groups := range as.byCoordinator(ctx, held) {
+		as.describeHeld(ctx, node, groups, held)
+	}
+}
+
+// describeHeld describes groups, all coordinated by node, in batches,
+// and acts on what the cluster holds for each (held names their
+// anchors): a member of the cluster's own in it makes the anchor check
+// for a hand-back, a rebalance without one makes it rejoin.
+func (as *Anchors) describeHeld(ctx context.Context, node int32, groups []string, held map[string]*anchor) {
+	for len(groups) > 0 {
+		batch := groups[:min(len(groups), maxDescribeBatch)]
+		groups = groups[len(batch):]
+		req := kmsg.NewPtrDescribeGroupsRequest()
+		req.Groups = batch
+		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		if err != nil {
+			continue
+		}
+		for _, g := range resp.Groups {
+			a := held[g.Group]
+			if a == nil || g.ErrorCode != 0 {
 				continue
 			}
-			for _, g := range resp.Groups {
-				a := held[g.Group]
-				if a == nil || g.ErrorCode != 0 {
-					continue
+			others := 0
+			for _, m := range g.Members {
+				if !as.isAnchor(m.InstanceID) {
+					others++
 				}
-				others := 0
-				for _, m := range g.Members {
-					if !as.isAnchor(m.InstanceID) {
-						others++
-					}
-				}
-				rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
-				if !rebalancing && others == 0 {
-					continue
-				}
+			}
+			rebalancing := g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
+			if !rebalancing && others == 0 {
+				continue
+			}
+			a.mu.Lock()
+			switch {
+			case a.state != anchorIn || a.handback != nil:
+			case others > 0 && as.handsBack(a):
+				// A member of the cluster's own: rebalancing to take
+				// it in, or in a generation the anchor led (given
+				// nothing). Either way the group goes back.
+				a.handbackCheck = true
+			case rebalancing:
+				a.rejoin, a.rejoinKnown = true, true
+			}
+			a.mu.Unlock()
+			as.kick(a)
+		}
+	}
+}
+
+// rebalancingStates are the group states ListGroups is asked for by
+// watchRebalances: a classic group rebalancing (a member joined it), and
+// a KIP-848 group reconciling (Kafka converted the anchored classic
+// group when a KIP-848 member joined it: its online upgrade, KIP-848).
+var rebalancingStates = []string{"PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"}
+
+// watchRebalances finds, every RebalanceWatchInterval until the anchors
+// stop, the anchored groups the cluster rebalances: one ListGroups
+// filtered by state (KIP-518; v4 and up) to each coordinator of an
+// anchored group, whose answer names only the groups rebalancing, so
+// that a member moved back to the brokers is seen within a fraction of
+// a second at the cost of one small request per coordinator. The
+// classic groups among them are described (describeHeld); a KIP-848 one
+// makes its anchor rejoin, whose JoinGroup answer starts the KIP-848
+// hand-back (handBackConsumer). A cluster that cannot filter is left to
+// pollRebalances.
+//
+// A member that leaves kproxy's group is the likeliest to be moved
+// back: for leaveWatch after a member left, its group is described
+// every leaveWatchEvery, so that the hand-back begins before kproxy's
+// own rebalance for the leave completes and is folded into it (one
+// rebalance, as when the same move is made directly).
+func (as *Anchors) watchRebalances() {
+	t := time.NewTicker(leaveWatchEvery)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-as.stop:
+			return
+		case <-t.C:
+		}
+		if time.Since(last) >= as.opts.RebalanceWatchInterval {
+			last = time.Now()
+			as.watchOnce()
+			continue
+		}
+		as.watchLeft()
+	}
+}
+
+// leaveWatch is how long a group is watched closely after a member left
+// kproxy's group (watchRebalances): the moved member's restart against
+// the brokers.
+const leaveWatch = 3 * time.Second
+
+// leaveWatchEvery is how often such a group is described.
+const leaveWatchEvery = 50 * time.Millisecond
+
+// watchLeft describes the groups a member left within leaveWatch.
+func (as *Anchors) watchLeft() {
+	held := as.heldAnchors()
+	now := time.Now()
+	for g, a := range held {
+		a.mu.Lock()
+		watched := now.Before(a.watchUntil) && a.handback == nil
+		a.mu.Unlock()
+		if !watched {
+			delete(held, g)
+		}
+	}
+	if len(held) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for node, groups := range as.byCoordinator(ctx, held) {
+		as.describeHeld(ctx, node, groups, held)
+	}
+}
+
+// watchOnce is one round of watchRebalances.
+func (as *Anchors) watchOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), max(as.opts.RebalanceWatchInterval, time.Second))
+	defer cancel()
+	held := as.heldAnchors()
+	if len(held) == 0 {
+		return
+	}
+	for node, groups := range as.byCoordinator(ctx, held) {
+		ours := make(map[string]bool, len(groups))
+		for _, g := range groups {
+			ours[g] = true
+		}
+		req := kmsg.NewPtrListGroupsRequest()
+		req.StatesFilter = rebalancingStates
+		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		if err != nil || resp.ErrorCode != 0 || resp.GetVersion() < 4 {
+			continue
+		}
+		var classicGroups []string
+		for _, g := range resp.Groups {
+			a := held[g.Group]
+			if a == nil || !ours[g.Group] {
+				continue
+			}
+			if g.GroupType == "consumer" {
 				a.mu.Lock()
-				switch {
-				case a.state != anchorIn || a.handback != nil:
-				case others > 0 && as.handsBack(a):
-					// A member of the cluster's own: rebalancing to take
-					// it in, or in a generation the anchor led (given
-					// nothing). Either way the group goes back.
-					a.handbackCheck = true
-				case rebalancing:
+				if a.state == anchorIn && a.handback == nil {
 					a.rejoin, a.rejoinKnown = true, true
 				}
 				a.mu.Unlock()
 				as.kick(a)
+				continue
 			}
+			classicGroups = append(classicGroups, g.Group)
+		}
+		if len(classicGroups) > 0 {
+			as.describeHeld(ctx, node, classicGroups, held)
 		}
 	}
 }

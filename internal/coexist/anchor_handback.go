@@ -42,7 +42,7 @@ type handback struct {
 
 // handbackCheckEvery is how often the cluster's group is described while
 // a hand-back waits for the members.
-const handbackCheckEvery = 250 * time.Millisecond
+const handbackCheckEvery = 100 * time.Millisecond
 
 // memberView is who the cluster's group holds besides the anchor.
 type memberView struct {

@@ -72,9 +72,9 @@ type Config struct {
 	// anchors' group.instance.id is DefaultAnchorInstanceID, with
 	// ".<FleetName>" appended in a fleet.
 	FleetName string
-	// SessionTimeout and HeartbeatInterval are the anchors'; zero
-	// takes kafkastore's defaults.
-	SessionTimeout, HeartbeatInterval time.Duration
+	// SessionTimeout, MinSessionTimeout and HeartbeatInterval are the
+	// anchors' (AnchorOptions); zero takes the defaults.
+	SessionTimeout, MinSessionTimeout, HeartbeatInterval time.Duration
 	// JoinClients bounds the anchors' join clients (kafkastore).
 	JoinClients int
 	// NewClient builds a client of the cluster for an anchor's join
@@ -127,6 +127,7 @@ func Enable(cfg Config) *Coexist {
 	as := newAnchors(cfg.Store, AnchorOptions{
 		InstanceID:        instance,
 		SessionTimeout:    cfg.SessionTimeout,
+		MinSessionTimeout: cfg.MinSessionTimeout,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		NewClient:         cfg.NewClient,
 		JoinClients:       cfg.JoinClients,

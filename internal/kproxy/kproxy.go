@@ -25,6 +25,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/coexist"
@@ -556,10 +557,23 @@ func (w *Server) enableAnchors(store *kafkastore.Store, cfg Config, leaveOnClose
 	if ac.Disabled {
 		return
 	}
+	// An anchor joins with its members' longest session (so a kproxy
+	// that died holds the cluster's group no longer than its members
+	// would); in a fleet at least two fleet sessions, so that the next
+	// owner replaces it before its session ends.
+	var minSession time.Duration
+	if cfg.Groups.Mode == GroupsDistributed {
+		fs := cfg.Groups.Fleet.SessionTimeout
+		if fs <= 0 {
+			fs = fleet.DefaultSessionTimeout
+		}
+		minSession = 2 * fs
+	}
 	c := coexist.Enable(coexist.Config{
 		Store:             store,
 		FleetName:         cfg.Groups.Fleet.Name,
 		SessionTimeout:    ac.SessionTimeout,
+		MinSessionTimeout: minSession,
 		HeartbeatInterval: ac.HeartbeatInterval,
 		// Each join and sync on a client of its own: one the cluster
 		// holds (an empty group's initial rebalance delay, a hand-back

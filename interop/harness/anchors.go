@@ -58,7 +58,7 @@ const (
 	// waited a fixed 30 s).
 	kip848HandBackBound = 20 * time.Second
 	// classicHandBackBound bounds a move back of a classic member through
-	// kproxy: the anchor learns of the direct member within its 3 s poll,
+	// kproxy: the anchor learns of the direct member within 250 ms (3 s before),
 	// kproxy's members follow at their next heartbeat (3.0-6.1 s
 	// measured; 22.6-23.7 s for static members when the hand-back counted
 	// them by number and waited for the one replaced).
