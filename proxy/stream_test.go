@@ -257,3 +257,39 @@ func TestStreamedSpillFallback(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkStreamedResponse compares a ShareFetch response rewritten as
+// it streams (spooled, past 64 KiB in a temporary file) with a Fetch
+// response of the same size spliced untouched, one round trip at a time.
+func BenchmarkStreamedResponse(b *testing.B) {
+	for _, size := range []int{256 << 10, 4 << 20} {
+		up := startFakeUpstream(b)
+		sf := bigShareFetch(b, up.addr, 1, size)
+		up.answer(codec.KeyShareFetch, 1, sf)
+		up.answer(codec.KeyFetch, 12, fetchResp(size))
+		p := startProxy(b, []string{up.addr}, func(cfg *Config) { cfg.MetadataInterval = time.Hour })
+		f := kmsg.NewRequestFormatter(kmsg.FormatterClientID("stream-bench"))
+		for _, c := range []struct {
+			name string
+			req  kmsg.Request
+		}{{"sharefetch-streamed", shareFetchReq()}, {"fetch-v12-spliced", fetchReq(12)}} {
+			b.Run(fmt.Sprintf("%s-%dKiB", c.name, size>>10), func(b *testing.B) {
+				rc := dialRaw(b, p.Addr())
+				frame := f.AppendRequest(nil, c.req, 1)
+				b.SetBytes(int64(size))
+				for b.Loop() {
+					if _, err := rc.c.Write(frame); err != nil {
+						b.Fatal(err)
+					}
+					var hdr [4]byte
+					if _, err := io.ReadFull(rc.c, hdr[:]); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := io.CopyN(io.Discard, rc.c, int64(binary.BigEndian.Uint32(hdr[:]))); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
