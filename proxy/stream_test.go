@@ -94,8 +94,16 @@ func readResponseFrame(c net.Conn) ([]byte, error) {
 // 1 MiB: the client gets kmsg's decode-rewrite-encode of it byte for
 // byte, and the proxy allocates a small fraction of the response per
 // response (it used to read it whole, and to refuse it over the limit).
+// With the frame budget spent, the spool spills past its first 64 KiB
+// and the response still comes through.
 func TestStreamedShareFetchBounded(t *testing.T) {
 	t.Setenv("TMPDIR", t.TempDir())
+	for _, frameMemory := range []int64{0, 1 << 10} {
+		t.Run(fmt.Sprintf("frame_memory=%d", frameMemory), func(t *testing.T) { testStreamedBounded(t, frameMemory) })
+	}
+}
+
+func testStreamedBounded(t *testing.T, frameMemory int64) {
 	const parts, partBytes = 4, 8 << 20
 	up := startFakeUpstream(t)
 	resp := bigShareFetch(t, up.addr, parts, partBytes)
@@ -103,6 +111,7 @@ func TestStreamedShareFetchBounded(t *testing.T) {
 	p := startProxy(t, []string{up.addr}, func(cfg *Config) {
 		cfg.MetadataInterval = time.Hour
 		cfg.MaxRewriteResponse = 1 << 20
+		cfg.FrameMemory = frameMemory
 	})
 	c := dialRaw(t, p.Addr())
 	f := kmsg.NewRequestFormatter(kmsg.FormatterClientID("stream-test"))
@@ -158,7 +167,7 @@ func TestStreamedShareFetchBounded(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	per := (after.TotalAlloc - before.TotalAlloc) / rounds
 	t.Logf("%d KiB allocated per %d MiB streamed response (proxy, fake broker and client together)", per>>10, len(want)>>20)
-	if per > 1<<20 {
+	if per > 2<<20 { // the spool's 1 MiB of memory, if the pool dropped it, and small change
 		t.Errorf("%d KiB allocated per %d MiB response: the response is held, not streamed", per>>10, len(want)>>20)
 	}
 	if used := p.budget.used.Load(); used != 0 {
