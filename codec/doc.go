@@ -5,7 +5,12 @@
 //
 // Everything else is opaque: a forwarded request or response body is never
 // decoded. Decoding and encoding of the messages kproxy does touch is done
-// by franz-go's kmsg; this package never hand-writes a message type.
+// by franz-go's kmsg, with one exception: the responses whose endpoints
+// follow records or many partitions (Produce v10+, ShareFetch,
+// ShareAcknowledge) are walked field by field as they stream and only
+// their endpoints re-encoded (stream.go), so that their records are never
+// held; tests check the result byte for byte against kmsg's decode,
+// rewrite and encode.
 //
 // apis.go holds the one table of every API key the proxy intercepts,
 // rewrites, caps or refuses, with which of its responses are edited and

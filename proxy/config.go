@@ -100,8 +100,11 @@ type Config struct {
 	MaxGroupRequest int32
 	// MaxRewriteResponse is the largest upstream response kproxy reads
 	// whole to rewrite broker addresses in (Metadata, ApiVersions,
-	// FindCoordinator, DescribeCluster, Produce v10+). Default MaxFrame:
-	// a large cluster's Metadata is tens of MiB.
+	// FindCoordinator, DescribeCluster). Responses rewritten as they
+	// stream (Produce v10+, ShareFetch, ShareAcknowledge; spool.go) are
+	// not held whole: for them it bounds the end after their partitions,
+	// and the whole response only when no temporary file can be made.
+	// Default MaxFrame: a large cluster's Metadata is tens of MiB.
 	MaxRewriteResponse int32
 	// FrameMemory bounds, process-wide, the bytes of the frames above
 	// held at once. A frame reserves its announced size before its body

@@ -8,8 +8,10 @@ import (
 
 // Frames kproxy must hold whole: a request it serves itself (group APIs,
 // FindCoordinator) is decoded from memory, and a response that carries
-// broker addresses is decoded, rewritten and encoded again. Every other
-// frame streams through the session's pooled socket buffers (buffers.go).
+// broker addresses is decoded, rewritten and encoded again, except those
+// whose addresses follow their records or partitions, which are
+// rewritten as they stream (spool.go). Every other frame streams through
+// the session's pooled socket buffers (buffers.go).
 // Held frames are bounded three ways:
 //
 //   - per API: a group request larger than Config.MaxGroupRequest, or a

@@ -53,6 +53,8 @@ type Proxy struct {
 	// acceptFails the failures since (see acceptFailed).
 	lastAcceptLog, acceptFails atomic.Int64
 
+	spillWarned atomic.Bool // set once a failed spill of a streamed response is logged (spool.go)
+
 	wg   sync.WaitGroup // accept loops, sessions, discovery
 	stop chan struct{}  // closed by Shutdown
 }

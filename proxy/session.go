@@ -121,6 +121,7 @@ type session struct {
 	respBuf []byte           // owned by the writer: encoded and upstream responses to rewrite; from rw
 	outBuf  []byte           // owned by the writer: rewritten responses; from rw
 	rw      *rewriteBufs     // owned by the writer: the pooled holder of respBuf and outBuf, nil between uses
+	spool   spool            // owned by the writer: the streamed response it is rewriting (spool.go)
 }
 
 func newSession(p *Proxy, c net.Conn, node int32) *session {
@@ -793,6 +794,9 @@ func (s *session) writeForwarded(sl slot) error {
 		s.p.metrics.request(sl.key, codec.Forward, sl.start)
 		return nil
 	}
+	if codec.Streamable(sl.key, sl.version) {
+		return s.writeStreamed(sl, total)
+	}
 	if limit := s.p.cfg.MaxRewriteResponse; size > limit {
 		s.p.metrics.refused(refusedTooLarge)
 		return fmt.Errorf("%w: upstream %s response of %d bytes, over the %d byte limit for responses kproxy rewrites (max_rewrite_response_bytes)",
@@ -833,6 +837,41 @@ func (s *session) writeForwarded(sl slot) error {
 	}
 	// Count what the client got: a rewritten response differs in size.
 	s.p.metrics.bytesOut(int64(len(out)))
+	s.p.metrics.request(sl.key, codec.Rewrite, sl.start)
+	return nil
+}
+
+// writeStreamed rewrites a response whose endpoints follow its partitions
+// (codec.Streamable) as it arrives: what precedes the endpoints waits in a
+// spool (spool.go), never decoded, then the new size, the spool and the
+// rewritten end go to the client. A malformed response ends this
+// connection only.
+func (s *session) writeStreamed(sl slot, total int) error {
+	sp := &s.spool
+	*sp = spool{p: s.p, total: total, mem: s.respBuf[:0]}
+	defer func() {
+		s.respBuf = keep(sp.mem[:0])
+		sp.close()
+		sp.mem = nil
+	}()
+	s.upR.Discard(4) // the size prefix, peeked by writeForwarded: the new one goes in its place
+	tail, err := codec.StreamEndpoints(s.outBuf[:0], sl.key, sl.version, s.upR, total-4, sp, s.p, int(s.p.cfg.MaxRewriteResponse))
+	if err != nil {
+		return fmt.Errorf("rewriting %s response from upstream: %w", kmsg.NameForKey(sl.key), err)
+	}
+	s.outBuf = keep(tail[:0])
+	size := sp.len() + len(tail)
+	binary.BigEndian.PutUint32(sp.prefix[:], uint32(size))
+	if _, err := s.bw.Write(sp.prefix[:]); err != nil {
+		return fmt.Errorf("writing to client: %w", err)
+	}
+	if err := sp.writeTo(s.bw); err != nil {
+		return fmt.Errorf("writing %s response to client: %w", kmsg.NameForKey(sl.key), err)
+	}
+	if _, err := s.bw.Write(tail); err != nil {
+		return fmt.Errorf("writing to client: %w", err)
+	}
+	s.p.metrics.bytesOut(int64(4 + size))
 	s.p.metrics.request(sl.key, codec.Rewrite, sl.start)
 	return nil
 }

@@ -75,8 +75,13 @@ func TestParseOptions(t *testing.T) {
 	if o.duration != 2*time.Second || len(o.modes) != 1 || o.modes[0] != modeFetch || o.conns != 3 || o.recordSize != 100 {
 		t.Fatalf("options = %+v", o)
 	}
+	o, err = parseOptions([]string{"--mode", "produce, both"})
+	if err != nil || len(o.modes) != 2 || o.modes[1] != modeBoth {
+		t.Fatalf("--mode produce,both: %v, %v", o.modes, err)
+	}
 	for _, args := range [][]string{
 		{"--mode", "consume"},
+		{"--mode", "both,bth"},
 		{"--mode", ""},
 		{"--conns", "0"},
 		{"--record-size", "0"},

@@ -62,6 +62,7 @@ type sample struct {
 	proxyCPU time.Duration  // the kproxy child's CPU; zero on the direct path
 	selfCPU  time.Duration  // kbench's own CPU: clients and broker
 	machCPU  time.Duration  // every CPU of the machine, softirq included (paths.go)
+	proc     procCounts     // syscalls and context switches of the process behind the path; zero on the direct path
 	rounds   []roundFigures // per slice, when s sums several (report.go)
 	lats     []time.Duration
 	errs     int64
@@ -73,6 +74,7 @@ type meter struct {
 	tls      *tls.Config                   // the clients speak TLS (tls.go)
 	redirect *[2]string                    // the clients dial [1] for [0] (paths.go)
 	repin    func() error                  // pins the process behind the path again, if pinned
+	pid      int                           // the process behind the path (syscalls.go); 0 on the direct path
 }
 
 type snapshot struct {
@@ -82,6 +84,7 @@ type snapshot struct {
 	proxyCPU time.Duration
 	selfCPU  time.Duration
 	machCPU  time.Duration
+	proc     procCounts // the process behind the path (syscalls.go)
 }
 
 func (m meter) snap(payload *atomic.Int64, h *e2eHook) (snapshot, error) {
@@ -98,6 +101,13 @@ func (m meter) snap(payload *atomic.Int64, h *e2eHook) (snapshot, error) {
 		}
 		s.proxyCPU = c
 	}
+	if m.pid != 0 {
+		c, err := readProcCounts(m.pid)
+		if err != nil {
+			return s, err
+		}
+		s.proc = c
+	}
 	return s, nil
 }
 
@@ -109,6 +119,7 @@ func diff(a, b snapshot) sample {
 		proxyCPU: b.proxyCPU - a.proxyCPU,
 		selfCPU:  b.selfCPU - a.selfCPU,
 		machCPU:  b.machCPU - a.machCPU,
+		proc:     procCounts{syscalls: b.proc.syscalls - a.proc.syscalls, switches: b.proc.switches - a.proc.switches},
 	}
 }
 
@@ -185,8 +196,41 @@ func closeAll(cls []*kgo.Client) {
 func produceSlice(ctx context.Context, o options, addr string, d time.Duration, m meter) (sample, error) {
 	h := &e2eHook{key: 0}
 	var acked, errs atomic.Int64
+	return measure(ctx, d, m, h, &acked, &errs, produceLoad(o, addr, m, h, &acked, &errs))
+}
+
+// bothSlice produces and consumes at once on the same path, each with
+// its own clients as in produceSlice and fetchSlice, and measures one
+// window of d; the payload is what was acknowledged plus what was
+// consumed, the latencies are the produces'.
+func bothSlice(ctx context.Context, o options, addr string, d time.Duration, m meter) (sample, error) {
+	h := &e2eHook{key: 0}
+	var moved, errs atomic.Int64
+	startP, startF := produceLoad(o, addr, m, h, &moved, &errs), fetchLoad(o, addr, m, h, &moved, &errs)
+	return measure(ctx, d, m, h, &moved, &errs, func(ctx context.Context) (func(), error) {
+		stopP, err := startP(ctx)
+		if err != nil {
+			return nil, err
+		}
+		stopF, err := startF(ctx)
+		if err != nil {
+			// measure cancels ctx when start fails, which ends the
+			// produce load; its clients close once it has.
+			go func() {
+				<-ctx.Done()
+				stopP()
+			}()
+			return nil, err
+		}
+		return func() { stopP(); stopF() }, nil
+	})
+}
+
+// produceLoad returns the start function of produceSlice's load: acked
+// counts the acknowledged payload, errs the clients' errors.
+func produceLoad(o options, addr string, m meter, h *e2eHook, acked, errs *atomic.Int64) func(context.Context) (func(), error) {
 	value := randomValue(o.recordSize)
-	return measure(ctx, d, m, h, &acked, &errs, func(ctx context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) {
 		opts := []kgo.Opt{
 			kgo.DefaultProduceTopic(produceTopic),
 			kgo.ProducerBatchCompression(kgo.NoCompression()),
@@ -227,7 +271,7 @@ func produceSlice(ctx context.Context, o options, addr string, d time.Duration, 
 			wg.Wait()
 			closeAll(cls)
 		}, nil
-	})
+	}
 }
 
 // fetchSlice consumes the synthetic topic from the start as fast as the
@@ -235,7 +279,13 @@ func produceSlice(ctx context.Context, o options, addr string, d time.Duration, 
 func fetchSlice(ctx context.Context, o options, addr string, d time.Duration, m meter) (sample, error) {
 	h := &e2eHook{key: 1}
 	var consumed, errs atomic.Int64
-	return measure(ctx, d, m, h, &consumed, &errs, func(ctx context.Context) (func(), error) {
+	return measure(ctx, d, m, h, &consumed, &errs, fetchLoad(o, addr, m, h, &consumed, &errs))
+}
+
+// fetchLoad returns the start function of fetchSlice's load: consumed
+// counts the consumed payload, errs the clients' errors.
+func fetchLoad(o options, addr string, m meter, h *e2eHook, consumed, errs *atomic.Int64) func(context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) {
 		cls, err := newClients(addr, o.conns, m.clientOpts(
 			kgo.ConsumeTopics(fetchTopic),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
@@ -268,7 +318,7 @@ func fetchSlice(ctx context.Context, o options, addr string, d time.Duration, m 
 			wg.Wait()
 			closeAll(cls)
 		}, nil
-	})
+	}
 }
 
 // latencyRun issues one request at a time at a fixed rate (a moderate

@@ -41,6 +41,7 @@ import (
 const (
 	modeProduce  = "produce"
 	modeFetch    = "fetch"
+	modeBoth     = "both"   // produce and fetch at once, on the same path
 	modeGroups   = "groups" // groups.go
 	produceTopic = "kbench-produce"
 	fetchTopic   = "kbench-fetch"
@@ -73,7 +74,7 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured throughput time per mode and per path, split into --rounds alternating slices")
 	fs.IntVar(&o.rounds, "rounds", 3, "alternations of direct and proxy slices per mode")
 	fs.IntVar(&o.recordSize, "record-size", 1024, "record value size in bytes")
-	mode := fs.String("mode", "produce,fetch", "comma-separated modes: produce, fetch, conns (many connections, most idle: see the --conns-* flags)")
+	mode := fs.String("mode", "produce,fetch", "comma-separated modes: produce, fetch, both (produce and fetch at once), conns (many connections, most idle: see the --conns-* flags)")
 	addConnsFlags(fs, &o.connsOpts)
 	fs.IntVar(&o.conns, "conns", 1, "concurrent clients (one connection each to the broker) per path")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topics")
@@ -93,7 +94,7 @@ func parseOptions(args []string) (options, error) {
 	var errs []error
 	for m := range strings.SplitSeq(*mode, ",") {
 		switch m = strings.TrimSpace(m); m {
-		case modeProduce, modeFetch, modeGroups:
+		case modeProduce, modeFetch, modeBoth, modeGroups:
 			o.modes = append(o.modes, m)
 		case modeConns:
 			o.modes = append(o.modes, m)
@@ -242,15 +243,18 @@ func run(ctx context.Context, o options) (*results, error) {
 // runMode benchmarks one mode against its own cluster and kproxy child.
 func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult, error) {
 	kopts := []kfake.Opt{kfake.NumBrokers(1), kfake.BlackholeProduce()}
-	topic := produceTopic
-	if mode == modeFetch {
-		topic = fetchTopic
+	topics := []string{produceTopic}
+	if mode == modeFetch || mode == modeBoth {
+		topics = []string{fetchTopic}
+		if mode == modeBoth {
+			topics = append(topics, produceTopic)
+		}
 		kopts = append(kopts, kfake.SyntheticFetch(kfake.SyntheticBatch{
 			RecordBytes: o.recordSize,
 			Records:     max(1, o.batchBytes/o.recordSize),
 		}))
 	}
-	kopts = append(kopts, kfake.SeedTopics(int32(o.partitions), topic))
+	kopts = append(kopts, kfake.SeedTopics(int32(o.partitions), topics...))
 	cluster, err := kfake.NewCluster(kopts...)
 	if err != nil {
 		return modeResult{}, fmt.Errorf("kfake: %w", err)
@@ -281,7 +285,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		m    meter
 	}{
 		{"direct", broker, meter{}},
-		{"proxy", ch.addr, meter{cpu: ch.cpu, repin: ch.repin}},
+		{"proxy", ch.addr, meter{cpu: ch.cpu, repin: ch.repin, pid: ch.cmd.Process.Pid}},
 	}
 	for _, e := range extra.paths {
 		paths = append(paths, struct {
@@ -305,10 +309,13 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 				}
 			}
 			var s sample
-			if mode == modeProduce {
+			switch mode {
+			case modeProduce:
 				s, err = produceSlice(ctx, o, p.addr, slice, p.m)
-			} else {
+			case modeFetch:
 				s, err = fetchSlice(ctx, o, p.addr, slice, p.m)
+			default:
+				s, err = bothSlice(ctx, o, p.addr, slice, p.m)
 			}
 			if err != nil {
 				return modeResult{}, fmt.Errorf("%s round %d: %w", p.name, round, err)
@@ -324,13 +331,15 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 			a.proxyCPU += s.proxyCPU
 			a.selfCPU += s.selfCPU
 			a.machCPU += s.machCPU
+			a.proc.syscalls += s.proc.syscalls
+			a.proc.switches += s.proc.switches
 			a.rounds = append(a.rounds, s.round())
 			a.errs += s.errs
 			a.lats = append(a.lats, s.lats...)
 		}
 	}
 	lat := map[string][]time.Duration{}
-	if o.latDuration > 0 {
+	if o.latDuration > 0 && mode != modeBoth {
 		// Two alternations of half the time each.
 		for range 2 {
 			for _, p := range paths {
@@ -350,7 +359,7 @@ func runMode(ctx context.Context, o options, bin, tmp, mode string) (modeResult,
 		mr.Paths = append(mr.Paths, pathResultFrom(p.name, agg[p.name], lat[p.name]))
 	}
 	mr.ratios()
-	if o.rate > 0 {
+	if o.rate > 0 && mode != modeBoth {
 		// rate.go: open-loop latency at --rate, idle and loaded.
 		if mr.OpenLoop, err = openLoopRuns(ctx, o, mode, broker, ch); err != nil {
 			return modeResult{}, fmt.Errorf("open-loop latency: %w (kproxy log: %s)", err, ch.logPath)

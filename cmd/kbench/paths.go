@@ -76,6 +76,7 @@ func startMorePaths(ctx context.Context, o options, e *extraPaths, broker, tmp s
 		e.paths = append(e.paths, extraPath{name: pathRelay, addr: r.addr, m: meter{
 			cpu:      func() (time.Duration, error) { return procCPU(pid) },
 			redirect: &[2]string{broker, r.addr},
+			pid:      pid,
 		}})
 	}
 	for i, bin := range splitList(o.baseBin) {
@@ -90,7 +91,7 @@ func startMorePaths(ctx context.Context, o options, e *extraPaths, broker, tmp s
 		if i > 0 {
 			name = fmt.Sprintf("%s-%d", pathBase, i+1)
 		}
-		e.paths = append(e.paths, extraPath{name: name, addr: ch.addr, m: meter{cpu: ch.cpu, repin: ch.repin}})
+		e.paths = append(e.paths, extraPath{name: name, addr: ch.addr, m: meter{cpu: ch.cpu, repin: ch.repin, pid: ch.cmd.Process.Pid}})
 	}
 	if o.peerBin != "" {
 		p, err := startPeer(ctx, o, broker, tmp, cpu)
@@ -98,7 +99,7 @@ func startMorePaths(ctx context.Context, o options, e *extraPaths, broker, tmp s
 			return err
 		}
 		e.stops = append(e.stops, p.stop)
-		e.paths = append(e.paths, extraPath{name: pathPeer, addr: p.addr, m: meter{cpu: p.cpu, repin: p.repin}})
+		e.paths = append(e.paths, extraPath{name: pathPeer, addr: p.addr, m: meter{cpu: p.cpu, repin: p.repin, pid: p.cmd.Process.Pid}})
 	}
 	return nil
 }

@@ -17,6 +17,11 @@ type roundFigures struct {
 	// /proc/stat) per GB: clients, broker, the proxy, the kernel's
 	// network work, and whatever else runs on the machine.
 	MachineCPUPerGB float64 `json:"machine_cpu_s_per_gb"`
+	// SyscallsPerGB and SwitchesPerGB are the read/write system calls
+	// and the context switches of the process behind the path per GB
+	// (syscalls.go); 0 on the direct path.
+	SyscallsPerGB float64 `json:"proc_syscalls_per_gb"`
+	SwitchesPerGB float64 `json:"proc_ctx_switches_per_gb"`
 }
 
 func (s sample) round() roundFigures {
@@ -25,6 +30,8 @@ func (s sample) round() roundFigures {
 	if gb > 0 {
 		r.ProxyCPUPerGB = s.proxyCPU.Seconds() / gb
 		r.MachineCPUPerGB = s.machCPU.Seconds() / gb
+		r.SyscallsPerGB = float64(s.proc.syscalls) / gb
+		r.SwitchesPerGB = float64(s.proc.switches) / gb
 	}
 	return r
 }
@@ -69,6 +76,10 @@ type pathSpread struct {
 	// included.
 	MachineCPU spread `json:"machine_cpu_s_per_gb"`
 	HopCPU     spread `json:"hop_cpu_s_per_gb"`
+	// Syscalls and Switches are the process's read/write syscalls and
+	// context switches per GB, in thousands.
+	Syscalls spread `json:"proc_kilo_syscalls_per_gb"`
+	Switches spread `json:"proc_kilo_ctx_switches_per_gb"`
 }
 
 // spreads summarizes the per-round figures of m's paths, ratios taken
@@ -86,12 +97,14 @@ func (m *modeResult) spreads() {
 	m.Spreads = nil
 	for _, p := range m.Paths {
 		ps := pathSpread{Path: p.Path}
-		var mb, toDir, toRel, pc, mc, hop []float64
+		var mb, toDir, toRel, pc, mc, hop, sc, sw []float64
 		for i, r := range p.Rounds {
 			mb = append(mb, r.MBps)
 			mc = append(mc, r.MachineCPUPerGB)
 			if p.Path != "direct" {
 				pc = append(pc, r.ProxyCPUPerGB)
+				sc = append(sc, r.SyscallsPerGB/1e3)
+				sw = append(sw, r.SwitchesPerGB/1e3)
 			}
 			if i < len(dir) && p.Path != "direct" {
 				if dir[i].MBps > 0 {
@@ -105,6 +118,7 @@ func (m *modeResult) spreads() {
 		}
 		ps.MBps, ps.ToDir, ps.ToRelay = spreadOf(mb), spreadOf(toDir), spreadOf(toRel)
 		ps.ProxyCPU, ps.MachineCPU, ps.HopCPU = spreadOf(pc), spreadOf(mc), spreadOf(hop)
+		ps.Syscalls, ps.Switches = spreadOf(sc), spreadOf(sw)
 		m.Spreads = append(m.Spreads, ps)
 	}
 }
@@ -112,15 +126,17 @@ func (m *modeResult) spreads() {
 // printSpreads writes the per-round table of every mode.
 func printSpreads(w io.Writer, modes []modeResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "mode\tpath\tMB/s\t/direct\t/relay\tproc CPU s/GB\tmachine CPU s/GB\thop CPU s/GB\t")
+	fmt.Fprintln(tw, "mode\tpath\tMB/s\t/direct\t/relay\tproc CPU s/GB\tmachine CPU s/GB\thop CPU s/GB\tproc k-syscalls/GB\tproc k-ctxsw/GB\t")
 	for _, m := range modes {
 		for _, p := range m.Spreads {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Mode, p.Path, p.MBps, p.ToDir, p.ToRelay, p.ProxyCPU, p.MachineCPU, p.HopCPU)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", m.Mode, p.Path, p.MBps, p.ToDir, p.ToRelay, p.ProxyCPU, p.MachineCPU, p.HopCPU, p.Syscalls, p.Switches)
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w, `Per round, median [min-max]. /direct, /relay: MB/s over that path's in the same
 round. proc CPU: the process behind the path (/proc/PID/stat). machine CPU: every
 CPU's user+nice+system+irq+softirq (/proc/stat), load generator and broker
-included; hop CPU: machine CPU minus the direct path's in the same round.`)
+included; hop CPU: machine CPU minus the direct path's in the same round.
+proc k-syscalls: the process's read/write syscalls (/proc/PID/io syscr+syscw;
+splice is not counted), k-ctxsw: its threads' context switches, thousands per GB.`)
 }

@@ -75,7 +75,7 @@ func startExtraPaths(ctx context.Context, o options, bin, broker, tmp string) (*
 		return nil, fmt.Errorf("kproxy with TLS: %w", err)
 	}
 	e.children = append(e.children, ch)
-	e.paths = append(e.paths, extraPath{name: pathTLS, addr: ch.addr, m: meter{cpu: ch.cpu, tls: clientCfg, repin: ch.repin}})
+	e.paths = append(e.paths, extraPath{name: pathTLS, addr: ch.addr, m: meter{cpu: ch.cpu, tls: clientCfg, repin: ch.repin, pid: ch.cmd.Process.Pid}})
 	return e, nil
 }
 
