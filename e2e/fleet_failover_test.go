@@ -208,10 +208,8 @@ func failoverWithinDetection(t *testing.T, session, heartbeat time.Duration) {
 	cancel()
 }
 
-// startFailoverKproxy starts an in-process fleet kproxy (fleet timers of
-// fc, KIP-848 sessions of memberSession) whose every connection to the
-// cluster (its own clients' and its clients' forwarded traffic) goes
-// through path when path is not nil.
+// startFailoverKproxy is startCutFleetKproxy with the fleet timers of fc
+// and KIP-848 sessions of memberSession.
 func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, memberSession time.Duration, path *faultPath) *kproxy.Server {
 	t.Helper()
 	cfg := kproxy.Config{
@@ -238,7 +236,7 @@ func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, 
 	defer cancel()
 	k, err := kproxy.Start(ctx, cfg)
 	if err != nil {
-		t.Fatalf("starting a fleet kproxy (relay %v): %v", fc.Relay, err)
+		t.Fatalf("starting a fleet kproxy: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
