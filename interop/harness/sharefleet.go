@@ -74,28 +74,63 @@ const (
 // shareFleetArgs are the flags the row's kproxies take after the tier's.
 var shareFleetArgs = []string{"--groups", "distributed", "--share-groups", "serve"}
 
-// parseShareAckErrors reads a consumer's "ERROR ack pP O: ..." lines
-// (goclient franzShare) as acknowledgement events with status ERROR;
-// their value is filled in from the deliveries (valueAt).
+// parseShareAckErrors reads a consumer's "ERROR ack" lines as
+// acknowledgement events with status ERROR, one per record whose
+// acknowledgement failed: goclient franzShare prints "ERROR ack pP O:
+// ...", the Java Share program "ERROR ack TOPIC-P O ..." per record, or
+// "ERROR ack CLASS: ..." when commitSync threw, which covers every
+// record of the poll before it. Values come from the deliveries
+// (valueAt: partition and offset to value).
 func parseShareAckErrors(member string, lines []string, valueAt map[[2]int64]string) []shareEvent {
 	var out []shareEvent
+	var batch []shareEvent // the deliveries of the last poll
+	acked := false         // an acknowledgement line followed them
 	for _, l := range lines {
-		rest, ok := strings.CutPrefix(l, "ERROR ack p")
+		if strings.HasPrefix(l, "REC ") {
+			if acked {
+				batch, acked = nil, false
+			}
+			batch = append(batch, parseShareEvents(member, []string{l})...)
+			continue
+		}
+		if strings.HasPrefix(l, "ACK ") {
+			acked = true
+			continue
+		}
+		rest, ok := strings.CutPrefix(l, "ERROR ack ")
 		if !ok {
 			continue
 		}
-		f := strings.Fields(strings.ReplaceAll(rest, ":", " "))
-		if len(f) < 2 {
+		acked = true
+		if p, o, ok := parseAckErrorPosition(rest); ok {
+			out = append(out, shareEvent{member: member, ack: true, partition: p, offset: o, status: "ERROR", value: valueAt[[2]int64{int64(p), o}]})
 			continue
 		}
-		p, err1 := strconv.Atoi(f[0])
-		o, err2 := strconv.ParseInt(f[1], 10, 64)
-		if err1 != nil || err2 != nil {
-			continue
+		for _, r := range batch {
+			out = append(out, shareEvent{member: member, ack: true, ms: r.ms, partition: r.partition, offset: r.offset, status: "ERROR", value: r.value})
 		}
-		out = append(out, shareEvent{member: member, ack: true, partition: int32(p), offset: o, status: "ERROR", value: valueAt[[2]int64{int64(p), o}]})
+		batch = nil
 	}
 	return out
+}
+
+// parseAckErrorPosition reads the partition and offset at the start of
+// an "ERROR ack" line's rest: "pP O:" or "TOPIC-P O".
+func parseAckErrorPosition(rest string) (int32, int64, bool) {
+	f := strings.Fields(rest)
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ps := strings.TrimPrefix(f[0], "p")
+	if i := strings.LastIndexByte(f[0], '-'); i >= 0 {
+		ps = f[0][i+1:]
+	}
+	p, err1 := strconv.ParseInt(ps, 10, 32)
+	o, err2 := strconv.ParseInt(strings.TrimSuffix(f[1], ":"), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, false
+	}
+	return int32(p), o, true
 }
 
 // shareFleetReport is what checkShareFleetLedger found.
@@ -309,7 +344,15 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 	}()
 	for i, a := range addrs {
 		name := fmt.Sprintf("m%d", i+1)
-		m, err := s.startKindProc("share-"+name, s.shareServeArgv(a, group, topic, name))
+		argv := s.shareServeArgv(a, group, topic, name)
+		for j := range argv[:len(argv)-1] {
+			if argv[j] == "--seconds" {
+				// The Java program stops after --seconds: past the
+				// row's own bounds here.
+				argv[j+1] = "300"
+			}
+		}
+		m, err := s.startKindProc("share-"+name, argv)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -470,10 +513,16 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		}
 		return fmtDur(time.UnixMilli(best).Sub(at))
 	}
-	held := map[string]bool{} // values the killed consumer polled and left unacknowledged
+	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d last delivered to the killed %s, %d archived at the limit), every share-partition at its log's end %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
+		label, n, fmtDur(time.Duration(n/shareFleetChunk)*shareFleetEvery), rep.accepted+rep.rejected, n, rep.accepted, rep.rejected,
+		rep.ambiguous+rep.killedLast+rep.archived, rep.ambiguous, rep.killedLast, victim.name, rep.archived,
+		fmtDur(took), len(members), fmtDur(joined), rep.deliveries, rep.perMember, rep.redelivered, rep.beyondRule)
+	held := map[string]bool{}       // values the killed consumer polled and left unacknowledged
+	victimParts := map[int32]bool{} // partitions it got records of
 	for _, e := range evs {
 		if e.member == victim.name && !e.ack {
 			held[e.value] = true
+			victimParts[e.partition] = true
 		}
 	}
 	for _, e := range evs {
@@ -481,12 +530,10 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 			delete(held, e.value)
 		}
 	}
-	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d last delivered to the killed %s, %d archived at the limit), every share-partition at its log's end %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
-		label, n, fmtDur(time.Duration(n/shareFleetChunk)*shareFleetEvery), rep.accepted+rep.rejected, n, rep.accepted, rep.rejected,
-		rep.ambiguous+rep.killedLast+rep.archived, rep.ambiguous, rep.killedLast, victim.name, rep.archived,
-		fmtDur(took), len(members), fmtDur(joined), rep.deliveries, rep.perMember, rep.redelivered, rep.beyondRule)
-	s.note("SIGKILL of consumer %s: %d records it polled without an acknowledgement answered; the first of them delivered again %s later",
-		victim.name, len(held), firstAfter(memberKill, func(e shareEvent) bool { return !e.ack && e.member != victim.name && held[e.value] }))
+	s.note("SIGKILL of consumer %s (it got records of partitions %v): the first of them delivered to a survivor %s later (its session, share.session.timeout.ms, 45 s by default, ends first); %d records it polled without an acknowledgement answered, the first of them delivered again %s later",
+		victim.name, sortedParts(victimParts),
+		firstAfter(memberKill, func(e shareEvent) bool { return !e.ack && e.member != victim.name && victimParts[e.partition] }),
+		len(held), firstAfter(memberKill, func(e shareEvent) bool { return !e.ack && e.member != victim.name && held[e.value] }))
 	if owner != nil {
 		s.note("SIGKILL of the owner %s with %d of %d records produced: next accept answered OK %s later, next delivery %s later",
 			owner.name, producedAtKill, n,
@@ -558,4 +605,13 @@ func (s *scenario) probeShareStarts(ctx context.Context, topic string, events fu
 		_, _ = s.waitFor(time.Second, "a probe of every partition", probed)
 	}
 	return nil
+}
+
+func sortedParts(ps map[int32]bool) []int32 {
+	out := make([]int32, 0, len(ps))
+	for p := range ps {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
 }
