@@ -21,9 +21,11 @@ package main
 //   - every record ends accepted or rejected as the rule says, answered
 //     OK, or is settled without an answer seen: its accept or reject was
 //     answered with an error (ambiguous: the dead owner may have stored
-//     it before its answer was lost), or its last delivery went to the
-//     killed consumer (which may have acknowledged it without printing
-//     the answer), or it reached the delivery limit (archived). Those
+//     it before its answer was lost), or its last delivery was in the
+//     killed consumer's last poll, which it may have acknowledged without
+//     printing the answer (its earlier polls' answers were all printed:
+//     it polls, prints, acknowledges and prints in turn), or it reached
+//     the delivery limit (archived). Those
 //     count only once every share-partition's start offset reached the
 //     log's end, through a survivor (DescribeShareGroupOffsets): the
 //     group's own view that nothing is left to deliver, so none is lost;
@@ -36,8 +38,8 @@ package main
 //     is a violation;
 //   - no record is accepted or rejected OK twice;
 //   - a record's delivery counts are distinct and within the limit (5):
-//     a delivery the dead owner counted may never reach a consumer, and
-//     the killed consumer's last polls may be unprinted, so counts may
+//     a delivery the dead owner counted may never reach a consumer, nor
+//     one the killed consumer fetched and did not print, so counts may
 //     skip.
 //
 // Directly against a broker without share groups the row runs as
@@ -147,9 +149,10 @@ type shareFleetReport struct {
 }
 
 // checkShareFleetLedger checks evs (REC, ACK and ERROR ack events of
-// values) by the rules of the file's comment; killed is the member
-// SIGKILLed.
-func checkShareFleetLedger(values []string, evs []shareEvent, killed string, slack int) shareFleetReport {
+// values) by the rules of the file's comment; inFlight holds the values
+// of the killed consumer's last poll that it printed no answer for
+// (lastPoll).
+func checkShareFleetLedger(values []string, evs []shareEvent, inFlight map[string]bool, slack int) shareFleetReport {
 	rep := shareFleetReport{perMember: map[string]int{}}
 	byValue := map[string][]shareEvent{}
 	for _, e := range evs {
@@ -224,7 +227,7 @@ func checkShareFleetLedger(values []string, evs []shareEvent, killed string, sla
 			rep.accepted++
 		case errored:
 			rep.ambiguous++
-		case len(recs) > 0 && recs[len(recs)-1].member == killed:
+		case len(recs) > 0 && inFlight[v]:
 			rep.killedLast++
 		case len(recs) > 0 && recs[len(recs)-1].deliveries == shareDeliveryLimit:
 			rep.archived++
@@ -442,8 +445,9 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 			time.Sleep(shareFleetEvery)
 		}
 	}()
+	var inFlight map[string]bool // set once the consumer is killed
 	finalNow := func() int {
-		rep := checkShareFleetLedger(values, events(), victim.name, shareFleetSlack)
+		rep := checkShareFleetLedger(values, events(), inFlight, shareFleetSlack)
 		return rep.accepted + rep.rejected
 	}
 	// (a) The consumer behind the owner, a third of the way.
@@ -455,6 +459,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 	}
 	memberKill := time.Now()
 	victim.kill()
+	inFlight = lastPoll(victim.snapshot())
 	s.h.log.Info("share fleet row: killed a consumer", "member", victim.name, "final", finalNow())
 	// (b) The owner, once two thirds were produced.
 	var ownerKill time.Time
@@ -482,7 +487,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		if exited() != "" {
 			return true
 		}
-		rep := checkShareFleetLedger(values, events(), victim.name, shareFleetSlack)
+		rep := checkShareFleetLedger(values, events(), inFlight, shareFleetSlack)
 		if rep.accepted+rep.rejected+rep.ambiguous+rep.killedLast+rep.archived < n || time.Since(lastCheck) < 500*time.Millisecond {
 			return false
 		}
@@ -496,7 +501,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		m.kill()
 	}
 	evs := events()
-	rep := checkShareFleetLedger(values, evs, victim.name, shareFleetSlack)
+	rep := checkShareFleetLedger(values, evs, inFlight, shareFleetSlack)
 	res.records = rep.accepted + rep.rejected
 	res.settle = fmt.Sprintf("%s/%s", fmtDur(joined), fmtDur(took))
 
@@ -513,7 +518,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		}
 		return fmtDur(time.UnixMilli(best).Sub(at))
 	}
-	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d last delivered to the killed %s, %d archived at the limit), every share-partition at its log's end %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
+	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d in the last poll of the killed %s, %d archived at the limit), every share-partition at its log's end %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
 		label, n, fmtDur(time.Duration(n/shareFleetChunk)*shareFleetEvery), rep.accepted+rep.rejected, n, rep.accepted, rep.rejected,
 		rep.ambiguous+rep.killedLast+rep.archived, rep.ambiguous, rep.killedLast, victim.name, rep.archived,
 		fmtDur(took), len(members), fmtDur(joined), rep.deliveries, rep.perMember, rep.redelivered, rep.beyondRule)
@@ -613,5 +618,23 @@ func sortedParts(ps map[int32]bool) []int32 {
 		out = append(out, p)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// lastPoll returns the values a consumer polled after its last
+// acknowledgement line (ACK or ERROR ack): the poll it may have
+// acknowledged without printing the answer.
+func lastPoll(lines []string) map[string]bool {
+	out := map[string]bool{}
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "ACK ") || strings.HasPrefix(l, "ERROR ack "):
+			clear(out)
+		case strings.HasPrefix(l, "REC "):
+			for _, e := range parseShareEvents("", []string{l}) {
+				out[e.value] = true
+			}
+		}
+	}
 	return out
 }
