@@ -25,10 +25,12 @@ package main
 //     killed consumer's last poll, which it may have acknowledged without
 //     printing the answer (its earlier polls' answers were all printed:
 //     it polls, prints, acknowledges and prints in turn), or it reached
-//     the delivery limit (archived). Those
-//     count only once every share-partition's start offset reached the
-//     log's end, through a survivor (DescribeShareGroupOffsets): the
-//     group's own view that nothing is left to deliver, so none is lost;
+//     the delivery limit (archived). Those count only once the group's
+//     start offset of their share-partition passed them; and through
+//     kproxy the row ends only when every share-partition's start
+//     offset reached its log's end, through a survivor
+//     (DescribeShareGroupOffsets): the group's own view that nothing is
+//     left to deliver, so none is lost;
 //   - no record is delivered again after its accept or reject was
 //     answered OK, with a slack of one delivery (the next owner hands
 //     out again what the lost one had handed out, possibly to the
@@ -141,11 +143,14 @@ type shareFleetReport struct {
 	// Settled without an answer seen (see the file's comment).
 	ambiguous, killedLast, archived int
 	unsettled                       []string // none of the above
-	deliveries                      int      // deliveries of values
-	redelivered                     int      // values delivered more than once
-	beyondRule                      int      // of them, not released by the rule on their first delivery
-	perMember                       map[string]int
-	violations                      []string
+	// settledAt: partition and offset of each record settled without
+	// an answer seen, which the group's start offsets must have passed.
+	settledAt   [][2]int64
+	deliveries  int // deliveries of values
+	redelivered int // values delivered more than once
+	beyondRule  int // of them, not released by the rule on their first delivery
+	perMember   map[string]int
+	violations  []string
 }
 
 // checkShareFleetLedger checks evs (REC, ACK and ERROR ack events of
@@ -227,10 +232,13 @@ func checkShareFleetLedger(values []string, evs []shareEvent, inFlight map[strin
 			rep.accepted++
 		case errored:
 			rep.ambiguous++
+			rep.settledAt = append(rep.settledAt, [2]int64{int64(recs[0].partition), recs[0].offset})
 		case len(recs) > 0 && inFlight[v]:
 			rep.killedLast++
+			rep.settledAt = append(rep.settledAt, [2]int64{int64(recs[0].partition), recs[0].offset})
 		case len(recs) > 0 && recs[len(recs)-1].deliveries == shareDeliveryLimit:
 			rep.archived++
+			rep.settledAt = append(rep.settledAt, [2]int64{int64(recs[0].partition), recs[0].offset})
 		default:
 			if len(rep.unsettled) < 10 {
 				rep.unsettled = append(rep.unsettled, fmt.Sprintf("%s (counts %v)", v, shareCounts(recs)))
@@ -240,10 +248,12 @@ func checkShareFleetLedger(values []string, evs []shareEvent, inFlight map[strin
 	return rep
 }
 
-// shareStartsAtEnds checks through addr that every share-partition of
-// group starts at the end of its log (ends): the group holds no record
-// still to deliver or acknowledge.
-func shareStartsAtEnds(ctx context.Context, addr, group, topic string, ends kadm.ListedOffsets) error {
+// checkShareStarts checks through addr the start offset of every
+// share-partition of group: each must have passed the records in
+// settled (partition, offset), which the group thus holds final, and,
+// if ends is given, be at the end of its log (ends): the group holds no
+// record still to deliver or acknowledge.
+func checkShareStarts(ctx context.Context, addr, group, topic string, settled [][2]int64, ends kadm.ListedOffsets) error {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.RetryTimeout(3*time.Second))
 	if err != nil {
 		return err
@@ -259,6 +269,12 @@ func shareStartsAtEnds(ctx context.Context, addr, group, topic string, ends kadm
 		return fmt.Errorf("describing the share offsets of %s: %w", group, err)
 	}
 	var behind []string
+	for _, po := range settled {
+		o, ok := offs[group].Offsets.Lookup(topic, int32(po[0]))
+		if !ok || o.Err != nil || o.StartOffset <= po[1] {
+			behind = append(behind, fmt.Sprintf("%d at %d, not past %d", po[0], o.StartOffset, po[1]))
+		}
+	}
 	ends.Each(func(e kadm.ListedOffset) {
 		o, ok := offs[group].Offsets.Lookup(e.Topic, e.Partition)
 		if !ok || o.Err != nil || o.StartOffset != e.Offset {
@@ -266,7 +282,7 @@ func shareStartsAtEnds(ctx context.Context, addr, group, topic string, ends kadm
 		}
 	})
 	if len(behind) > 0 {
-		return fmt.Errorf("share-partitions of %s/%s not at their log's end: %s", group, topic, strings.Join(behind, ", "))
+		return fmt.Errorf("share-partitions of %s/%s: %s", group, topic, strings.Join(behind, ", "))
 	}
 	return nil
 }
@@ -481,10 +497,18 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 	if err != nil {
 		return fail("listing the log ends of %s: %v", topic, err)
 	}
+	if owner == nil {
+		// Kafka 4.4 serving the group itself left each share-partition's
+		// start offset 3 short of its log's end for 2 min with every
+		// record accepted or rejected (DescribeShareGroupOffsets: 330
+		// of 333): directly only the records settled without an answer
+		// are checked against the start offsets.
+		ends = nil
+	}
 	// Every record final, or settled by the group's own view.
 	var lastCheck time.Time
 	var atEnds error
-	_, err = s.waitFor(120*time.Second, "every record final and every share-partition at its log's end", func() bool {
+	_, err = s.waitFor(120*time.Second, "every record final, the group's start offsets past those settled without an answer, and at the log's end through kproxy", func() bool {
 		if exited() != "" {
 			return true
 		}
@@ -493,7 +517,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 			return false
 		}
 		lastCheck = time.Now()
-		atEnds = shareStartsAtEnds(ctx, addrs[0], group, topic, ends)
+		atEnds = checkShareStarts(ctx, addrs[0], group, topic, rep.settledAt, ends)
 		return atEnds == nil
 	})
 	took := time.Since(began)
