@@ -543,10 +543,14 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		}
 		return fmtDur(time.UnixMilli(best).Sub(at))
 	}
-	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d in the last poll of the killed %s, %d archived at the limit), every share-partition at its log's end %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
+	settledWhat := "every share-partition at its log's end"
+	if owner == nil {
+		settledWhat = "every record settled"
+	}
+	s.note("%s: %d records produced over about %s while consuming; %d of %d final (%d accepted, %d rejected), %d settled without an answer seen (%d acknowledged with an error, %d in the last poll of the killed %s, %d archived at the limit), %s %s after the consumers started (all %d held partitions after %s); %d deliveries %v; %d records delivered more than once, %d of them beyond the rule's release",
 		label, n, fmtDur(time.Duration(n/shareFleetChunk)*shareFleetEvery), rep.accepted+rep.rejected, n, rep.accepted, rep.rejected,
 		rep.ambiguous+rep.killedLast+rep.archived, rep.ambiguous, rep.killedLast, victim.name, rep.archived,
-		fmtDur(took), len(members), fmtDur(joined), rep.deliveries, rep.perMember, rep.redelivered, rep.beyondRule)
+		settledWhat, fmtDur(took), len(members), fmtDur(joined), rep.deliveries, rep.perMember, rep.redelivered, rep.beyondRule)
 	held := map[string]bool{}       // values the killed consumer polled and left unacknowledged
 	victimParts := map[int32]bool{} // partitions it got records of
 	for _, e := range evs {
@@ -560,7 +564,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 			delete(held, e.value)
 		}
 	}
-	s.note("SIGKILL of consumer %s (it got records of partitions %v): the first of them delivered to a survivor %s later (its session, share.session.timeout.ms, 45 s by default, ends first); %d records it polled without an acknowledgement answered, the first of them delivered again %s later",
+	s.note("SIGKILL of consumer %s (it got records of partitions %v): the first of them delivered to a survivor %s later (once its share session ended: share.session.timeout.ms); %d records it polled without an acknowledgement answered, the first of them delivered again %s later",
 		victim.name, sortedParts(victimParts),
 		firstAfter(memberKill, func(e shareEvent) bool { return !e.ack && e.member != victim.name && victimParts[e.partition] }),
 		len(held), firstAfter(memberKill, func(e shareEvent) bool { return !e.ack && e.member != victim.name && held[e.value] }))
