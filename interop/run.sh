@@ -188,7 +188,7 @@ version_rows() {
 	# No KIP-848 on the broker: what kproxy adds (the consumer protocol for
 	# Java and franz-go, share groups served by kproxy) and classic rows in
 	# two more languages.
-	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve|py-share-serve)$' ;;
+	3.6.2) echo '^(java-kip848|go-franz-kip848|py-confluent|js-kafkajs|franz-apiversions|java-share-serve|java41-share-serve|franz-share-serve|py-share-serve|franz-share-serve-fleet|java-share-serve-fleet)$' ;;
 	# The newest: both group protocols, transactions, franz-go's ApiVersions
 	# v5 opening (4.4 speaks v5), librdkafka, and the share and streams
 	# groups the cluster serves (kinds.go). Every row: 4.4.0=. (or

@@ -678,6 +678,12 @@ func (s *scenario) startAdoptionFleet(ctx context.Context, bin string, basePort 
 // after the row's group, on ports basePort+10, +20, ... (admin +9), and
 // waits until every one serves the groups topic's partitions.
 func (s *scenario) startFleetOf(ctx context.Context, bin string, basePort, n int) ([]*fleetNode, error) {
+	return s.startFleetWith(ctx, bin, basePort, n, nil)
+}
+
+// startFleetWith is startFleetOf with extra flags after the tier's (a
+// flag given twice takes its last value).
+func (s *scenario) startFleetWith(ctx context.Context, bin string, basePort, n int, extra []string) ([]*fleetNode, error) {
 	bin, err := s.h.kproxyBinary(bin)
 	if err != nil {
 		return nil, err
@@ -699,6 +705,7 @@ func (s *scenario) startFleetOf(ctx context.Context, bin string, basePort, n int
 			// The takeover's and hand-back's reasons are logged at
 			// debug: a row that fails shows why in the node's log.
 			"--log-level", "debug")
+		args = append(args, extra...)
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()

@@ -179,6 +179,9 @@ func (s *scenario) runKind(ctx context.Context, bin string, basePort int, prior 
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return fail("log dir: %v", err)
 	}
+	if s.r.shareFleet {
+		return s.runShareFleet(ctx, bin, basePort, prior)
+	}
 	if s.r.shareServe {
 		return s.runShareServe(ctx, bin, basePort, prior)
 	}

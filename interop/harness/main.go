@@ -213,6 +213,10 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		{name: "java-share-serve", kind: "share", shareServe: true, needs: shareGroups},
 		{name: "java41-share-serve", kind: "share", shareServe: true, needs: shareGroups, kindsLib: "interop/java/target/lib"},
 		{name: "franz-share-serve", kind: "share", shareServe: true, needs: shareGroups, client: goc("franz")},
+		// sharefleet.go: the same served by a fleet of three, a
+		// consumer and then the group's owner SIGKILLed.
+		{name: "franz-share-serve-fleet", kind: "share", shareServe: true, shareFleet: true, needs: shareGroups, client: goc("franz")},
+		{name: "java-share-serve-fleet", kind: "share", shareServe: true, shareFleet: true, needs: shareGroups},
 		{name: "py-share-serve", kind: "share", shareServe: true, needs: shareGroups,
 			client: append(append([]string(nil), py...), "--client", "confluent")},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},

@@ -76,6 +76,10 @@ type row struct {
 	// kafka-clients 4.4.0.
 	shareServe bool
 	kindsLib   string
+	// shareFleet, with shareServe: the share group is served by a fleet
+	// of three kproxies, and a consumer and then the group's owner are
+	// SIGKILLed while records flow (sharefleet.go).
+	shareFleet bool
 	// connect: the row runs Kafka Connect in distributed mode, two
 	// workers and FileStream connectors, one worker killed (connect.go).
 	connect bool
