@@ -98,11 +98,13 @@ const defaultRebalanceTimeout = 5 * time.Minute
 // within WaitForOwner, or its owner cannot be reached, cuts the connection
 // with the request in flight, goes silent (a keepalive unanswered for
 // PeerKeepalive; then at once, until the owner answers again), or does
-// not answer in time: a request once
-// sent is never resent, since the owner may have acted on it. Every
-// answer an owner gives, NOT_COORDINATOR included, reaches the client
-// as given; both errors make a client look the coordinator up again,
-// which brings it back to its local kproxy. A member (classic or
+// not answer in time: such a request is
+// never resent, since the owner may have acted on it. Every answer an
+// owner gives reaches the client as given, except that a member's
+// request an owner refuses (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+// COORDINATOR_LOAD_IN_PROGRESS) follows its group to the next owner
+// for a while (relay_follow.go); both errors make a client look the
+// coordinator up again, which brings it back to its local kproxy. A member (classic or
 // KIP-848) whose requests stopped reaching an owner (relayed or local:
 // a kproxy whose fleet lease ran out finds no owner for its groups) for
 // longer than the owner keeps it is answered UNKNOWN_MEMBER_ID instead,
@@ -243,7 +245,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 		}
 	}
 	if ok {
-		r.send(d, c, req, done)
+		r.relay(d, c, req, group, done)
 		return
 	}
 	start := time.Now()
@@ -269,7 +271,7 @@ func (r *Router) single(c Client, req kmsg.Request, group string, done func(kmsg
 			done(codec.GroupErrorResponse(req, errCoordinatorNotAvailable))
 			return
 		}
-		r.send(d, c, req, done)
+		r.relay(d, c, req, group, done)
 	})
 }
 
@@ -472,6 +474,13 @@ func mergeListGroups(resps []kmsg.Response) *kmsg.ListGroupsResponse {
 // members, local or relayed, go through the member tracker
 // (relay_members.go), which may answer UNKNOWN_MEMBER_ID instead.
 func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Response)) {
+	r.sendTo(d, c, req, done, nil)
+}
+
+// sendTo is send; when took is not nil, an answer the owner gave (not
+// one the relay made up) is first offered to took, and done is not
+// called when took returns true (took then answers through done).
+func (r *Router) sendTo(d dest, c Client, req kmsg.Request, done func(kmsg.Response), took func(kmsg.Response) bool) {
 	start := time.Now()
 	key := req.Key()
 	mr, tracked := memberOf(req)
@@ -544,6 +553,9 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
 		r.metrics.record(key, o, time.Since(start))
 		finish(resp, o)
+		if o == outcomeOK && took != nil && took(resp) {
+			return
+		}
 		if o != outcomeOK {
 			if tracked {
 				r.failMember(mr, req, done)

@@ -408,18 +408,42 @@ func TestRouterSingleGroupAPIsReachTheOwner(t *testing.T) {
 	}
 }
 
-// TestRouterPassesNotCoordinatorThrough has the routers' tables disagree
+// TestRouterFollowsGroupToNextOwner has the routers' tables disagree
 // with the owners: B is asked about a group it does not own and answers
-// NOT_COORDINATOR, which reaches the client as given.
-func TestRouterPassesNotCoordinatorThrough(t *testing.T) {
-	f := newFleet(t, nil)
+// NOT_COORDINATOR. The relay holds the request and sends it to B again
+// every followRetry until the relay timeout, then passes the last answer
+// on; when the table names another owner meanwhile (C), the request goes
+// there at once and C's answer reaches the client.
+func TestRouterFollowsGroupToNextOwner(t *testing.T) {
+	const relayTimeout = 600 * time.Millisecond
+	f := newFleet(t, func(c *RouterConfig) { c.RelayTimeout = relayTimeout })
 	f.locA.set("c", f.psB.Addr()) // B does not own "c…"
 	hb := kmsg.NewPtrHeartbeatRequest()
 	hb.Group = "c-group"
+	start := time.Now()
 	resp := handle(t, f.rA, Client{ID: "x"}, hb)
+	took := time.Since(start)
 	checkCodes(t, "heartbeat for c-group", resp, notCoordinator)
-	if n := len(f.b.calls()); n != 1 {
-		t.Fatalf("B got %d requests", n)
+	if took < relayTimeout-50*time.Millisecond || took > relayTimeout+time.Second {
+		t.Errorf("NOT_COORDINATOR passed on after %v, want about the relay timeout %v", took, relayTimeout)
+	}
+	if n := len(f.b.calls()); n < 2 || n > int(relayTimeout/followRetry)+1 {
+		t.Errorf("B got %d requests, want one and one every %v", n, followRetry)
+	}
+
+	// The group moves to C while the request is held.
+	c := &fakeEngine{name: "C", prefix: "c", marker: markerB}
+	psC := startPeerServer(t, "127.0.0.1:0", c, nil)
+	ch := handleAsync(f.rA, Client{ID: "x"}, hb)
+	time.Sleep(150 * time.Millisecond)
+	moved := time.Now()
+	f.locA.set("c", psC.Addr())
+	checkCodes(t, "heartbeat once c-group moved to C", waitReply(t, ch, 5*time.Second), markerB)
+	if took := time.Since(moved); took > followRetry {
+		t.Errorf("answered %v after the group moved, want within %v", took, followRetry)
+	}
+	if n := len(c.calls()); n != 1 {
+		t.Errorf("C got %d requests, want 1", n)
 	}
 }
 
@@ -638,7 +662,7 @@ func countKey(calls []fakeCall, key int16) int {
 // COORDINATOR_NOT_AVAILABLE in the request's error slots; an owner that
 // appears during the wait gets the request.
 func TestRouterNoOwner(t *testing.T) {
-	f := newFleet(t, func(c *RouterConfig) { c.WaitForOwner = 300 * time.Millisecond })
+	f := newFleet(t, func(c *RouterConfig) { c.WaitForOwner, c.RelayTimeout = 300*time.Millisecond, 400*time.Millisecond })
 	for _, req := range singleGroupRequests("nobody") {
 		// A member joining afresh waits for an owner for its
 		// rebalance timeout (holdJoin), every other request for
@@ -670,8 +694,10 @@ func TestRouterNoOwner(t *testing.T) {
 	ch := handleAsync(f.rA, Client{ID: "x"}, hb)
 	time.Sleep(100 * time.Millisecond)
 	f.locA.set("late", f.psB.Addr())
+	// B does not serve "late…": the relay follows the group
+	// (TestRouterFollowsGroupToNextOwner) until the relay timeout.
 	checkCodes(t, "heartbeat after the owner appeared", waitReply(t, ch, 5*time.Second), notCoordinator)
-	if n := len(f.b.calls()); n != 1 {
+	if n := len(f.b.calls()); n < 1 {
 		t.Fatalf("B got %d requests", n)
 	}
 }

@@ -1,0 +1,58 @@
+package proxy
+
+import (
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/codec"
+)
+
+// refusesAfterJoin answers a JoinGroup as answerAll does and refuses
+// everything else with NOT_COORDINATOR, calling refused first: an owner
+// that gave its groups up.
+type refusesAfterJoin struct{ refused func() }
+
+func (o refusesAfterJoin) Handle(c Client, req kmsg.Request, reply func(kmsg.Response)) {
+	if _, ok := req.(*kmsg.JoinGroupRequest); ok {
+		answerAll{}.Handle(c, req, reply)
+		return
+	}
+	o.refused()
+	reply(codec.GroupErrorResponse(req, errNotCoordinator))
+}
+
+// TestRouterFollowEndsAtMemberVerdict: a member's request that its owner
+// refuses is held for the group's next owner (relay_follow.go), but not
+// past the moment the member is to be told to give up
+// (relay_members.go): it is then answered UNKNOWN_MEMBER_ID, on time,
+// not after the relay timeout. The owner refuses as the table stops
+// naming it, so that the request, held while the group has no owner, is
+// not sent anywhere again.
+func TestRouterFollowEndsAtMemberVerdict(t *testing.T) {
+	const session = 1500 * time.Millisecond
+	loc := newTestLocator("", map[string]string{})
+	ps, err := NewPeerServer(PeerServerConfig{Listen: "127.0.0.1:0", Logger: testLogger(t),
+		Coordinator: refusesAfterJoin{refused: func() {
+			loc.mu.Lock()
+			defer loc.mu.Unlock()
+			delete(loc.remote, "g")
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ps.Close)
+	loc.set("g", ps.Addr())
+	r := NewRouter(RouterConfig{Locator: loc, Logger: testLogger(t), RelayTimeout: 5 * time.Second})
+	defer r.Close()
+	c := Client{ID: "test"}
+	joinM1(t, r, c, session)
+	verdict := time.Now().Add(session - giveUpMargin(session))
+	resp := handle(t, r, c, heartbeatFor("g", "m1"))
+	at := time.Now()
+	checkCodes(t, "refused heartbeat held to the member's verdict", resp, errUnknownMemberID)
+	if early, late := verdict.Sub(at), at.Sub(verdict); early > 50*time.Millisecond || late > 500*time.Millisecond {
+		t.Errorf("answered %v from the member's give-up moment, want at it", at.Sub(verdict))
+	}
+}
