@@ -14,12 +14,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/faultnet"
 	"github.com/kproxy/kproxy/internal/kproxy"
-	"github.com/kproxy/kproxy/proxy"
-	"github.com/kproxy/kproxy/tap"
 )
 
 // This file measures the window of double ownership when a kproxy cannot
@@ -52,38 +49,7 @@ var cutClusterConfigs = map[string]string{
 func startCutFleetKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, path *faultPath) *kproxy.Server {
 	t.Helper()
 	fc.SessionTimeout, fc.HeartbeatInterval = 3*time.Second, 300*time.Millisecond
-	cfg := kproxy.Config{
-		Upstream: brokers,
-		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
-		Groups: kproxy.GroupsConfig{
-			Mode: kproxy.GroupsDistributed,
-			Engine: groupstate.Config{
-				InitialRebalanceDelay: -1, MinSessionTimeout: time.Second,
-				ConsumerSessionTimeout: cutSession, ConsumerMinSessionTimeout: time.Second,
-				ConsumerHeartbeatInterval: 300 * time.Millisecond, TopicRefreshInterval: time.Second,
-			},
-			Fleet: fc,
-		},
-		AdminListen: "127.0.0.1:0",
-		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
-		Logger:      testLogger(),
-	}
-	if path != nil {
-		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(path.dial)}
-		cfg.Proxy.Dial = path.dial
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	k, err := kproxy.Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("starting a fleet kproxy (relay %v): %v", fc.Relay, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		k.Shutdown(ctx)
-	})
-	return k
+	return startFailoverKproxy(t, brokers, fc, cutSession, path)
 }
 
 // kip848Member asks startFaultMember for a KIP-848 member (server-side

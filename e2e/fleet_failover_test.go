@@ -208,8 +208,10 @@ func failoverWithinDetection(t *testing.T, session, heartbeat time.Duration) {
 	cancel()
 }
 
-// startFailoverKproxy is startCutFleetKproxy with the fleet timers of fc
-// and KIP-848 sessions of memberSession.
+// startFailoverKproxy starts an in-process fleet kproxy (fleet timers of
+// fc, KIP-848 sessions of memberSession) whose every connection to the
+// cluster (its own clients' and its clients' forwarded traffic) goes
+// through path when path is not nil.
 func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, memberSession time.Duration, path *faultPath) *kproxy.Server {
 	t.Helper()
 	cfg := kproxy.Config{
@@ -236,7 +238,7 @@ func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, 
 	defer cancel()
 	k, err := kproxy.Start(ctx, cfg)
 	if err != nil {
-		t.Fatalf("starting a fleet kproxy: %v", err)
+		t.Fatalf("starting a fleet kproxy (relay %v): %v", fc.Relay, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
