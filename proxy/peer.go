@@ -108,29 +108,39 @@ func hostString(b []byte) string {
 	return a.Unmap().String()
 }
 
+// peerTagHandedBack is a kproxy-private tagged field of an
+// EnvelopeResponse (far above the tags Kafka numbers from 0): the owner
+// refused the member's request inside because the group went back to
+// the cluster's coordinator (PeerServerConfig.Forwarded), not because it
+// lost the group to another kproxy. An owner from before it sets none,
+// and a relay from before it ignores it, as Kafka's readers ignore tags
+// they do not know.
+const peerTagHandedBack = 0x4b500001
+
 // decodeRelayed decodes an owner's answer frame (after its size prefix)
-// to a request of key at version.
-func decodeRelayed(frame []byte, key, version int16) (kmsg.Response, outcome, error) {
+// to a request of key at version; handedBack reports peerTagHandedBack.
+func decodeRelayed(frame []byte, key, version int16) (resp kmsg.Response, o outcome, handedBack bool, err error) {
 	body, err := codec.ResponseBody(frame, keyEnvelope, 0)
 	if err != nil {
-		return nil, outcomeBadResponse, fmt.Errorf("envelope response header: %w", err)
+		return nil, outcomeBadResponse, false, fmt.Errorf("envelope response header: %w", err)
 	}
 	env := kmsg.NewPtrEnvelopeResponse()
 	if err := env.ReadFrom(body); err != nil {
-		return nil, outcomeBadResponse, fmt.Errorf("malformed envelope response: %w", err)
+		return nil, outcomeBadResponse, false, fmt.Errorf("malformed envelope response: %w", err)
 	}
 	if env.ErrorCode != 0 {
-		return nil, outcomeEnvelopeError, fmt.Errorf("owner refused the envelope with error %d", env.ErrorCode)
+		return nil, outcomeEnvelopeError, false, fmt.Errorf("owner refused the envelope with error %d", env.ErrorCode)
 	}
-	resp := kmsg.ResponseForKey(key)
+	resp = kmsg.ResponseForKey(key)
 	if resp == nil {
-		return nil, outcomeBadResponse, fmt.Errorf("no response type for api key %d", key)
+		return nil, outcomeBadResponse, false, fmt.Errorf("no response type for api key %d", key)
 	}
 	resp.SetVersion(version)
 	if err := resp.ReadFrom(env.ResponseData); err != nil {
-		return nil, outcomeBadResponse, fmt.Errorf("malformed %s v%d response: %w", kmsg.NameForKey(key), version, err)
+		return nil, outcomeBadResponse, false, fmt.Errorf("malformed %s v%d response: %w", kmsg.NameForKey(key), version, err)
 	}
-	return resp, outcomeOK, nil
+	env.UnknownTags.Each(func(tag uint32, _ []byte) { handedBack = handedBack || tag == peerTagHandedBack })
+	return resp, outcomeOK, handedBack, nil
 }
 
 // Dialer opens a connection, as net.Dialer.DialContext does.
@@ -224,23 +234,24 @@ type relayCall struct {
 }
 
 // do relays req from c to the owner at addr. done gets the owner's answer
-// with outcomeOK, or nil and the reason there is none, after at most
+// with outcomeOK (and whether the owner marked it peerTagHandedBack), or
+// nil and the reason there is none, after at most
 // timeout; at once with outcomeOwnerDown while addr is unreachable. The
 // request is encoded before do returns: req may alias the caller's
 // buffers.
-func (p *peerPool) do(addr string, c Client, req kmsg.Request, timeout time.Duration, done func(kmsg.Response, outcome)) {
+func (p *peerPool) do(addr string, c Client, req kmsg.Request, timeout time.Duration, done func(resp kmsg.Response, o outcome, handedBack bool)) {
 	corr := p.corr.Add(1)
 	key, version := req.Key(), req.GetVersion()
 	p.call(addr, corr, timeout, func() []byte { return appendEnvelope(nil, corr, c, req) }, func(frame []byte, o outcome) {
 		if o != outcomeOK {
-			done(nil, o)
+			done(nil, o, false)
 			return
 		}
-		resp, o, err := decodeRelayed(frame, key, version)
+		resp, o, back, err := decodeRelayed(frame, key, version)
 		if err != nil && o == outcomeBadResponse {
 			p.log.Warn("bad answer from peer", "peer", addr, "api", kmsg.NameForKey(key), "reason", err.Error())
 		}
-		done(resp, o)
+		done(resp, o, back)
 	})
 }
 

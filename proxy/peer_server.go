@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,13 @@ type PeerServerConfig struct {
 	// relaying side answered its client only then. nil: every relayed
 	// request waits for the coordinator's answer.
 	Serving func(group string) bool
+	// Forwarded, when set, reports whether group's requests now go to
+	// the cluster's coordinator (a group handed back, docs/anchors.md).
+	// A member's request refused for such a group is marked so in its
+	// envelope answer (peerTagHandedBack): the relaying side then passes
+	// the refusal on at once instead of holding it for a next owner
+	// (relay_follow.go), since none comes.
+	Forwarded func(group string) bool
 	// Messages serves the kproxy messages other kproxies send
 	// (peer_message.go); nil answers each PeerUnknownType.
 	Messages *PeerMessages
@@ -221,6 +229,7 @@ type peerAnswer struct {
 	key, version int16
 	resp         kmsg.Response
 	code         int16
+	handedBack   bool // resp refuses a group handed back (peerTagHandedBack)
 	keepalive    bool // an answer to a keepalive: no response data
 	// message: an answer to a kproxy message, data its ResponseData.
 	message bool
@@ -331,9 +340,14 @@ func (c *peerServerConn) serve(corr int32, env *kmsg.EnvelopeRequest) {
 	cl := Client{ID: string(ih.ClientID), Host: hostString(env.ClientHostAddress)}
 	key, version := ih.Key, ih.Version
 	var once atomic.Bool
+	// Copied now: req aliases the connection's read buffer, which is
+	// reused once Handle returns.
+	mr, _ := memberOf(req)
+	memberGroup := strings.Clone(mr.key.group)
 	answer := func(resp kmsg.Response) {
 		if once.CompareAndSwap(false, true) {
-			c.push(peerAnswer{corr: corr, key: key, version: version, resp: resp})
+			back := memberGroup != "" && c.s.cfg.Forwarded != nil && notServed(answerCode(resp)) && c.s.cfg.Forwarded(memberGroup)
+			c.push(peerAnswer{corr: corr, key: key, version: version, resp: resp, handedBack: back})
 		}
 	}
 	group, watch := storeBound(req)
@@ -459,6 +473,9 @@ func (c *peerServerConn) encode(dst []byte, a peerAnswer) []byte {
 	default:
 		a.resp.SetVersion(a.version)
 		env.ResponseData = a.resp.AppendTo(nil)
+		if a.handedBack {
+			env.UnknownTags.Set(peerTagHandedBack, nil)
+		}
 	}
 	return codec.AppendResponse(dst, a.corr, env)
 }

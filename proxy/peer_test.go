@@ -124,7 +124,7 @@ func TestPeerRefusesNonGroupRequests(t *testing.T) {
 	hb := heartbeatFor("b-group", "m")
 	conn.Write(appendEnvelope(nil, 9, Client{ID: "raw", Host: "192.0.2.1"}, hb))
 	frame := readPeerFrame(t, conn)
-	resp, o, err := decodeRelayed(frame, hb.Key(), hb.Version)
+	resp, o, _, err := decodeRelayed(frame, hb.Key(), hb.Version)
 	if err != nil || o != outcomeOK || int32(binary.BigEndian.Uint32(frame)) != 9 {
 		t.Fatalf("heartbeat after the refusals: %v %v", o, err)
 	}

@@ -92,8 +92,13 @@ type follower struct {
 // sendTo sends req to d; an answer that d does not serve the group is
 // held by wait.
 func (f *follower) sendTo(d dest, req kmsg.Request) {
-	f.r.sendTo(d, f.c, req, f.done, func(resp kmsg.Response) bool {
-		if !notServed(answerCode(resp)) {
+	f.r.sendTo(d, f.c, req, f.done, func(resp kmsg.Response, handedBack bool) bool {
+		// An owner that handed the group back to the cluster's
+		// coordinator refuses too, and no next owner comes: the
+		// member must learn it now and find the cluster's coordinator,
+		// as directly, or the cluster gives its partitions to others
+		// while it still consumes them.
+		if !notServed(answerCode(resp)) || handedBack {
 			return false
 		}
 		now := time.Now()

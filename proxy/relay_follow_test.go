@@ -56,3 +56,38 @@ func TestRouterFollowEndsAtMemberVerdict(t *testing.T) {
 		t.Errorf("answered %v from the member's give-up moment, want at it", at.Sub(verdict))
 	}
 }
+
+// TestRouterFollowEndsAtHandBack: a member's request its owner refuses
+// because the group went back to the cluster's coordinator
+// (PeerServerConfig.Forwarded, the envelope's peerTagHandedBack) is
+// passed on at once: no next owner comes, and the member must find the
+// cluster's coordinator, as directly, instead of holding its partitions
+// while the cluster gives them to others. Refused for any other reason,
+// it is held (here until the relay timeout, no next owner appearing).
+func TestRouterFollowEndsAtHandBack(t *testing.T) {
+	for _, handedBack := range []bool{false, true} {
+		loc := newTestLocator("", map[string]string{})
+		ps, err := NewPeerServer(PeerServerConfig{Listen: "127.0.0.1:0", Logger: testLogger(t),
+			Coordinator: refusesAfterJoin{refused: func() {}},
+			Forwarded:   func(group string) bool { return handedBack && group == "g" }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		loc.set("g", ps.Addr())
+		r := NewRouter(RouterConfig{Locator: loc, Logger: testLogger(t), RelayTimeout: time.Second})
+		c := Client{ID: "test"}
+		joinM1(t, r, c, 30*time.Second)
+		start := time.Now()
+		resp := handle(t, r, c, heartbeatFor("g", "m1"))
+		took := time.Since(start)
+		r.Close()
+		ps.Close()
+		checkCodes(t, "refused heartbeat", resp, errNotCoordinator)
+		switch {
+		case handedBack && took > 200*time.Millisecond:
+			t.Errorf("handed back: the refusal was held %v, want it passed on at once", took)
+		case !handedBack && took < 900*time.Millisecond:
+			t.Errorf("not handed back: the refusal was passed on after %v, want it held about the relay timeout (1s)", took)
+		}
+	}
+}

@@ -480,7 +480,7 @@ func (r *Router) send(d dest, c Client, req kmsg.Request, done func(kmsg.Respons
 // sendTo is send; when took is not nil, an answer the owner gave (not
 // one the relay made up) is first offered to took, and done is not
 // called when took returns true (took then answers through done).
-func (r *Router) sendTo(d dest, c Client, req kmsg.Request, done func(kmsg.Response), took func(kmsg.Response) bool) {
+func (r *Router) sendTo(d dest, c Client, req kmsg.Request, done func(kmsg.Response), took func(resp kmsg.Response, handedBack bool) bool) {
 	start := time.Now()
 	key := req.Key()
 	mr, tracked := memberOf(req)
@@ -550,10 +550,10 @@ func (r *Router) sendTo(d dest, c Client, req kmsg.Request, done func(kmsg.Respo
 		})
 		return
 	}
-	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome) {
+	r.pool.do(d.addr, c, req, r.timeoutFor(req), func(resp kmsg.Response, o outcome, handedBack bool) {
 		r.metrics.record(key, o, time.Since(start))
 		finish(resp, o)
-		if o == outcomeOK && took != nil && took(resp) {
+		if o == outcomeOK && took != nil && took(resp, handedBack) {
 			return
 		}
 		if o != outcomeOK {

@@ -196,6 +196,15 @@ func (c *Coexist) AttachEngine(e Engine) {
 // requests forwarded there.
 func (c *Coexist) Forwarder() proxy.GroupForwarder { return c.watcher }
 
+// HandedBack reports whether group's requests go to the cluster's
+// coordinator, or are about to: forwarded, or being handed back by this
+// kproxy's anchor. An owner refusing a member's request for such a
+// group says so to the relaying kproxy (proxy.PeerServerConfig.Forwarded),
+// which then passes the refusal on instead of waiting for a next owner.
+func (c *Coexist) HandedBack(group string) bool {
+	return c.fw.Forwarded(group) || c.fw.handingBack(group)
+}
+
 // Forwarded lists the groups forwarded now, for the admin API.
 func (c *Coexist) Forwarded() []tap.ForwardedGroup { return c.fw.list() }
 

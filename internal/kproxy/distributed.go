@@ -59,7 +59,12 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 			messages.Handle(kind, 0, shares.PeerHandler(eng, kind))
 		}
 	}
+	var forwarded func(string) bool
+	if w.coexist != nil {
+		forwarded = w.coexist.HandedBack
+	}
 	peer, err := proxy.NewPeerServer(proxy.PeerServerConfig{
+		Forwarded:   forwarded,
 		Listen:      listen,
 		Coordinator: w.fleetCoordinator(eng),
 		Logger:      log.With("component", "peer"),
