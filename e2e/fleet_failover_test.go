@@ -43,9 +43,6 @@ import (
 func TestFleetFailoverWithinDetection(t *testing.T) {
 	t.Run("session_3s", func(t *testing.T) { failoverWithinDetection(t, 3*time.Second, 300*time.Millisecond) })
 	t.Run("defaults", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("a 10s fleet session: skipped with -short")
-		}
 		failoverWithinDetection(t, fleet.DefaultSessionTimeout, fleet.DefaultHeartbeatInterval)
 	})
 }
