@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Store keeps group metadata in a compacted topic of the upstream
@@ -50,6 +51,10 @@ type Options struct {
 	GroupsReplicationFactor int16
 	// Logger receives the store's warnings; nil means slog.Default().
 	Logger *slog.Logger
+	// Cluster sends the store's coordinator requests; nil means one of
+	// the store's own over the store's client. Give the stores of one
+	// kproxy the same one to share its coordinator cache.
+	Cluster *upstream.Cluster
 }
 
 // groupsTopicMeta is what a Store knows of its groups topic.
@@ -81,6 +86,9 @@ func NewWith(cl *kgo.Client, opts Options) *Store {
 	}
 	if opts.Logger != nil {
 		s.log = opts.Logger
+	}
+	if opts.Cluster != nil {
+		s.up = opts.Cluster
 	}
 	return s
 }
@@ -337,7 +345,7 @@ func (s *Store) produceGroupRecord(ctx context.Context, group string, value []by
 			return fmt.Errorf("kafkastore: writing the metadata of group %q: %w", group, last)
 		}
 		s.forgetGroupsMeta()
-		if err := sleepCtx(ctx, time.Duration(20*(attempt+1))*time.Millisecond); err != nil {
+		if err := upstream.Sleep(ctx, time.Duration(20*(attempt+1))*time.Millisecond); err != nil {
 			return fmt.Errorf("kafkastore: writing the metadata of group %q: %w (last: %v)", group, err, last)
 		}
 	}
@@ -494,15 +502,3 @@ func recordBatch(recs []kmsg.Record, ts int64, pid int64, epoch int16, seq int32
 
 // crc32c is the Castagnoli table record batches are checked with.
 var crc32c = crc32.MakeTable(crc32.Castagnoli)
-
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

@@ -27,7 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/internal/clientpool"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Store is the groupstate.OffsetStore over the upstream cluster: offsets are
@@ -39,6 +39,10 @@ import (
 // use.
 type Store struct {
 	cl *kgo.Client // immutable
+	// up sends the store's requests to coordinators (commits, offset
+	// fetches, transactions) on lent clients; immutable, shared with
+	// the anchors (Cluster).
+	up *upstream.Cluster
 
 	// groupsTopic, groupsPartitions and groupsRF configure the group
 	// metadata topic (groups.go); immutable after creation.
@@ -54,9 +58,6 @@ type Store struct {
 	gchecked bool             // the topic's cleanup policy was checked
 	// scans holds the load queue of each groups partition.
 	scans map[int32]*partitionScans
-	// coords caches the coordinators of transactional ids and groups
-	// for the transactional write path (txnreq.go); guarded by mu.
-	coords map[coordKey]int32
 
 	// txn is the transactional mode (txn.go), nil in local mode; set
 	// once by EnableTransactions before the store is shared.
@@ -64,13 +65,6 @@ type Store struct {
 	// anchors are the groups' anchors (anchors.go), nil when anchoring
 	// is off; set once by SetAnchors before the store is shared.
 	anchors Anchors
-	// apiKeys caches the API keys the cluster answers (SupportsKey);
-	// guarded by mu.
-	apiKeys map[int16]int16
-	// reqs lends a client to each request for a group sent to its
-	// coordinator (lend, internal/clientpool); nil sends them on cl. Set
-	// once by SetAnchors before the store is shared.
-	reqs *clientpool.Pool
 }
 
 var (
@@ -91,7 +85,7 @@ func New(cl *kgo.Client) *Store {
 		ids:              make(map[string][16]byte),
 		names:            make(map[[16]byte]string),
 		scans:            make(map[int32]*partitionScans),
-		coords:           make(map[coordKey]int32),
+		up:               upstream.New(cl),
 	}
 }
 
@@ -198,7 +192,7 @@ func (s *Store) CommitOffsets(ctx context.Context, group string, topics []kmsg.O
 		return r.topics, r.err
 	}
 	req := s.commitRequest(ctx, group, topics)
-	resp, err := req.RequestWith(ctx, lent{s})
+	resp, err := req.RequestWith(ctx, s.up.Lent())
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset commit for group %q: %w", group, err)
 	}
@@ -263,7 +257,7 @@ func (s *Store) TxnCommitOffsets(ctx context.Context, in *kmsg.TxnOffsetCommitRe
 			return resp, nil
 		}
 	}
-	resp, err := req.RequestWith(ctx, lent{s})
+	resp, err := req.RequestWith(ctx, s.up.Lent())
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: txn offset commit for group %q: %w", in.Group, err)
 	}
@@ -304,7 +298,7 @@ func (s *Store) fetchOffsets(ctx context.Context, group string, topics []kmsg.Of
 		}
 	}
 	req.Groups = []kmsg.OffsetFetchRequestGroup{rg}
-	resp, err := req.RequestWith(ctx, lent{s})
+	resp, err := req.RequestWith(ctx, s.up.Lent())
 	if err != nil {
 		return nil, fmt.Errorf("kafkastore: offset fetch for group %q: %w", group, err)
 	}

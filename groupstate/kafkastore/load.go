@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Loading a groups partition reads only what was committed (KIP-98
@@ -52,7 +53,7 @@ func (s *Store) scanWithRetries(ctx context.Context, p int32, keep func(key stri
 			return nil, last
 		}
 		s.forgetGroupsMeta()
-		if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+		if err := upstream.Sleep(ctx, upstream.Backoff(attempt)); err != nil {
 			return nil, fmt.Errorf("%w (last: %v)", err, last)
 		}
 	}
@@ -172,12 +173,6 @@ func batchesEnd(raw []byte) int64 {
 		raw = raw[12+length:]
 	}
 	return end
-}
-
-// backoff is the wait before retry attempt+1: 20ms, 40ms, ... capped at
-// 500ms.
-func backoff(attempt int) time.Duration {
-	return min(time.Duration(20*(attempt+1))*time.Millisecond, 500*time.Millisecond)
 }
 
 // GroupsWhere returns the groups whose last committed record in the

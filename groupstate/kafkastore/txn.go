@@ -10,6 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Transactional mode (docs/fleet.md, "Fencing and the write path"): the
@@ -316,7 +318,7 @@ func (s *Store) claim(ctx context.Context, tp *txnPart, owner []byte) error {
 	req.TransactionalID = &tp.txid
 	req.TransactionTimeoutMillis = int32(s.txn.opts.TransactionTimeout / time.Millisecond)
 	req.ProducerID, req.ProducerEpoch = -1, -1
-	raw, err := s.coordRequest(ctx, coordinatorTxn, tp.txid, req, maxInitProducerIDVersion, func(r kmsg.Response) int16 {
+	raw, err := s.up.Request(ctx, upstream.CoordinatorTxn, tp.txid, req, maxInitProducerIDVersion, func(r kmsg.Response) int16 {
 		return r.(*kmsg.InitProducerIDResponse).ErrorCode
 	})
 	if err != nil {
@@ -494,7 +496,7 @@ func (s *Store) flushLoop(tp *txnPart, done chan struct{}) {
 			idle := len(tp.pending) == 0
 			tp.mu.Unlock()
 			if !idle {
-				_ = sleepCtx(tp.ctx, l)
+				_ = upstream.Sleep(tp.ctx, l)
 			}
 		}
 		tp.mu.Lock()
@@ -694,7 +696,7 @@ func (s *Store) addPartitionToTxn(ctx context.Context, tp *txnPart) error {
 	req := kmsg.NewPtrAddPartitionsToTxnRequest()
 	req.TransactionalID, req.ProducerID, req.ProducerEpoch = tp.txid, tp.pid, tp.epoch
 	req.Topics = []kmsg.AddPartitionsToTxnRequestTopic{{Topic: s.groupsTopic, Partitions: []int32{tp.p}}}
-	raw, err := s.coordRequest(ctx, coordinatorTxn, tp.txid, req, maxAddPartitionsToTxnVersion, func(r kmsg.Response) int16 {
+	raw, err := s.up.Request(ctx, upstream.CoordinatorTxn, tp.txid, req, maxAddPartitionsToTxnVersion, func(r kmsg.Response) int16 {
 		resp := r.(*kmsg.AddPartitionsToTxnResponse)
 		if resp.ErrorCode != 0 {
 			return resp.ErrorCode
@@ -742,7 +744,7 @@ func (s *Store) produceTxn(ctx context.Context, tp *txnPart, recs []kmsg.Record)
 	var last error
 	for attempt := 0; attempt < 5; attempt++ {
 		if attempt > 0 {
-			if err := sleepCtx(ctx, backoff(attempt-1)); err != nil {
+			if err := upstream.Sleep(ctx, upstream.Backoff(attempt-1)); err != nil {
 				return fmt.Errorf("transactional produce to %s[%d]: %w (last: %v)", s.groupsTopic, tp.p, err, last)
 			}
 		}
@@ -770,11 +772,11 @@ func (s *Store) produceTxn(ctx context.Context, tp *txnPart, recs []kmsg.Record)
 		// go to the same leader, do not wait out this one's acks=all
 		// (internal/clientpool); tp has one produce in flight at a time, so
 		// its sequence numbers still arrive in order.
-		cl, put, err := s.lend(ctx)
+		cl, put, err := s.up.Lend(ctx)
 		if err != nil {
 			return fmt.Errorf("transactional produce to %s[%d]: %w", s.groupsTopic, tp.p, err)
 		}
-		raw, err := cl.Broker(int(m.leaders[tp.p])).RetriableRequest(ctx, capVersion{req, maxTxnProduceVersion})
+		raw, err := cl.Broker(int(m.leaders[tp.p])).RetriableRequest(ctx, upstream.Capped(req, maxTxnProduceVersion))
 		put()
 		if err != nil {
 			s.forgetGroupsMeta()
@@ -809,7 +811,7 @@ func (s *Store) produceTxn(ctx context.Context, tp *txnPart, recs []kmsg.Record)
 func (s *Store) addOffsetsToTxn(ctx context.Context, tp *txnPart, group string) error {
 	req := kmsg.NewPtrAddOffsetsToTxnRequest()
 	req.TransactionalID, req.ProducerID, req.ProducerEpoch, req.Group = tp.txid, tp.pid, tp.epoch, group
-	raw, err := s.coordRequest(ctx, coordinatorTxn, tp.txid, req, maxAddOffsetsToTxnVersion, func(r kmsg.Response) int16 {
+	raw, err := s.up.Request(ctx, upstream.CoordinatorTxn, tp.txid, req, maxAddOffsetsToTxnVersion, func(r kmsg.Response) int16 {
 		return r.(*kmsg.AddOffsetsToTxnResponse).ErrorCode
 	})
 	if err != nil {
@@ -844,10 +846,10 @@ func (s *Store) txnOffsetCommit(ctx context.Context, tp *txnPart, group string, 
 		}
 		req.Topics = append(req.Topics, rt)
 	}
-	raw, err := s.coordRequest(ctx, coordinatorGroup, group, req, maxTxnOffsetCommitVersion, func(r kmsg.Response) int16 {
+	raw, err := s.up.Request(ctx, upstream.CoordinatorGroup, group, req, maxTxnOffsetCommitVersion, func(r kmsg.Response) int16 {
 		for _, t := range r.(*kmsg.TxnOffsetCommitResponse).Topics {
 			for _, p := range t.Partitions {
-				if retriableCoordinatorCode(p.ErrorCode) {
+				if upstream.RetriableCoordinatorCode(p.ErrorCode) {
 					return p.ErrorCode
 				}
 			}
@@ -883,7 +885,7 @@ func (s *Store) endTxn(ctx context.Context, tp *txnPart, commit bool) error {
 	if commit {
 		what = "commit"
 	}
-	raw, err := s.coordRequest(ctx, coordinatorTxn, tp.txid, req, maxEndTxnVersion, func(r kmsg.Response) int16 {
+	raw, err := s.up.Request(ctx, upstream.CoordinatorTxn, tp.txid, req, maxEndTxnVersion, func(r kmsg.Response) int16 {
 		return r.(*kmsg.EndTxnResponse).ErrorCode
 	})
 	if err != nil {
@@ -933,7 +935,7 @@ func (s *Store) txnFetchOffsets(ctx context.Context, group string, topics []kmsg
 		if err != nil || !hasUnstable(out) || time.Now().After(deadline) {
 			return out, err
 		}
-		if err := sleepCtx(ctx, backoff(attempt)); err != nil {
+		if err := upstream.Sleep(ctx, upstream.Backoff(attempt)); err != nil {
 			return out, nil
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // txnCluster is a kfake cluster for the transactional tests, with topic
@@ -244,7 +246,7 @@ func (tc *txnCluster) offsetOf(ctx context.Context, group string, partition int3
 		case 0:
 			return p.Offset
 		case kerr.UnstableOffsetCommit.Code:
-			if err := sleepCtx(ctx, 10*time.Millisecond); err != nil {
+			if err := upstream.Sleep(ctx, 10*time.Millisecond); err != nil {
 				tc.t.Fatalf("offsets of %s never stable", group)
 			}
 		default:
@@ -515,7 +517,7 @@ func TestTxnReleaseWaitsForInFlight(t *testing.T) {
 	go func() { s.Release(ctx, p); close(released) }()
 	// Release refuses new work as soon as it starts.
 	for s.Claimed(p) {
-		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+		if err := upstream.Sleep(ctx, time.Millisecond); err != nil {
 			t.Fatal("Release never started")
 		}
 	}

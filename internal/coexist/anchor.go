@@ -17,6 +17,7 @@ import (
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/classic"
 	"github.com/kproxy/kproxy/internal/clientpool"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Anchors (docs/anchors.md). With EnableAnchors, every group the engine
@@ -159,11 +160,12 @@ type AnchorOptions struct {
 // them to it (kafkastore.Anchors) and Close stops them.
 type Anchors struct {
 	s    *kafkastore.Store // immutable
+	up   *upstream.Cluster // immutable: the store's, shared
 	opts AnchorOptions     // immutable, defaults filled
 	log  *slog.Logger      // immutable
-	// reqs lends the store's requests to group coordinators a client
-	// each (nil without AnchorOptions.NewClient); handed to the store,
-	// closed by Close.
+	// reqs lends the requests to group coordinators (the anchors' and
+	// the store's, through up) a client each (nil without
+	// AnchorOptions.NewClient); closed by Close.
 	reqs *clientpool.Pool
 
 	mu     sync.Mutex         // guards groups and released
@@ -304,7 +306,7 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 		o.RequestClients = 64
 	}
 	as := &Anchors{
-		s: s, opts: o, log: s.Logger(),
+		s: s, up: s.Cluster(), opts: o, log: s.Logger(),
 		groups:   make(map[string]*anchor),
 		released: make(map[string]string),
 		sem:      make(chan struct{}, 64),
@@ -319,7 +321,10 @@ func newAnchors(s *kafkastore.Store, o AnchorOptions) *Anchors {
 
 // start hands the anchors to their store and starts their scheduler.
 func (as *Anchors) start() {
-	as.s.SetAnchors(as, as.reqs)
+	if as.reqs != nil {
+		as.up.LendFrom(as.reqs)
+	}
+	as.s.SetAnchors(as)
 	go as.scheduler()
 	go as.watchRebalances()
 }
@@ -630,10 +635,10 @@ func (as *Anchors) request(ctx context.Context, group string, req kmsg.Request, 
 			return nil, err
 		}
 		defer as.joins.Put(cl)
-		return as.s.GroupRequestOn(ctx, cl, group, req, req.MaxVersion(), code)
+		return as.up.RequestOn(ctx, cl, upstream.CoordinatorGroup, group, req, req.MaxVersion(), code)
 	}
 	if as.reqs != nil {
-		return as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
+		return as.up.Request(ctx, upstream.CoordinatorGroup, group, req, req.MaxVersion(), code)
 	}
 	select {
 	case as.sem <- struct{}{}:
@@ -641,7 +646,7 @@ func (as *Anchors) request(ctx context.Context, group string, req kmsg.Request, 
 		return nil, ctx.Err()
 	}
 	defer func() { <-as.sem }()
-	return as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
+	return as.up.Request(ctx, upstream.CoordinatorGroup, group, req, req.MaxVersion(), code)
 }
 
 // describeOne describes group alone on its coordinator through request:
@@ -795,7 +800,7 @@ func (as *Anchors) describeKind(ctx context.Context, group, kind string) (Cluste
 // group only (describeOne), read giving an entry's error code and how
 // many members it lists.
 func describeKindWith[R kmsg.Response, G any](ctx context.Context, as *Anchors, group, kind string, req kmsg.Request, entries func(R) []G, read func(G) (code int16, members int)) (ClusterGroup, error) {
-	if !as.s.SupportsKey(ctx, req.Key()) {
+	if !as.up.SupportsKey(ctx, req.Key()) {
 		return ClusterGroup{}, nil
 	}
 	g, found, err := describeOne(ctx, as, group, req, entries, func(g G) int16 {
@@ -1364,7 +1369,7 @@ func (as *Anchors) anchoredSend(ctx context.Context, group, what string, build f
 			return nil, false, nil
 		}
 		req := build(memberID, gen)
-		resp, err := as.s.GroupRequest(ctx, group, req, req.MaxVersion(), code)
+		resp, err := as.up.Request(ctx, upstream.CoordinatorGroup, group, req, req.MaxVersion(), code)
 		done()
 		if err != nil {
 			return nil, true, fmt.Errorf("%s for group %q: %w", what, group, err)
@@ -1428,7 +1433,7 @@ func (as *Anchors) DescribeOnCluster(ctx context.Context, group string) (Cluster
 // GroupCoordinator asks the cluster for the node id of group's
 // coordinator (the store's primitive, for the forwarding decisions).
 func (as *Anchors) GroupCoordinator(ctx context.Context, group string) (int32, error) {
-	return as.s.GroupCoordinator(ctx, group)
+	return as.up.FreshCoordinator(ctx, upstream.CoordinatorGroup, group)
 }
 
 // maxDescribeBatch bounds the groups of one polling DescribeGroups.
@@ -1454,7 +1459,7 @@ func (as *Anchors) heldAnchors() map[string]*anchor {
 func (as *Anchors) byCoordinator(ctx context.Context, held map[string]*anchor) map[int32][]string {
 	byNode := make(map[int32][]string)
 	for g := range held {
-		node, err := as.s.GroupCoordinatorNode(ctx, g)
+		node, err := as.up.Coordinator(ctx, upstream.CoordinatorGroup, g)
 		if err != nil {
 			continue
 		}
@@ -1491,7 +1496,7 @@ func (as *Anchors) describeHeld(ctx context.Context, node int32, groups []string
 		groups = groups[len(batch):]
 		req := kmsg.NewPtrDescribeGroupsRequest()
 		req.Groups = batch
-		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		resp, err := req.RequestWith(ctx, as.up.Client().Broker(int(node)))
 		if err != nil {
 			continue
 		}
@@ -1613,7 +1618,7 @@ func (as *Anchors) watchOnce() {
 		}
 		req := kmsg.NewPtrListGroupsRequest()
 		req.StatesFilter = rebalancingStates
-		resp, err := req.RequestWith(ctx, as.s.Client().Broker(int(node)))
+		resp, err := req.RequestWith(ctx, as.up.Client().Broker(int(node)))
 		if err != nil || resp.ErrorCode != 0 || resp.GetVersion() < 4 {
 			continue
 		}

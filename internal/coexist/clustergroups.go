@@ -11,7 +11,7 @@ import (
 
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // ClusterGroups is the cluster's own groups (groupstate.ClusterGroups,
@@ -30,15 +30,15 @@ import (
 // unchanged (error codes, messages, member metadata, authorized
 // operations), which a round trip through kadm's types would not keep.
 type ClusterGroups struct {
-	cl *kgo.Client       // immutable: the store's client
-	st *kafkastore.Store // immutable: which API keys the cluster answers
+	cl *kgo.Client       // immutable: up's client
+	up *upstream.Cluster // immutable: which API keys the cluster answers
 }
 
 var _ groupstate.ClusterGroups = (*ClusterGroups)(nil)
 
-// NewClusterGroups is the cluster's groups as st's client sees them.
-func NewClusterGroups(st *kafkastore.Store) *ClusterGroups {
-	return &ClusterGroups{cl: st.Client(), st: st}
+// NewClusterGroups is the cluster's groups as up's client sees them.
+func NewClusterGroups(up *upstream.Cluster) *ClusterGroups {
+	return &ClusterGroups{cl: up.Client(), up: up}
 }
 
 // ListClusterGroups implements groupstate.ClusterGroups. A group listed
@@ -103,7 +103,7 @@ func (c *ClusterGroups) DescribeClusterConsumerGroups(ctx context.Context, group
 		g.Group, g.ErrorCode = id, code
 		return g
 	}
-	if c.st.LacksKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
+	if c.up.LacksKey(ctx, kmsg.ConsumerGroupDescribe.Int16()) {
 		// A cluster from before KIP-848 has no consumer groups: each is
 		// answered as Kafka answers an unknown one.
 		out := make([]kmsg.ConsumerGroupDescribeResponseGroup, 0, len(groups))

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/fleet"
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // TestClusterGroups: ClusterGroups lists and describes the cluster's groups
@@ -109,7 +109,7 @@ func TestClusterGroups(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	cg := NewClusterGroups(kafkastore.New(newClient()))
+	cg := NewClusterGroups(upstream.New(newClient()))
 	listed, err := cg.ListClusterGroups(ctx)
 	if err != nil {
 		t.Fatalf("ListClusterGroups: %v", err)
@@ -211,7 +211,7 @@ func TestClusterGroupsUnreachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	cg := NewClusterGroups(kafkastore.New(cl))
+	cg := NewClusterGroups(upstream.New(cl))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	got, err := cg.DescribeClusterGroups(ctx, []string{"a", "b", "a"}, false)

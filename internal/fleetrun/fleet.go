@@ -20,6 +20,7 @@ import (
 	"github.com/kproxy/kproxy/fleet"
 	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/upstream"
 	"github.com/kproxy/kproxy/proxy"
 	"github.com/kproxy/kproxy/tap"
 )
@@ -76,7 +77,7 @@ type Runtime struct {
 // reports which of the transactional APIs distributed mode needs it
 // lacks.
 func upstreamSupportsTransactions(ctx context.Context, cl *kgo.Client) error {
-	have, err := kafkastore.ClusterKeys(ctx, cl)
+	have, err := upstream.Keys(ctx, cl)
 	if err != nil {
 		return fmt.Errorf("asking the upstream for its API versions: %w", err)
 	}

@@ -31,7 +31,7 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 	w.enableAnchors(f.Store(), cfg, f.LastOwner, f.Owns)
 
 	engCfg.Store = f.Store()
-	engCfg.ClusterGroups = coexist.NewClusterGroups(f.Store())
+	engCfg.ClusterGroups = coexist.NewClusterGroups(f.Store().Cluster())
 	engCfg.Owns = f.Owns
 	eng, err := groupstate.New(engCfg)
 	if err != nil {

@@ -384,7 +384,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		store = cfg.Groups.WrapStore(store)
 	}
 	engCfg.Store = store
-	engCfg.ClusterGroups = coexist.NewClusterGroups(ks)
+	engCfg.ClusterGroups = coexist.NewClusterGroups(ks.Cluster())
 	eng, err := groupstate.New(engCfg)
 	if err != nil {
 		w.close(context.Background())

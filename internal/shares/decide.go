@@ -8,7 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate/kafkastore"
+	"github.com/kproxy/kproxy/internal/upstream"
 )
 
 // Choice is who serves share groups under `--share-groups auto`, decided
@@ -79,7 +79,7 @@ func summarize(names []string, n int) string {
 func clusterLacksShares(ctx context.Context, cl kmsg.Requestor) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	keys, err := kafkastore.ClusterKeys(ctx, cl)
+	keys, err := upstream.Keys(ctx, cl)
 	if err != nil {
 		return false, err
 	}
