@@ -85,12 +85,18 @@ type consumerGroupsTool struct {
 // path and main class of kafka-consumer-groups of the broker's version,
 // fetching the jars once.
 func (s *scenario) newConsumerGroupsTool(ctx context.Context) (*consumerGroupsTool, error) {
+	return s.newConsumerGroupsToolOf(ctx, s.h.kafkaVersion)
+}
+
+// newConsumerGroupsToolOf is newConsumerGroupsTool with the tools of
+// Kafka version ("" for kafka.sh's default).
+func (s *scenario) newConsumerGroupsToolOf(ctx context.Context, version string) (*consumerGroupsTool, error) {
 	if len(s.r.tools) == 0 {
 		return nil, fmt.Errorf("row has no tools command")
 	}
 	argv := append([]string(nil), s.r.tools...)
-	if s.h.kafkaVersion != "" {
-		argv = append(argv, "--version", s.h.kafkaVersion)
+	if version != "" {
+		argv = append(argv, "--version", version)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()

@@ -155,6 +155,22 @@ func (p *kindProc) kill() {
 	<-p.done
 }
 
+// stop asks the process to end (SIGTERM: a member leaves its group as an
+// application stopping does) and waits up to within for it, then kills
+// it. It reports whether the process ended on its own.
+func (p *kindProc) stop(within time.Duration) bool {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(within):
+		p.kill()
+		return false
+	}
+}
+
 // kindJava returns the argv prefix of a kinds program (interop/kinds).
 func (h *harness) kindJava(class string) []string {
 	cp := filepath.Join(h.root, "interop/kinds/target/classes") + ":" + filepath.Join(h.root, "interop/kinds/target/lib/*")

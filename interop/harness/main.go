@@ -210,7 +210,7 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// shareserve.go: share groups served by kproxy itself
 		// (--share-groups serve) in front of a cluster without them;
 		// directly the consumers are expected to fail.
-		{name: "java-share-serve", kind: "share", shareServe: true, needs: shareGroups},
+		{name: "java-share-serve", kind: "share", shareServe: true, needs: shareGroups, tools: kafkaTools},
 		{name: "java41-share-serve", kind: "share", shareServe: true, needs: shareGroups, kindsLib: "interop/java/target/lib"},
 		{name: "franz-share-serve", kind: "share", shareServe: true, needs: shareGroups, client: goc("franz")},
 		// sharefleet.go: the same served by a fleet of three, a

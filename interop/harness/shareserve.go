@@ -427,6 +427,16 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 	})
 	took := time.Since(began)
 	gone := exited()
+	tools := len(s.r.tools) > 0 && gone == "" && err == nil
+	if tools {
+		// They leave the group, as applications stopping do, for the
+		// tools to find it Empty.
+		for _, m := range members {
+			if !m.stop(15 * time.Second) {
+				s.note("%s did not end within 15 s of SIGTERM: killed", m.name)
+			}
+		}
+	}
 	m1.kill()
 	m2.kill()
 	rep := checkShareLedger(values, events())
@@ -452,6 +462,11 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 	}
 	if rep.rejected == 0 || rep.released == 0 {
 		return fail("%d rejected, %d released: the row did not exercise both", rep.rejected, rep.released)
+	}
+	if tools {
+		if err := s.shareServeTools(ctx, addr, group, topic, label); err != nil {
+			return fail("%v", err)
+		}
 	}
 	res.pass = true
 	return res, out

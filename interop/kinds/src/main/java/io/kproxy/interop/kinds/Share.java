@@ -23,7 +23,9 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * each non-empty poll, and holds the batch --hold-ms before polling again, so
  * that the harness can kill it while it holds acquired records. Errors are
  * printed as "ERROR class: message" and the program goes on polling, as an
- * application would; it runs until killed or --seconds pass.
+ * application would; it runs until killed or --seconds pass. On SIGTERM
+ * it stops polling, closes the consumer (leaving the group, as an
+ * application stopping does) and prints "DONE".
  *
  * <p>With --ack explicit (share.acknowledgement.mode=explicit) it
  * acknowledges each record itself: REJECT when the value ends in 7,
@@ -50,10 +52,19 @@ public final class Share {
         long hold = Long.parseLong(a.getOrDefault("hold-ms", "0"));
         long until = System.currentTimeMillis() + 1000L * Long.parseLong(a.getOrDefault("seconds", "120"));
         int batches = 0;
+        Thread main = Thread.currentThread();
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            stopping = true;
+            try {
+                main.join(15_000);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }));
         try (KafkaShareConsumer<String, String> c = new KafkaShareConsumer<>(p)) {
             c.subscribe(List.of(a.get("topic")));
             System.out.println("STARTED");
-            while (System.currentTimeMillis() < until) {
+            while (!stopping && System.currentTimeMillis() < until) {
                 ConsumerRecords<String, String> recs;
                 try {
                     recs = c.poll(Duration.ofMillis(500));
@@ -85,7 +96,11 @@ public final class Share {
             }
         }
         System.out.println("DONE");
+        System.out.flush();
     }
+
+    /** Set by the SIGTERM hook: the poll loop ends and the consumer closes. */
+    static volatile boolean stopping;
 
     /** The ack type of --ack explicit for a record (see the class comment). */
     static AcknowledgeType ackType(ConsumerRecord<String, String> r) {
