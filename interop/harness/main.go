@@ -217,6 +217,8 @@ func (h *harness) rows(cacheDir, goclient string) []row {
 		// consumer and then the group's owner SIGKILLed.
 		{name: "franz-share-serve-fleet", kind: "share", shareServe: true, shareFleet: true, needs: shareGroups, client: goc("franz")},
 		{name: "java-share-serve-fleet", kind: "share", shareServe: true, shareFleet: true, needs: shareGroups},
+		{name: "py-share-serve-fleet", kind: "share", shareServe: true, shareFleet: true, needs: shareGroups,
+			client: append(append([]string(nil), py...), "--client", "confluent")},
 		{name: "py-share-serve", kind: "share", shareServe: true, needs: shareGroups,
 			client: append(append([]string(nil), py...), "--client", "confluent")},
 		{name: "java-streams", kind: "streams", brokerGroupTraffic: "streams groups are the cluster's: kproxy forwards them"},
