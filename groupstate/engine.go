@@ -118,6 +118,11 @@ type Config struct {
 	// cheap, must not block and must be safe for concurrent use. nil
 	// means Kafka's defaults (share_group.go).
 	ShareSettings func(group string) ShareSettings
+	// ShareDefaults are the cluster's group.share.* broker settings: a
+	// share group's settings where its own (ShareSettings, or
+	// GroupSettings' Share) leave a field zero; a zero field here means
+	// Kafka's default.
+	ShareDefaults ShareSettings
 	// EmptyGroupRetention is how long the engine keeps the state of a
 	// group that has been Empty (protocol type, generation) before
 	// forgetting it; its offsets stay in the store, so it then shows as

@@ -81,7 +81,31 @@ func (e *Engine) shareSettings(group string) ShareSettings {
 	case e.cfg.GroupSettings != nil:
 		c = e.cfg.GroupSettings(group).Share
 	}
-	return c.withDefaults()
+	return c.over(e.cfg.ShareDefaults).withDefaults()
+}
+
+// over fills the zero durations and limits of c from d (a group's own
+// configs over the cluster's broker settings).
+func (c ShareSettings) over(d ShareSettings) ShareSettings {
+	if c.SessionTimeout <= 0 {
+		c.SessionTimeout = d.SessionTimeout
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = d.HeartbeatInterval
+	}
+	if c.LockDuration <= 0 {
+		c.LockDuration = d.LockDuration
+	}
+	if c.DeliveryLimit <= 0 {
+		c.DeliveryLimit = d.DeliveryLimit
+	}
+	if c.MaxRecordLocks <= 0 {
+		c.MaxRecordLocks = d.MaxRecordLocks
+	}
+	if c.MaxSize <= 0 {
+		c.MaxSize = d.MaxSize
+	}
+	return c
 }
 
 // ShareTP names one share-partition of a group: a topic by id and a

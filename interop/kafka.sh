@@ -121,13 +121,18 @@ version_properties() {
 		# broker validates against this bound (default 15 s), also when
 		# kproxy serves the group and forwards the GROUP config.
 		printf '%s\n' "group.share.min.record.lock.duration.ms=1000"
+		# Share sessions as short as the classic rows' too: a SIGKILLed
+		# share consumer's records move within the share rows' time,
+		# at the broker from 4.2 and at kproxy serving share groups in
+		# front of 4.0 and 4.1 (it reads these settings from the
+		# cluster, internal/groupconfig).
+		printf '%s\n' "group.share.min.session.timeout.ms=3000" "group.share.session.timeout.ms=10000" \
+			"group.share.min.heartbeat.interval.ms=1000" "group.share.heartbeat.interval.ms=2000"
 	fi
 	if version_ge "$KAFKA_VERSION" 4.2.0; then
 		printf '%s\n' "group.streams.min.session.timeout.ms=3000" "group.streams.session.timeout.ms=10000" \
 			"group.streams.min.heartbeat.interval.ms=1000" "group.streams.heartbeat.interval.ms=2000" \
-			"group.streams.initial.rebalance.delay.ms=0" \
-			"group.share.min.session.timeout.ms=3000" "group.share.session.timeout.ms=10000" \
-			"group.share.min.heartbeat.interval.ms=1000" "group.share.heartbeat.interval.ms=2000"
+			"group.streams.initial.rebalance.delay.ms=0"
 	fi
 }
 # --- end of broker versions ---------------------------------------------

@@ -24,7 +24,8 @@ import (
 // DescribeConfigs (BROKER) with, and kproxy's own default only when the
 // cluster cannot be read or does not name the setting. The names and
 // Kafka's defaults are those of Kafka's GroupCoordinatorConfig (classic
-// group configs and KIP-848's consumer group configs). Kafka documents
+// group configs and KIP-848's consumer group configs) and
+// ShareGroupConfig (KIP-932's share group configs). Kafka documents
 // them as static: a broker reads them at start, so they change only with
 // a broker restart. kproxy likewise reads them once before its engine is
 // built (the engine's Config is immutable after groupstate.New, read by
@@ -108,6 +109,18 @@ var groupSettings = []groupSetting{
 		show: func(c *groupstate.Config) string { return string(c.ConsumerMigrationPolicy) },
 		def:  string(groupstate.MigrationBidirectional),
 	},
+	// KIP-932's share group settings (Kafka's ShareGroupConfig), for
+	// the share groups kproxy serves; a group's own share.* GROUP
+	// configs override them.
+	msSetting("group.share.session.timeout.ms", "45000",
+		func(c *groupstate.Config) *time.Duration { return &c.ShareDefaults.SessionTimeout }, false),
+	msSetting("group.share.heartbeat.interval.ms", "5000",
+		func(c *groupstate.Config) *time.Duration { return &c.ShareDefaults.HeartbeatInterval }, false),
+	msSetting("group.share.record.lock.duration.ms", "30000",
+		func(c *groupstate.Config) *time.Duration { return &c.ShareDefaults.LockDuration }, false),
+	intSetting("group.share.delivery.count.limit", "5", func(c *groupstate.Config) *int { return &c.ShareDefaults.DeliveryLimit }),
+	intSetting("group.share.partition.max.record.locks", "2000", func(c *groupstate.Config) *int { return &c.ShareDefaults.MaxRecordLocks }),
+	intSetting("group.share.max.size", "200", func(c *groupstate.Config) *int { return &c.ShareDefaults.MaxSize }),
 }
 
 // msSetting is a setting in milliseconds held as a Duration. With

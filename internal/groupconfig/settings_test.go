@@ -32,6 +32,12 @@ func TestGroupSettingsPrecedence(t *testing.T) {
 		"group.consumer.assignors":                 "org.apache.kafka.coordinator.group.assignor.RangeAssignor,uniform",
 		"group.consumer.max.size":                  "7",
 		"group.consumer.migration.policy":          "UPGRADE",
+		"group.share.session.timeout.ms":           "10000",
+		"group.share.heartbeat.interval.ms":        "2000",
+		"group.share.record.lock.duration.ms":      "15000",
+		"group.share.delivery.count.limit":         "3",
+		"group.share.partition.max.record.locks":   "500",
+		"group.share.max.size":                     "20",
 	}}
 	for _, tc := range []struct {
 		name    string
@@ -48,8 +54,11 @@ func TestGroupSettingsPrecedence(t *testing.T) {
 			ConsumerSessionTimeout: 30 * time.Second, ConsumerMinSessionTimeout: 10 * time.Second, ConsumerMaxSessionTimeout: 50 * time.Second,
 			ConsumerHeartbeatInterval: 2 * time.Second, ConsumerAssignors: []string{"range", "uniform"}, ConsumerMaxGroupSize: 7,
 			ConsumerMigrationPolicy: groupstate.MigrationUpgrade,
+			ShareDefaults: groupstate.ShareSettings{SessionTimeout: 10 * time.Second, HeartbeatInterval: 2 * time.Second,
+				LockDuration: 15 * time.Second, DeliveryLimit: 3, MaxRecordLocks: 500, MaxSize: 20},
 		},
 		source: map[string]string{"group.initial.rebalance.delay.ms": SourceCluster, "group.consumer.assignors": SourceCluster,
+			"group.share.session.timeout.ms": SourceCluster, "group.share.delivery.count.limit": SourceCluster,
 			"group.consumer.min.heartbeat.interval.ms": SourceCluster, "group.consumer.max.heartbeat.interval.ms": SourceDefault},
 	}, {
 		name: "flags and the file win; a listed zero is explicit",
@@ -62,6 +71,8 @@ func TestGroupSettingsPrecedence(t *testing.T) {
 			ConsumerSessionTimeout: 30 * time.Second, ConsumerMinSessionTimeout: 10 * time.Second, ConsumerMaxSessionTimeout: 50 * time.Second,
 			ConsumerHeartbeatInterval: 2 * time.Second, ConsumerAssignors: []string{"uniform"}, ConsumerMaxGroupSize: 7,
 			ConsumerMigrationPolicy: groupstate.MigrationUpgrade,
+			ShareDefaults: groupstate.ShareSettings{SessionTimeout: 10 * time.Second, HeartbeatInterval: 2 * time.Second,
+				LockDuration: 15 * time.Second, DeliveryLimit: 3, MaxRecordLocks: 500, MaxSize: 20},
 		},
 		source: map[string]string{"group.initial.rebalance.delay.ms": SourceFlag, "group.max.size": SourceFlag,
 			"group.consumer.assignors": SourceFile, "group.min.session.timeout.ms": SourceCluster},
