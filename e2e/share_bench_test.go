@@ -53,7 +53,7 @@ func BenchmarkShareConsume(b *testing.B) {
 	if resp, err := kadm.NewClient(adm).CreateTopic(ctx, 3, -1, nil, topic); err != nil || resp.Err != nil {
 		b.Fatalf("creating %s: %v %v", topic, err, resp.Err)
 	}
-	value := strings.Repeat("x", 100)
+	value := strings.Repeat("x", shareBenchValueBytes)
 	recs := make([]*kgo.Record, n)
 	for i := range recs {
 		recs[i] = &kgo.Record{Topic: topic, Value: []byte(value)}
@@ -69,13 +69,19 @@ func BenchmarkShareConsume(b *testing.B) {
 			p := paths[i]
 			group := fmt.Sprintf("share-bench-%s-%s-%d", run, p.name, round)
 			setShareReset(ctx, b, adm, group)
+			cpu := selfCPUTime()
 			took, lat := shareReadAll(ctx, b, p.addr, group, topic, n)
+			p.cpu += selfCPUTime() - cpu
 			p.elapsed += took
 			p.lat = append(p.lat, lat...)
 		}
 	}
 	b.Logf("share consume, %d records twice per path, %d and %d ShareFetches:\n%s", n, len(paths[0].lat), len(paths[1].lat), reportShareBench(b, 2*n, paths))
 }
+
+// shareBenchValueBytes is the size of the share benchmarks' record
+// values.
+const shareBenchValueBytes = 100
 
 // shareBenchPath is one path of a share benchmark: where its consumers
 // connect, and what they measured.
@@ -84,6 +90,9 @@ type shareBenchPath struct {
 	addr    string
 	elapsed time.Duration
 	lat     []time.Duration
+	// cpu is this process's CPU time while the path ran (selfCPUTime):
+	// the consumer, and the path's kproxy where it runs in process.
+	cpu time.Duration
 }
 
 // reportShareBench reports each path's records/s (n records in all) and
@@ -94,14 +103,23 @@ func reportShareBench(b *testing.B, n int, paths []*shareBenchPath) string {
 	dRate := float64(n) / d.elapsed.Seconds()
 	d50, d99 := p50p99(d.lat)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir")
+	// CPU per GB of record values, this process's: the consumer, and
+	// the path's kproxy, which runs in process. With the clusters
+	// elsewhere ($KPROXY_BENCH_SHARE_*), the direct path's is the
+	// consumer's alone; the others' are the consumer's and kproxy's
+	// together (the consumer's own part varies with the batches each
+	// path returns, so a difference is not kproxy's).
+	gb := float64(n) * shareBenchValueBytes / 1e9
+	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s %12s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir", "CPU s/GB")
 	for _, p := range paths {
 		rate := float64(n) / p.elapsed.Seconds()
 		p50, p99 := p50p99(p.lat)
-		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99))
+		perGB := p.cpu.Seconds() / gb
+		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f %12.1f\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99), perGB)
 		b.ReportMetric(rate, p.name+"-records/s")
 		b.ReportMetric(ms(p50), p.name+"-fetch-p50-ms")
 		b.ReportMetric(ms(p99), p.name+"-fetch-p99-ms")
+		b.ReportMetric(perGB, p.name+"-cpu-s/GB")
 	}
 	return sb.String()
 }

@@ -80,7 +80,7 @@ func BenchmarkShareServe(b *testing.B) {
 
 	ctx := context.Background()
 	topic := "share-serve-bench-" + run
-	value := []byte(strings.Repeat("x", 100))
+	value := []byte(strings.Repeat("x", shareBenchValueBytes))
 	prefill := func(brokers []string) *kgo.Client {
 		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 		if err != nil {
@@ -110,7 +110,9 @@ func BenchmarkShareServe(b *testing.B) {
 			if p.name == "direct" {
 				setShareReset(ctx, b, dcl, group)
 			}
+			cpu := selfCPUTime()
 			took, lat := shareReadAll(ctx, b, p.addr, group, topic, n)
+			p.cpu += selfCPUTime() - cpu
 			p.elapsed += took
 			p.lat = append(p.lat, lat...)
 		}
