@@ -208,6 +208,29 @@ func TestGroupConfigsKeptOn3x(t *testing.T) {
 		t.Errorf("no.such.config: %v %q, want INVALID_CONFIG", err, msg)
 	}
 
+	// A request naming another resource too goes to the cluster as it
+	// came (the shim above lets the in-memory cluster answer a request
+	// whose first resource is not GROUP, GROUP ones with its own configs,
+	// where Kafka 3.x answers INVALID_REQUEST): not kproxy's earliest.
+	mixed := kmsg.NewPtrDescribeConfigsRequest()
+	for _, rt := range []kmsg.ConfigResourceType{kmsg.ConfigResourceTypeTopic, kmsg.ConfigResourceTypeGroupConfig} {
+		r := kmsg.NewDescribeConfigsRequestResource()
+		r.ResourceType, r.ResourceName = rt, topic
+		if rt == kmsg.ConfigResourceTypeGroupConfig {
+			r.ResourceName, r.ConfigNames = "gc-earliest", []string{"share.auto.offset.reset"}
+		}
+		mixed.Resources = append(mixed.Resources, r)
+	}
+	resp, err := mixed.RequestWith(ctx, admin)
+	if err != nil || len(resp.Resources) != 2 || resp.Resources[0].ErrorCode != 0 {
+		t.Fatalf("a mixed DescribeConfigs through kproxy: %+v %v", resp, err)
+	}
+	for _, c := range resp.Resources[1].Configs {
+		if c.Value != nil && *c.Value == "earliest" {
+			t.Errorf("a mixed DescribeConfigs was answered by kproxy, not the cluster: %+v", resp.Resources[1])
+		}
+	}
+
 	// A second kproxy in front of the same cluster reads the same store.
 	second := &stack{t: t, cluster: s.cluster, opts: s.opts, listen: "127.0.0.1:0"}
 	second.start()
