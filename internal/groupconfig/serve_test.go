@@ -177,7 +177,9 @@ func TestServiceStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	newConsumer := func(more ...kgo.Opt) (*kgo.Client, error) { return kgo.NewClient(append(append([]kgo.Opt(nil), opts...), more...)...) }
+	newConsumer := func(more ...kgo.Opt) (*kgo.Client, error) {
+		return kgo.NewClient(append(append([]kgo.Opt(nil), opts...), more...)...)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st := NewStore(cl, "", newConsumer, nil)
