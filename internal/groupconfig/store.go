@@ -195,15 +195,14 @@ func (s *Store) endOffset(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
-				return 0, err
-			}
-			return p.Offset, nil
-		}
+	if len(resp.Topics) == 0 || len(resp.Topics[0].Partitions) == 0 {
+		return 0, errors.New("no partition in the answer")
 	}
-	return 0, errors.New("no partition in the answer")
+	p := resp.Topics[0].Partitions[0]
+	if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+		return 0, err
+	}
+	return p.Offset, nil
 }
 
 // Run creates the topic if needed, reads it to its end (then Ready is

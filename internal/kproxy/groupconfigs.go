@@ -9,19 +9,35 @@ import (
 	"github.com/kproxy/kproxy/internal/groupconfig"
 )
 
-// keepGroupConfigs decides once, at start, whether the cluster has GROUP
-// configs (groupconfig.ClusterHasGroupConfigs). Where it has none (Kafka
-// before 4.0), kproxy keeps them itself: a Store over the cluster's
-// compacted groupconfig.DefaultStoreTopic, read by w.groupConfigs in
-// place of the cluster, and a Service that answers the config requests
-// whose resources are all GROUP (w.groupConfigService, handed to the
-// proxy by Start). Where it has them, nothing changes. A cluster that
-// cannot be asked within 10 s is taken to have them (as before this
-// choice existed), with a warning.
-func (w *Server) keepGroupConfigs(ctx context.Context) {
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	has, err := groupconfig.ClusterHasGroupConfigs(dctx, w.upstream)
-	cancel()
+// probeGroupConfigs asks, once, at start, whether the cluster has GROUP
+// configs (groupconfig.ClusterHasGroupConfigs), on a goroutine of its
+// own so that the question runs alongside the other start-up reads of
+// the cluster; the function returned waits for the answer.
+func (w *Server) probeGroupConfigs(ctx context.Context) func() (bool, error) {
+	type result struct {
+		has bool
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		has, err := groupconfig.ClusterHasGroupConfigs(dctx, w.upstream)
+		ch <- result{has, err}
+	}()
+	return func() (bool, error) { r := <-ch; return r.has, r.err }
+}
+
+// keepGroupConfigs acts on probe's answer. Where the cluster has no
+// GROUP configs (Kafka before 4.0), kproxy keeps them itself: a Store
+// over the cluster's compacted groupconfig.DefaultStoreTopic, read by
+// w.groupConfigs in place of the cluster, and a Service that answers the
+// config requests whose resources are all GROUP (w.groupConfigService,
+// handed to the proxy by Start). Where it has them, nothing changes. A
+// cluster that could not be asked within 10 s is taken to have them (as
+// before this choice existed), with a warning.
+func (w *Server) keepGroupConfigs(probe func() (bool, error)) {
+	has, err := probe()
 	log := w.log.With("component", "group_configs")
 	switch {
 	case err != nil:

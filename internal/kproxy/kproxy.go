@@ -358,6 +358,10 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	engCfg := cfg.Groups.Engine
+	var probe func() (bool, error)
+	if engCfg.GroupSettings == nil {
+		probe = w.probeGroupConfigs(ctx)
+	}
 	w.groupSettings = groupconfig.ReadSettings(ctx, kadm.NewClient(cl), groupconfig.SettingsConfig{
 		Sources:       cfg.Groups.SettingSources,
 		IgnoreCluster: cfg.Groups.IgnoreClusterSettings,
@@ -368,7 +372,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	if engCfg.GroupSettings == nil { // else the embedding program's own
 		w.groupConfigs = groupconfig.NewConfigs(cl, cfg.Groups.GroupConfigsRefresh, log.With("component", "group_configs"))
 		engCfg.GroupSettings = w.groupConfigs.Get
-		w.keepGroupConfigs(ctx)
+		w.keepGroupConfigs(probe)
 		w.runUntilClose(w.groupConfigs.Run)
 	}
 	if engCfg.Logger == nil {
