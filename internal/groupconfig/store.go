@@ -247,6 +247,9 @@ func (s *Store) Run(ctx context.Context) {
 		var groups []string
 		s.mu.Lock()
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset+1 >= end {
+				s.readyOnce.Do(func() { close(s.ready) })
+			}
 			var k storeKey
 			if err := json.Unmarshal(r.Key, &k); err != nil || k.Version != 1 || k.Group == "" {
 				return // not a record of this version: left alone
@@ -258,9 +261,6 @@ func (s *Store) Run(ctx context.Context) {
 			}
 			if s.apply(k, v, r.Offset) {
 				groups = append(groups, k.Group)
-			}
-			if r.Offset+1 >= end {
-				s.readyOnce.Do(func() { close(s.ready) })
 			}
 		})
 		s.mu.Unlock()
