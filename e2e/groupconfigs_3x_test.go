@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/kproxy/kproxy/internal/kproxy"
 )
@@ -279,5 +281,40 @@ func TestGroupConfigsKeptOn3x(t *testing.T) {
 	}
 	if !got["after-join"] {
 		t.Errorf("gc-latest: the record produced after the join was not delivered (got %v)", got)
+	}
+}
+
+// TestGroupConfigsAuthorizedOn3x: with group authorization on, the
+// GROUP configs kproxy keeps are described with DESCRIBE_CONFIGS (or
+// ALTER_CONFIGS) on the group and altered with ALTER_CONFIGS, as Kafka 4
+// checks them: a principal with only READ on its groups gets
+// GROUP_AUTHORIZATION_FAILED for both.
+func TestGroupConfigsAuthorizedOn3x(t *testing.T) {
+	e := newAuthzEnvOn(t, kproxy.GroupsLocal, nil, hideGroupConfigs, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin := e.client(t, e.cluster.ListenAddrs(), scram.Auth{User: "kproxy", Pass: authzKproxyPass}.AsSha256Mechanism())
+	b := kadm.NewACLs().Allow("User:carol").AllowHosts().ResourcePatternType(kadm.ACLPatternPrefixed).Groups("carol-").Operations(kadm.OpAlterConfigs)
+	if res, err := kadm.NewClient(admin).CreateACLs(ctx, b); err != nil || res[0].Err != nil {
+		t.Fatalf("creating carol's ALTER_CONFIGS on her groups: %v %v", err, res)
+	}
+	time.Sleep(2 * time.Second) // kproxy's ACL cache: 1 s TTL
+	carol := e.client(t, []string{e.kproxy.Addr()}, scram.Auth{User: "carol", Pass: authzCarolPass}.AsSha512Mechanism())
+	alice := e.client(t, []string{e.kproxy.Addr()}, mechPlain("alice", authzAlicePass))
+	earliest := "earliest"
+	if msg, err := alterGroupConfig(ctx, t, carol, "carol-g", "share.auto.offset.reset", &earliest); err != nil {
+		t.Fatalf("carol altering her group's configs: %v (%s)", err, msg)
+	}
+	if v, _, err := describeGroupConfig(ctx, t, carol, "carol-g", "share.auto.offset.reset"); err != nil || v != "earliest" {
+		t.Fatalf("carol describing her group's configs: %q %v", v, err)
+	}
+	if _, err := alterGroupConfig(ctx, t, alice, "alice-g", "share.auto.offset.reset", &earliest); err != kerr.GroupAuthorizationFailed {
+		t.Errorf("alice (group READ only) altering her group's configs: %v, want GROUP_AUTHORIZATION_FAILED", err)
+	}
+	if _, _, err := describeGroupConfig(ctx, t, alice, "alice-g", "share.auto.offset.reset"); err != kerr.GroupAuthorizationFailed {
+		t.Errorf("alice (group READ only) describing her group's configs: %v, want GROUP_AUTHORIZATION_FAILED", err)
+	}
+	if _, _, err := describeGroupConfig(ctx, t, carol, "alice-g", "share.auto.offset.reset"); err != kerr.GroupAuthorizationFailed {
+		t.Errorf("carol describing alice's group's configs: %v, want GROUP_AUTHORIZATION_FAILED", err)
 	}
 }
