@@ -37,9 +37,9 @@ type storeKey struct {
 	Config  string `json:"config"`
 }
 
-// Store keeps GROUP configs in DefaultStoreTopic: written with acks=all
-// before an alter is answered (Alter), read whole at start (Ready) and
-// followed afterwards, so that every kproxy reading the topic sees an
+// Store keeps GROUP configs in DefaultStoreTopic (created with the first
+// alter): written with acks=all before an alter is answered (Alter),
+// read whole at start (Ready) and followed afterwards, so that every kproxy reading the topic sees an
 // alter made through any of them within its fetch latency.
 type Store struct {
 	cl    *kgo.Client // kproxy's own client of the cluster: writes, topic creation; not owned
@@ -50,6 +50,11 @@ type Store struct {
 
 	ready     chan struct{} // closed once the topic was read to its end at start
 	readyOnce sync.Once
+
+	// createMu serialises the topic's creation by Alter; created (under
+	// createMu) is set once it exists.
+	createMu sync.Mutex
+	created  bool
 
 	mu     sync.Mutex
 	groups map[string]map[string]string // group -> config -> value; guarded by mu
@@ -139,6 +144,9 @@ func (s *Store) Alter(ctx context.Context, group string, set map[string]string, 
 	if len(recs) == 0 {
 		return nil
 	}
+	if err := s.ensureTopic(ctx); err != nil {
+		return fmt.Errorf("creating %s: %w", s.topic, err)
+	}
 	if err := s.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return fmt.Errorf("writing group %q's configs to %s: %w", group, s.topic, err)
 	}
@@ -158,6 +166,22 @@ func (s *Store) Alter(ctx context.Context, group string, set map[string]string, 
 	if changed {
 		s.changed([]string{group})
 	}
+	return nil
+}
+
+// ensureTopic creates the topic before the first write: a cluster where
+// nobody sets GROUP configs through kproxy gets no topic, and one that
+// auto-creates topics does not create it uncompacted on a write.
+func (s *Store) ensureTopic(ctx context.Context) error {
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	if s.created {
+		return nil
+	}
+	if err := s.createTopic(ctx); err != nil {
+		return err
+	}
+	s.created = true
 	return nil
 }
 
@@ -205,14 +229,15 @@ func (s *Store) endOffset(ctx context.Context) (int64, error) {
 	return p.Offset, nil
 }
 
-// Run creates the topic if needed, reads it to its end (then Ready is
-// closed) and follows it until ctx ends.
+// Run reads the topic to its end (then Ready is closed; a topic that
+// does not exist yet is empty) and follows it until ctx ends.
 func (s *Store) Run(ctx context.Context) {
 	var end int64
 	for attempt := 0; ; attempt++ {
-		err := s.createTopic(ctx)
-		if err == nil {
-			end, err = s.endOffset(ctx)
+		var err error
+		end, err = s.endOffset(ctx)
+		if errors.Is(err, kerr.UnknownTopicOrPartition) {
+			end, err = 0, nil
 		}
 		if err == nil {
 			break
