@@ -85,6 +85,10 @@
 //	ListGroups: only groups with GROUP DESCRIBE (or all with CLUSTER DESCRIBE)
 //	DeleteGroups: GROUP DELETE per group; OffsetDelete: GROUP DELETE, TOPIC READ
 //	FindCoordinator (group key): GROUP DESCRIBE ([FindCoordinatorCode])
+//	DescribeConfigs of GROUP resources (kproxy keeps them for a cluster
+//	  without them): GROUP DESCRIBE_CONFIGS per group; AlterConfigs and
+//	  IncrementalAlterConfigs: GROUP ALTER_CONFIGS per group; a denied
+//	  group is answered GROUP_AUTHORIZATION_FAILED, the others go on
 //
 // A whole request denied is answered with codec.GroupErrorResponse;
 // multi-group requests are authorized per group and the answers merged

@@ -60,6 +60,9 @@ func Authorize(req kmsg.Request, can Can, name TopicName) Decision {
 	if d, ok := shareRequest(req, can, name); ok {
 		return d
 	}
+	if d, ok := groupConfigs(req, can); ok {
+		return d
+	}
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		if !can(group, r.Group, read) {

@@ -153,6 +153,30 @@ func groupErrorResponse(req kmsg.Request, code int16) kmsg.Response {
 			resp.Groups = append(resp.Groups, rg)
 		}
 		return resp
+	case *kmsg.DescribeConfigsRequest:
+		resp := kmsg.NewPtrDescribeConfigsResponse()
+		for _, rr := range r.Resources {
+			res := kmsg.NewDescribeConfigsResponseResource()
+			res.ResourceType, res.ResourceName, res.ErrorCode = rr.ResourceType, rr.ResourceName, code
+			resp.Resources = append(resp.Resources, res)
+		}
+		return resp
+	case *kmsg.AlterConfigsRequest:
+		resp := kmsg.NewPtrAlterConfigsResponse()
+		for _, rr := range r.Resources {
+			res := kmsg.NewAlterConfigsResponseResource()
+			res.ResourceType, res.ResourceName, res.ErrorCode = rr.ResourceType, rr.ResourceName, code
+			resp.Resources = append(resp.Resources, res)
+		}
+		return resp
+	case *kmsg.IncrementalAlterConfigsRequest:
+		resp := kmsg.NewPtrIncrementalAlterConfigsResponse()
+		for _, rr := range r.Resources {
+			res := kmsg.NewIncrementalAlterConfigsResponseResource()
+			res.ResourceType, res.ResourceName, res.ErrorCode = rr.ResourceType, rr.ResourceName, code
+			resp.Resources = append(resp.Resources, res)
+		}
+		return resp
 	}
 	return req.ResponseKind()
 }

@@ -75,6 +75,13 @@ func newAuthzEnv(t *testing.T, mode kproxy.GroupsMode) *authzEnv {
 // to kproxy's configuration.
 func newAuthzEnvWith(t *testing.T, mode kproxy.GroupsMode, clusterOpts []kfake.Opt, configure func(*kproxy.Config)) *authzEnv {
 	t.Helper()
+	return newAuthzEnvOn(t, mode, clusterOpts, nil, configure)
+}
+
+// newAuthzEnvOn is newAuthzEnvWith with cluster, when set, called on
+// the cluster before kproxy starts.
+func newAuthzEnvOn(t *testing.T, mode kproxy.GroupsMode, clusterOpts []kfake.Opt, cluster func(*kfake.Cluster), configure func(*kproxy.Config)) *authzEnv {
+	t.Helper()
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
 		kfake.SeedTopics(2, "authz-t1", "authz-t2"), kfake.GroupMinSessionTimeout(500 * time.Millisecond),
 		kfake.Superuser("SCRAM-SHA-256", "kproxy", authzKproxyPass),
@@ -120,6 +127,9 @@ func newAuthzEnvWith(t *testing.T, mode kproxy.GroupsMode, clusterOpts []kfake.O
 		}
 	}
 
+	if cluster != nil {
+		cluster(c)
+	}
 	log := slog.New(slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := kproxy.Config{
 		Upstream:     c.ListenAddrs(),

@@ -172,6 +172,12 @@ type Config struct {
 	// reads a group's GROUP configs again once the cluster changed them.
 	// It runs on the session's response path and must not block.
 	ConfigsAltered func(kmsg.Response)
+	// GroupConfigs, when set, answers the DescribeConfigs, AlterConfigs
+	// and IncrementalAlterConfigs requests whose resources are all GROUP
+	// configs (kproxy keeps them for a cluster that has none,
+	// groupconfig.Service); a request naming any other resource goes to
+	// the brokers unchanged (groupconfigs.go). Its Handle must not block.
+	GroupConfigs Coordinator
 	// RequireSASL says the cluster requires SASL (kproxy's own client
 	// is configured with it): a group request, or FindCoordinator, on a
 	// connection that has not completed a SASL exchange the broker

@@ -328,6 +328,9 @@ func (s *session) route(h codec.RequestHeader, head []byte, total int) error {
 	if s.p.cfg.Shares != nil && codec.IsServedShareKey(h.Key) {
 		return s.routeShare(h, start, total)
 	}
+	if s.p.cfg.GroupConfigs != nil && isConfigKey(h.Key) {
+		return s.routeGroupConfigs(h, start, head, total)
+	}
 	d := codec.RouteFor(h.Key, h.Version, s.p.cfg.Coordinator != nil)
 	if kind := codec.GroupKind(h.Key); kind != "" && s.p.cfg.Coordinator != nil {
 		return s.routeKind(h, kind, start, head, total)

@@ -26,8 +26,9 @@ import (
 // kproxy, which forwards IncrementalAlterConfigs untouched) and read here.
 //
 // The share groups kproxy serves (KIP-932) take their share.* GROUP
-// configs the same way; on a cluster without GROUP configs (before Kafka
-// 4.0) they keep Kafka's defaults.
+// configs the same way. On a cluster without GROUP configs (before Kafka
+// 4.0) kproxy keeps them itself (Store, Service) and Configs reads them
+// from its Store instead of the cluster (UseStore).
 const (
 	groupConfigSession  = "consumer.session.timeout.ms"
 	groupConfigInterval = "consumer.heartbeat.interval.ms"
@@ -43,6 +44,7 @@ var shareGroupConfigs = []string{
 
 // setShareConfig applies one share.* GROUP config to s.
 func setShareConfig(s *groupstate.ShareSettings, name, value string) {
+	value = strings.TrimSpace(value)
 	ms := func() time.Duration {
 		v, err := strconv.ParseInt(value, 10, 64)
 		if err != nil || v <= 0 {
@@ -75,7 +77,7 @@ func setShareConfig(s *groupstate.ShareSettings, name, value string) {
 	case "share.isolation.level":
 		s.ReadCommitted = value == "read_committed"
 	case "share.renew.acknowledge.enable":
-		s.RenewDisabled = value == "false"
+		s.RenewDisabled = strings.EqualFold(value, "false")
 	}
 }
 
@@ -119,6 +121,17 @@ type Configs struct {
 	failing atomic.Bool
 	// Owned by Run: whether a group's describe was refused was logged.
 	refusedLogged bool
+	// local, when set (UseStore, before Run), is where the groups'
+	// configs are read instead of the cluster; immutable after.
+	local *Store
+}
+
+// UseStore makes c read the groups' configs from st (kproxy's own, for a
+// cluster without GROUP configs) instead of the cluster, and read a
+// group again as soon as st changes it; before Run.
+func (c *Configs) UseStore(st *Store) {
+	c.local = st
+	st.OnChange(c.changed)
 }
 
 // groupConfigEntry is one group's cache entry; its fields are guarded
@@ -230,6 +243,11 @@ func (c *Configs) Altered(resp kmsg.Response) {
 			}
 		}
 	}
+	c.changed(groups)
+}
+
+// changed marks groups' cache entries stale and has Run read them again.
+func (c *Configs) changed(groups []string) {
 	if len(groups) == 0 {
 		return
 	}
@@ -355,6 +373,18 @@ var errNoGroupConfigs = errors.New("no group configs on the cluster")
 // (no DESCRIBE_CONFIGS right on it) has the refusal; it keeps what it
 // had.
 func (c *Configs) describe(ctx context.Context, groups []string) (map[string]groupConfigRead, error) {
+	if c.local != nil {
+		select {
+		case <-c.local.Ready():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		out := make(map[string]groupConfigRead, len(groups))
+		for _, g := range groups {
+			out[g] = groupConfigRead{settings: settingsOf(c.local.Group(g))}
+		}
+		return out, nil
+	}
 	req := kmsg.NewPtrDescribeConfigsRequest()
 	for _, g := range groups {
 		r := kmsg.NewDescribeConfigsRequestResource()
@@ -378,29 +408,38 @@ func (c *Configs) describe(ctx context.Context, groups []string) (map[string]gro
 			out[r.ResourceName] = groupConfigRead{err: err}
 			continue
 		}
-		var gs groupstate.GroupSettings
+		set := map[string]string{}
 		for _, cfg := range r.Configs {
-			if cfg.Source != kmsg.ConfigSourceGroupConfig || cfg.Value == nil {
-				continue
-			}
-			if strings.HasPrefix(cfg.Name, "share.") {
-				setShareConfig(&gs.Share, cfg.Name, *cfg.Value)
-				continue
-			}
-			ms, err := strconv.ParseInt(*cfg.Value, 10, 64)
-			if err != nil || ms <= 0 {
-				continue
-			}
-			switch cfg.Name {
-			case groupConfigSession:
-				gs.ConsumerSessionTimeout = time.Duration(ms) * time.Millisecond
-			case groupConfigInterval:
-				gs.ConsumerHeartbeatInterval = time.Duration(ms) * time.Millisecond
+			if cfg.Source == kmsg.ConfigSourceGroupConfig && cfg.Value != nil {
+				set[cfg.Name] = *cfg.Value
 			}
 		}
-		out[r.ResourceName] = groupConfigRead{settings: gs}
+		out[r.ResourceName] = groupConfigRead{settings: settingsOf(set)}
 	}
 	return out, nil
+}
+
+// settingsOf is the engine's settings for a group's own configs (those
+// set on it).
+func settingsOf(set map[string]string) groupstate.GroupSettings {
+	var gs groupstate.GroupSettings
+	for name, value := range set {
+		if strings.HasPrefix(name, "share.") {
+			setShareConfig(&gs.Share, name, value)
+			continue
+		}
+		ms, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
+		if err != nil || ms <= 0 {
+			continue
+		}
+		switch name {
+		case groupConfigSession:
+			gs.ConsumerSessionTimeout = time.Duration(ms) * time.Millisecond
+		case groupConfigInterval:
+			gs.ConsumerHeartbeatInterval = time.Duration(ms) * time.Millisecond
+		}
+	}
+	return gs
 }
 
 // groupConfigRead is one group's answer: its settings, or why the

@@ -9,7 +9,11 @@
 //   - the GROUP configs of single groups (Kafka's GroupConfig: KIP-848's
 //     consumer.* and KIP-932's share.*), cached for the engine's shard
 //     loops and read again periodically and after a change that went
-//     through kproxy (Configs).
+//     through kproxy (Configs);
+//   - on a cluster without GROUP configs (before Kafka 4.0), the GROUP
+//     configs kproxy keeps itself in a compacted topic (Store), which
+//     Configs reads instead of the cluster, and the answers to the admin
+//     calls for them (Service; ClusterHasGroupConfigs decides at start).
 //
 // The assembly (internal/kproxy) builds both and runs their loops.
 package groupconfig

@@ -138,6 +138,11 @@ func wireAuthz(ctx context.Context, w *Server, cfg Config) error {
 		Logger:            log,
 	}
 	w.coordinator = proxy.NewAuthorizer(w.coordinator, acfg)
+	if w.groupConfigService != nil {
+		// GROUP configs kproxy keeps: DESCRIBE_CONFIGS or ALTER_CONFIGS
+		// on the group, as Kafka 4 checks them (authz/configs.go).
+		w.groupConfigService = proxy.NewAuthorizer(w.groupConfigService, acfg)
+	}
 	if w.shares != nil {
 		// The share service fetches records with kproxy's own client:
 		// each client's ShareFetch is authorized first, as a broker

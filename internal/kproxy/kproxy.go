@@ -234,6 +234,10 @@ type Server struct {
 	// with groups forwarded); immutable after wiring, internally
 	// synchronised.
 	groupConfigs *groupconfig.Configs
+	// groupConfigService answers GROUP config requests where kproxy
+	// keeps them (groupconfigs.go; nil where the cluster has them);
+	// immutable after wiring.
+	groupConfigService proxy.Coordinator
 	// closers run in reverse order at shutdown.
 	closers []func(context.Context) error
 
@@ -273,6 +277,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if s.groupConfigs != nil && pcfg.ConfigsAltered == nil {
 		pcfg.ConfigsAltered = s.groupConfigs.Altered
+	}
+	if s.groupConfigService != nil {
+		pcfg.GroupConfigs = s.groupConfigService
 	}
 	pcfg.MeterProvider = s.meterProvider
 	p, err := proxy.New(pcfg)
@@ -351,6 +358,10 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 		return w, nil
 	}
 	engCfg := cfg.Groups.Engine
+	var probe func() (bool, error)
+	if engCfg.GroupSettings == nil {
+		probe = w.probeGroupConfigs(ctx)
+	}
 	w.groupSettings = groupconfig.ReadSettings(ctx, kadm.NewClient(cl), groupconfig.SettingsConfig{
 		Sources:       cfg.Groups.SettingSources,
 		IgnoreCluster: cfg.Groups.IgnoreClusterSettings,
@@ -361,6 +372,7 @@ func wire(ctx context.Context, cfg Config) (*Server, error) {
 	if engCfg.GroupSettings == nil { // else the embedding program's own
 		w.groupConfigs = groupconfig.NewConfigs(cl, cfg.Groups.GroupConfigsRefresh, log.With("component", "group_configs"))
 		engCfg.GroupSettings = w.groupConfigs.Get
+		w.keepGroupConfigs(probe)
 		w.runUntilClose(w.groupConfigs.Run)
 	}
 	if engCfg.Logger == nil {
