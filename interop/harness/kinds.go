@@ -321,6 +321,66 @@ func normalizeKindError(line, group string) string {
 // setGroupConfig sets one dynamic group config (KIP-848's group configs)
 // on the broker.
 func (h *harness) setGroupConfig(ctx context.Context, group, name, value string) error {
+	return setGroupConfigWith(ctx, h.cl, group, name, value)
+}
+
+// setGroupConfigVia is setGroupConfig through addr (a kproxy), and waits
+// until DescribeConfigs through each of readers shows the value: kproxy
+// keeps GROUP configs itself for a cluster without them (Kafka 3.x), and
+// every kproxy of a fleet follows them.
+func (h *harness) setGroupConfigVia(ctx context.Context, addr string, readers []string, group, name, value string) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	if err := setGroupConfigWith(ctx, cl, group, name, value); err != nil {
+		return err
+	}
+	for _, r := range readers {
+		rcl, err := kgo.NewClient(kgo.SeedBrokers(r))
+		if err != nil {
+			return err
+		}
+		deadline := time.Now().Add(15 * time.Second)
+		for !groupConfigIs(ctx, rcl, group, name, value) {
+			if time.Now().After(deadline) {
+				rcl.Close()
+				return fmt.Errorf("%s=%s of group %s set through %s, not read back through %s within 15 s", name, value, group, addr, r)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		rcl.Close()
+	}
+	return nil
+}
+
+// groupConfigIs reports whether DescribeConfigs on cl reads group's
+// config name as value.
+func groupConfigIs(ctx context.Context, cl *kgo.Client, group, name, value string) bool {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	r := kmsg.NewDescribeConfigsRequestResource()
+	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
+	r.ConfigNames = []string{name}
+	req.Resources = append(req.Resources, r)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, cl)
+	if err != nil {
+		return false
+	}
+	for _, rr := range resp.Resources {
+		for _, c := range rr.Configs {
+			if rr.ErrorCode == 0 && c.Name == name && c.Value != nil && *c.Value == value {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// setGroupConfigWith is setGroupConfig on cl.
+func setGroupConfigWith(ctx context.Context, cl *kgo.Client, group, name, value string) error {
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	r := kmsg.NewIncrementalAlterConfigsRequestResource()
 	r.ResourceType, r.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
@@ -330,7 +390,7 @@ func (h *harness) setGroupConfig(ctx context.Context, group, name, value string)
 	req.Resources = append(req.Resources, r)
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	resp, err := req.RequestWith(cctx, h.cl)
+	resp, err := req.RequestWith(cctx, cl)
 	if err != nil {
 		return fmt.Errorf("setting %s of group %s: %w", name, group, err)
 	}

@@ -279,7 +279,14 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 	}
 	earliest := false
 	half := kindRecords / 2
-	if err := s.h.setGroupConfig(ctx, group, "share.auto.offset.reset", "earliest"); err != nil {
+	if err := s.h.setGroupConfig(ctx, group, "share.auto.offset.reset", "earliest"); err != nil && s.path == "kproxy" {
+		// kproxy keeps GROUP configs for a cluster without them.
+		if err2 := s.h.setGroupConfigVia(ctx, addr, []string{addr}, group, "share.auto.offset.reset", "earliest"); err2 != nil {
+			return fail("share.auto.offset.reset=earliest: Kafka %s refuses it as a GROUP config (%v), and so does %s: %v", s.h.kafkaVersion, err, label, err2)
+		}
+		earliest = true
+		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); set %s, which keeps GROUP configs for it, and read back there; %d records are produced before the consumers start, %d once both hold partitions", s.h.kafkaVersion, err, label, half, kindRecords-half)
+	} else if err != nil {
 		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); the group starts at the log end, so records are produced once a probe of every partition was read", s.h.kafkaVersion, err)
 	} else {
 		earliest = true
