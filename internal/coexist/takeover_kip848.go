@@ -88,6 +88,9 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 		}
 		if leaving || hr.ErrorCode == kerr.UnknownMemberID.Code || hr.ErrorCode == kerr.FencedMemberEpoch.Code {
 			delete(g.members, id)
+			if !leaving && epoch > 0 && reqID != "" {
+				g.fence(reqID, time.Now())
+			}
 			return
 		}
 		m := g.members[id]
@@ -326,4 +329,78 @@ func samePartitions(a, b map[[16]byte][]int32) bool {
 		}
 	}
 	return true
+}
+
+// fencedKeep is how long a fencing seen here counts (watchedGroup.fenced):
+// as long as a KIP-848 hand-back waits at most (handBackWait).
+const fencedKeep = handBackWait
+
+// maxFenced bounds watchedGroup.fenced; past it fencings are not
+// recorded (a hand-back then waits out its time bound).
+const maxFenced = 10_000
+
+// fence records that the cluster told member id, at when, that it is not
+// (or no longer) a member at its epoch; w.mu is held.
+func (g *watchedGroup) fence(id string, when time.Time) {
+	if g.fenced == nil {
+		g.fenced = make(map[string]time.Time)
+	}
+	if _, ok := g.fenced[id]; !ok && len(g.fenced) >= maxFenced {
+		return
+	}
+	g.fenced[id] = when
+}
+
+// fencedAgo is g's fencings for a report: member id to how long ago, in
+// milliseconds; w.mu is held.
+func (g *watchedGroup) fencedAgo(now time.Time) map[string]int64 {
+	if len(g.fenced) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(g.fenced))
+	for id, at := range g.fenced {
+		out[id] = now.Sub(at).Milliseconds()
+	}
+	return out
+}
+
+// fencedSince returns which of ids the cluster fenced at or after since
+// on a KIP-848 heartbeat forwarded by this kproxy, or by another one of
+// the fleet that reported it (memberReport.Fenced): members of the
+// engine's group being handed back that were told to give their
+// partitions up (anchor_takeover_kip848.go).
+func (w *forwardWatcher) fencedSince(group string, since time.Time, ids []string) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]bool)
+	if g := w.groups[group]; g != nil {
+		for _, id := range ids {
+			if at, ok := g.fenced[id]; ok && !at.Before(since) {
+				out[id] = true
+			}
+		}
+	}
+	for _, r := range w.remote[group] {
+		for _, id := range ids {
+			if ago, ok := r.Fenced[id]; ok && !r.at.Add(-time.Duration(ago)*time.Millisecond).Before(since) {
+				out[id] = true
+			}
+		}
+	}
+	return out
+}
+
+// fencedReports returns the reports of the groups watched here that
+// another kproxy owns and in which a member was fenced (fencedNow).
+func (w *forwardWatcher) fencedReports() []memberReport {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []memberReport
+	for group, g := range w.groups {
+		if len(g.fenced) > 0 && !w.draining[group] && w.owns != nil && !w.owns(group) && w.fw.Forwarded(group) {
+			out = append(out, w.reportLocked(group, g, now))
+		}
+	}
+	return out
 }
