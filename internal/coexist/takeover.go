@@ -77,6 +77,10 @@ type watchedGroup struct {
 	// anchor_takeover_kip848.go). Entries older than fencedKeep are
 	// dropped (candidates).
 	fenced map[string]time.Time
+	// lastFenced is the latest fencing recorded in fenced (kept when
+	// fenced is full); the members' heartbeats are paced for
+	// fencedKeep after it (watchedGroup.pace).
+	lastFenced time.Time
 }
 
 type flight struct {

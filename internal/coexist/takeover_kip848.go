@@ -138,6 +138,7 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 		m.synced = k.assigned != nil
 		m.lastOK = time.Now()
 		m.sessionMS = max(3*hr.HeartbeatIntervalMillis, int32(kip848MinSession/time.Millisecond))
+		g.pace(hr, time.Now())
 	}, epoch <= 0
 }
 
@@ -345,10 +346,34 @@ func (g *watchedGroup) fence(id string, when time.Time) {
 	if g.fenced == nil {
 		g.fenced = make(map[string]time.Time)
 	}
+	if when.After(g.lastFenced) {
+		g.lastFenced = when
+	}
 	if _, ok := g.fenced[id]; !ok && len(g.fenced) >= maxFenced {
 		return
 	}
 	g.fenced[id] = when
+}
+
+// handBackPace is the heartbeat interval, in milliseconds, told to the
+// members of a KIP-848 group behind this kproxy for fencedKeep after one
+// of its members was fenced here (the cluster's own is 5 s by default):
+// those fenced were kproxy's members, whose group is being handed back
+// (anchor_takeover_kip848.go); they rejoin the cluster's group with
+// nothing while the anchor holds their partitions, and learn that the
+// cluster assigned them once the anchor left at their next heartbeat.
+const handBackPace = 500
+
+// pace lowers the heartbeat interval of hr, an answer to a member of g,
+// to handBackPace while a fencing of g's is fresh; w.mu is held. The
+// proxy sends the answer re-encoded (proxy.ForwardWatcher).
+func (g *watchedGroup) pace(hr *kmsg.ConsumerGroupHeartbeatResponse, now time.Time) {
+	if hr.HeartbeatIntervalMillis <= handBackPace {
+		return
+	}
+	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep {
+		hr.HeartbeatIntervalMillis = handBackPace
+	}
 }
 
 // fencedAgo is g's fencings for a report: member id to how long ago, in

@@ -223,3 +223,42 @@ func TestHandBackKIP848Fenced(t *testing.T) {
 		t.Fatalf("another group's fencings counted: %v", got)
 	}
 }
+
+// TestHandBackKIP848Paced: once a member of a KIP-848 group was fenced
+// on a heartbeat forwarded here, the answers to the group's members
+// forwarded here carry handBackPace as their heartbeat interval (not a
+// longer one), and the watched member's session is still counted from
+// the cluster's interval; not in a group without a fencing, nor once the
+// fencing is older than fencedKeep.
+func TestHandBackKIP848Paced(t *testing.T) {
+	w, _ := newTestWatcher(t, func(string) bool { return false })
+	beat := func(id string, interval int32) int32 {
+		q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		q.Group, q.MemberID, q.MemberEpoch, q.RebalanceTimeoutMillis = "g", id, 0, 45000
+		q.SubscribedTopicNames = []string{"t"}
+		done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.2"}, "g", q)
+		r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		r.MemberID, r.MemberEpoch, r.HeartbeatIntervalMillis = &id, 4, interval
+		done(r)
+		return r.HeartbeatIntervalMillis
+	}
+	if got := beat("a", 5000); got != 5000 {
+		t.Fatalf("paced to %d ms without a fencing", got)
+	}
+	fence848(w, "old", 3, 25)
+	if got := beat("a2", 5000); got != handBackPace {
+		t.Fatalf("after a fencing the interval is %d ms, want %d", got, handBackPace)
+	}
+	if got := beat("a3", 300); got != 300 {
+		t.Fatalf("a shorter interval was changed to %d ms", got)
+	}
+	w.mu.Lock()
+	if s := w.groups["g"].members["a2"].sessionMS; s != 15000 {
+		t.Errorf("watched session %d ms, want 3 cluster intervals (15000)", s)
+	}
+	w.groups["g"].lastFenced = time.Now().Add(-fencedKeep - time.Second)
+	w.mu.Unlock()
+	if got := beat("a4", 5000); got != 5000 {
+		t.Fatalf("paced to %d ms after fencedKeep", got)
+	}
+}
