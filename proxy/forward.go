@@ -121,6 +121,16 @@ func reencoded(frame []byte, hlen int, req kmsg.Request) []byte {
 	return append(out, body...)
 }
 
+// reencodedResponse returns the response frame made of head (size and
+// response header, as they came) and resp encoded at its version, with
+// the size set.
+func reencodedResponse(head []byte, resp kmsg.Response) []byte {
+	out := append(make([]byte, 0, len(head)+64), head...)
+	out = resp.AppendTo(out)
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	return out
+}
+
 // queueFindCoordinator answers a FindCoordinator for groups: kproxy's own
 // listener for the groups kproxy serves, kproxy's listener for the
 // cluster's coordinator broker for forwarded ones. The forwarder is
@@ -313,6 +323,9 @@ type ForwardWatcher interface {
 	// function the decoded response is handed to (nil: the response
 	// never came, or did not decode), or nil not to watch it. It must
 	// not block, and must copy what it keeps of req and of the
-	// response: both alias kproxy's buffers.
+	// response: both alias kproxy's buffers. The function may change
+	// the HeartbeatIntervalMillis of a ConsumerGroupHeartbeat response
+	// (and nothing else): the client is then sent the response
+	// re-encoded with it.
 	Watch(c Client, group string, req kmsg.Request) func(kmsg.Response)
 }

@@ -907,14 +907,25 @@ func (s *session) writeWatched(sl slot, upR *bufio.Reader, total int) error {
 	}
 	defer func() { s.respBuf = keep(frame[:0]) }()
 	var resp kmsg.Response
-	if body, err := codec.ResponseBody(frame[4:], sl.key, sl.version); err == nil {
+	var body []byte
+	if b, err := codec.ResponseBody(frame[4:], sl.key, sl.version); err == nil {
 		r := kmsg.ResponseForKey(sl.key)
 		r.SetVersion(sl.version)
-		if r.ReadFrom(body) == nil {
-			resp = r
+		if r.ReadFrom(b) == nil {
+			resp, body = r, b
 		}
 	}
+	hb, _ := resp.(*kmsg.ConsumerGroupHeartbeatResponse)
+	var interval int32
+	if hb != nil {
+		interval = hb.HeartbeatIntervalMillis
+	}
 	watch(resp)
+	if hb != nil && hb.HeartbeatIntervalMillis != interval {
+		// The watcher paced the member (ForwardWatcher.Watch): the
+		// answer goes re-encoded, its header as it came.
+		frame = reencodedResponse(frame[:len(frame)-len(body)], hb)
+	}
 	if _, err := s.bw.Write(frame); err != nil {
 		return fmt.Errorf("writing to client: %w", err)
 	}

@@ -147,6 +147,12 @@ type AnchorOptions struct {
 	// hand-back (anchor_takeover_kip848.go) counts on every member having
 	// heartbeated within it.
 	MemberHeartbeatInterval func() time.Duration
+	// MembersFenced, when set, returns which of ids (members of the
+	// engine's KIP-848 group) the cluster fenced at or after since on a
+	// heartbeat forwarded by a kproxy of the fleet: told to give their
+	// partitions up. A KIP-848 hand-back leaves once every one of
+	// kproxy's members was (anchor_takeover_kip848.go).
+	MembersFenced func(group string, since time.Time, ids []string) map[string]bool
 	// OnHandBack, when set, is asked to hand group back to the cluster's
 	// coordinator (anchor_handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins

@@ -111,6 +111,17 @@ const handBackWait = 30 * time.Second
 // rejoin, the next describe.
 const handBackSlack = time.Second
 
+// handBackPoll is how often a KIP-848 hand-back looks at the cluster's
+// group and at the fencings of kproxy's members.
+const handBackPoll = 200 * time.Millisecond
+
+// handBackFencedGrace is how long a KIP-848 hand-back waits after every
+// one of kproxy's members was seen fenced by the cluster before the
+// anchor leaves: the fencing was seen as it went to the member, which
+// then drops its partitions (franz-go and Java at once, before they
+// rejoin).
+const handBackFencedGrace = 500 * time.Millisecond
+
 // memberHeartbeatInterval is AnchorOptions.MemberHeartbeatInterval, 5s
 // when unset.
 func (as *Anchors) memberHeartbeatInterval() time.Duration {
@@ -136,7 +147,10 @@ func (as *Anchors) memberHeartbeatInterval() time.Duration {
 // they drop their partitions and rejoin there. Until the anchor leaves,
 // the cluster holds the partitions it joined with for it, so the
 // newcomers get none of them. The anchor leaves, and the cluster
-// assigns them, once every one of kproxy's members is back in the
+// assigns them, once every one of kproxy's members was fenced by the
+// cluster on a heartbeat a kproxy of the fleet forwarded (the watcher
+// sees the answer on its way to the member: MembersFenced), and
+// handBackFencedGrace passed; or once every one of them is back in the
 // cluster's group under its id (a client that keeps its id when
 // fenced, as Java's); or once the cluster's group holds as many members
 // beyond the direct ones it had as kproxy had, a heartbeat interval
@@ -164,13 +178,26 @@ func (as *Anchors) handBackConsumer(ctx context.Context, a *anchor, memberID str
 	a.mu.Unlock()
 	as.log.Warn("a member reached the cluster's group directly; handing the KIP-848 group back once kproxy's members rejoined there",
 		"group", a.group, "direct_members", len(direct), "kproxy_members", len(ids))
-	as.lose(a, AnchorLiveOnCluster)
 	began := time.Now()
+	as.lose(a, AnchorLiveOnCluster)
 	told := as.memberHeartbeatInterval() + handBackSlack
-	back, joined := 0, 0
+	back, joined, fenced := 0, 0, 0
+	var allFenced time.Time // when every one of ids was first seen fenced
 	for time.Since(began) < handBackWait && ctx.Err() == nil && back < len(ids) &&
 		(joined < len(ids) || time.Since(began) < told) {
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(handBackPoll)
+		if f := as.opts.MembersFenced; f != nil && len(ids) > 0 {
+			fenced = len(f(a.group, began, ids))
+			switch {
+			case fenced < len(ids):
+				allFenced = time.Time{}
+			case allFenced.IsZero():
+				allFenced = time.Now()
+			}
+			if !allFenced.IsZero() && time.Since(allFenced) >= handBackFencedGrace {
+				break
+			}
+		}
 		d, err := as.DescribeConsumerGroup(ctx, a.group)
 		if err != nil || d.ErrorCode != 0 {
 			continue
@@ -190,6 +217,6 @@ func (as *Anchors) handBackConsumer(ctx context.Context, a *anchor, memberID str
 		as.log.Warn("the anchor's leave failed; the cluster removes it after its session", "group", a.group, "err", err)
 	}
 	as.log.Info("KIP-848 group handed back to the cluster", "group", a.group, "kproxy_members_back", back,
-		"members_joined", joined, "of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
+		"members_joined", joined, "kproxy_members_fenced", fenced, "of", len(ids), "waited", time.Since(began).Round(time.Millisecond))
 	return true
 }

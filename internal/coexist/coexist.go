@@ -137,6 +137,9 @@ func Enable(cfg Config) *Coexist {
 			}
 			return 0
 		},
+		MembersFenced: func(group string, since time.Time, ids []string) map[string]bool {
+			return c.watcher.fencedSince(group, since, ids) // set below, before as.start
+		},
 		OnLost: func(group string, why AnchorLoss) {
 			if why == AnchorLiveOnCluster || why == AnchorHandedBack || cfg.Local {
 				fw.mark(group)

@@ -70,6 +70,17 @@ type watchedGroup struct {
 	// take; one never answered (its connection died) stops counting
 	// after that.
 	inFlight map[uint64]flight
+	// fenced holds, by member id, when the cluster last answered a
+	// KIP-848 member's heartbeat forwarded here (at an epoch above 0)
+	// with UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH: that member was told
+	// it lost its partitions (a hand-back waits for it,
+	// anchor_takeover_kip848.go). Entries older than fencedKeep are
+	// dropped (candidates).
+	fenced map[string]time.Time
+	// lastFenced is the latest fencing recorded in fenced (kept when
+	// fenced is full); the members' heartbeats are paced for
+	// fencedKeep after it (watchedGroup.pace).
+	lastFenced time.Time
 }
 
 type flight struct {
@@ -133,6 +144,10 @@ type forwardWatcher struct {
 	// group being taken over, so the takeover completes without
 	// waiting for the next tick.
 	released chan struct{}
+	// fencedNow is poked when a member's forwarded heartbeat was fenced
+	// in a group another kproxy owns, so that the report goes without
+	// waiting for the next tick.
+	fencedNow chan struct{}
 	// consumerRecord builds a KIP-848 group's record for the engine
 	// (groupstate.Engine.ConsumerTakeoverRecord); nil without an
 	// engine. Set before run starts, immutable after.
@@ -166,7 +181,7 @@ const maxWatchedGroups = 10_000
 
 func newForwardWatcher(fw *forwardSet, store takeoverStore, owns func(string) bool, log *slog.Logger) *forwardWatcher {
 	return &forwardWatcher{fw: fw, store: store, owns: owns, log: log, groups: make(map[string]*watchedGroup),
-		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1),
+		remote: make(map[string]map[string]remoteReport), releasing: make(map[string]*release), released: make(chan struct{}, 1), fencedNow: make(chan struct{}, 1),
 		draining: make(map[string]bool), readySince: make(map[string]time.Time), reporting: make(map[string]bool), settle: takeoverSettle}
 }
 
@@ -351,7 +366,16 @@ func (w *forwardWatcher) watch(c proxy.Client, group string, req kmsg.Request) f
 		}
 		delete(g.inFlight, id)
 		if resp != nil {
+			n := len(g.fenced)
 			answered(g, resp)
+			if len(g.fenced) > n && w.owns != nil && !w.owns(group) {
+				// The owner may be handing the group back and waiting
+				// for this member to be told: report now.
+				select {
+				case w.fencedNow <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}
 }
@@ -400,6 +424,11 @@ func (w *forwardWatcher) run(ctx context.Context) {
 			return
 		case <-w.released:
 			w.finishReleases()
+			continue
+		case <-w.fencedNow:
+			for _, rep := range w.fencedReports() {
+				w.reportAsync(ctx, rep)
+			}
 			continue
 		case <-t.C:
 		}
@@ -469,10 +498,15 @@ func (w *forwardWatcher) candidates() (owned []string, others []memberReport) {
 				w.log.Debug("takeover: a member silent past its session is forgotten", "group", group, "member", id)
 			}
 		}
+		for id, at := range g.fenced {
+			if now.Sub(at) > fencedKeep {
+				delete(g.fenced, id)
+			}
+		}
 		if w.draining[group] {
 			continue
 		}
-		if len(g.members) == 0 && len(g.inFlight) == 0 || !w.fw.Forwarded(group) {
+		if len(g.members) == 0 && len(g.inFlight) == 0 && len(g.fenced) == 0 || !w.fw.Forwarded(group) {
 			if len(g.members) > 0 {
 				w.log.Debug("takeover: the group is not forwarded here any more; forgetting its members", "group", group,
 					"members", describeMembers(g.members))

@@ -53,6 +53,13 @@ type memberReport struct {
 	// Released says the kproxy stopped forwarding the group (the owner
 	// asked it to) and InFlight of its requests are still out.
 	Released bool `json:"released,omitempty"`
+	// Fenced are the KIP-848 members whose heartbeat, forwarded here,
+	// the cluster answered UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH in
+	// the last fencedKeep, with how long before the report (ms): a
+	// hand-back of the group waits for kproxy's members to be told so
+	// (anchor_takeover_kip848.go). An owner of an earlier version
+	// ignores the field.
+	Fenced map[string]int64 `json:"fenced_ago_ms,omitempty"`
 }
 
 type reportedMember struct {
@@ -103,7 +110,7 @@ func (r reportedMember) member(at time.Time) *watchedMember {
 
 // reportLocked builds the report of group g; w.mu is held.
 func (w *forwardWatcher) reportLocked(group string, g *watchedGroup, now time.Time) memberReport {
-	r := memberReport{Group: group, From: w.id, InFlight: len(g.inFlight), Joining: g.joining()}
+	r := memberReport{Group: group, From: w.id, InFlight: len(g.inFlight), Joining: g.joining(), Fenced: g.fencedAgo(now)}
 	for id, m := range g.members {
 		rm := reportedMember{
 			ID: id, InstanceID: cloneString(m.instanceID), ClientID: m.clientID, ClientHost: m.clientHost,

@@ -88,6 +88,9 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 		}
 		if leaving || hr.ErrorCode == kerr.UnknownMemberID.Code || hr.ErrorCode == kerr.FencedMemberEpoch.Code {
 			delete(g.members, id)
+			if !leaving && epoch > 0 && reqID != "" {
+				g.fence(reqID, time.Now())
+			}
 			return
 		}
 		m := g.members[id]
@@ -135,6 +138,7 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 		m.synced = k.assigned != nil
 		m.lastOK = time.Now()
 		m.sessionMS = max(3*hr.HeartbeatIntervalMillis, int32(kip848MinSession/time.Millisecond))
+		g.pace(hr, time.Now())
 	}, epoch <= 0
 }
 
@@ -326,4 +330,102 @@ func samePartitions(a, b map[[16]byte][]int32) bool {
 		}
 	}
 	return true
+}
+
+// fencedKeep is how long a fencing seen here counts (watchedGroup.fenced):
+// as long as a KIP-848 hand-back waits at most (handBackWait).
+const fencedKeep = handBackWait
+
+// maxFenced bounds watchedGroup.fenced; past it fencings are not
+// recorded (a hand-back then waits out its time bound).
+const maxFenced = 10_000
+
+// fence records that the cluster told member id, at when, that it is not
+// (or no longer) a member at its epoch; w.mu is held.
+func (g *watchedGroup) fence(id string, when time.Time) {
+	if g.fenced == nil {
+		g.fenced = make(map[string]time.Time)
+	}
+	if when.After(g.lastFenced) {
+		g.lastFenced = when
+	}
+	if _, ok := g.fenced[id]; !ok && len(g.fenced) >= maxFenced {
+		return
+	}
+	g.fenced[id] = when
+}
+
+// handBackPace is the heartbeat interval, in milliseconds, told to the
+// members of a KIP-848 group behind this kproxy for fencedKeep after one
+// of its members was fenced here (the cluster's own is 5 s by default):
+// those fenced were kproxy's members, whose group is being handed back
+// (anchor_takeover_kip848.go); they rejoin the cluster's group with
+// nothing while the anchor holds their partitions, and learn that the
+// cluster assigned them once the anchor left at their next heartbeat.
+const handBackPace = 500
+
+// pace lowers the heartbeat interval of hr, an answer to a member of g,
+// to handBackPace while a fencing of g's is fresh; w.mu is held. The
+// proxy sends the answer re-encoded (proxy.ForwardWatcher).
+func (g *watchedGroup) pace(hr *kmsg.ConsumerGroupHeartbeatResponse, now time.Time) {
+	if hr.HeartbeatIntervalMillis <= handBackPace {
+		return
+	}
+	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep {
+		hr.HeartbeatIntervalMillis = handBackPace
+	}
+}
+
+// fencedAgo is g's fencings for a report: member id to how long ago, in
+// milliseconds; w.mu is held.
+func (g *watchedGroup) fencedAgo(now time.Time) map[string]int64 {
+	if len(g.fenced) == 0 {
+		return nil
+	}
+	out := make(map[string]int64, len(g.fenced))
+	for id, at := range g.fenced {
+		out[id] = now.Sub(at).Milliseconds()
+	}
+	return out
+}
+
+// fencedSince returns which of ids the cluster fenced at or after since
+// on a KIP-848 heartbeat forwarded by this kproxy, or by another one of
+// the fleet that reported it (memberReport.Fenced): members of the
+// engine's group being handed back that were told to give their
+// partitions up (anchor_takeover_kip848.go).
+func (w *forwardWatcher) fencedSince(group string, since time.Time, ids []string) map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]bool)
+	if g := w.groups[group]; g != nil {
+		for _, id := range ids {
+			if at, ok := g.fenced[id]; ok && !at.Before(since) {
+				out[id] = true
+			}
+		}
+	}
+	for _, r := range w.remote[group] {
+		for _, id := range ids {
+			if ago, ok := r.Fenced[id]; ok && !r.at.Add(-time.Duration(ago)*time.Millisecond).Before(since) {
+				out[id] = true
+			}
+		}
+	}
+	return out
+}
+
+// fencedReports returns the reports of the groups watched here that
+// another kproxy owns and in which a member was fenced (fencedNow).
+func (w *forwardWatcher) fencedReports() []memberReport {
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []memberReport
+	for group, g := range w.groups {
+		if len(g.fenced) > 0 && !w.draining[group] && w.owns != nil && !w.owns(group) && w.fw.Forwarded(group) {
+			out = append(out, w.reportLocked(group, g, now))
+		}
+	}
+	return out
 }

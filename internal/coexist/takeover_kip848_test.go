@@ -3,6 +3,7 @@ package coexist
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -159,5 +160,105 @@ func TestTakeoverKIP848Report(t *testing.T) {
 	if m.kip848 == nil || m.generation != 3 || !m.synced || !samePartitions(map[[16]byte][]int32{topicT: {1, 4}}, m.kip848.assigned) ||
 		len(m.kip848.Subscribed) != 1 || m.kip848.RebalanceMS != 45000 {
 		t.Fatalf("reported member %+v (kip848 %+v) from %s", m, m.kip848, b)
+	}
+}
+
+// fence848 runs a watched ConsumerGroupHeartbeat of member id at epoch
+// answered with code by the cluster.
+func fence848(w *forwardWatcher, id string, epoch int32, code int16) {
+	q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	q.Group, q.MemberID, q.MemberEpoch, q.RebalanceTimeoutMillis = "g", id, epoch, -1
+	done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.2"}, "g", q)
+	r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+	r.ErrorCode = code
+	done(r)
+}
+
+// TestHandBackKIP848Fenced: the fencings a KIP-848 hand-back waits for
+// (Anchors.handBackConsumer). A member's forwarded heartbeat answered
+// UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH counts, here and, through a
+// report, at the group's owner; a leave, a join at epoch 0, another
+// error, a fencing before since or of another member does not.
+func TestHandBackKIP848Fenced(t *testing.T) {
+	owner, _ := newTestWatcher(t, func(string) bool { return true })
+	relay, _ := newTestWatcher(t, func(string) bool { return false })
+	relay.id, relay.send = "relay-1", peerWire(t, owner)
+	ids := []string{"a", "b", "c", "d", "e", "old"}
+
+	fence848(owner, "old", 3, 25) // UNKNOWN_MEMBER_ID, before the hand-back
+	time.Sleep(5 * time.Millisecond)
+	since := time.Now()
+	fence848(owner, "a", 3, 25)  // UNKNOWN_MEMBER_ID
+	fence848(relay, "b", 3, 110) // FENCED_MEMBER_EPOCH
+	fence848(relay, "c", 0, 25)  // a join refused: it held nothing
+	fence848(relay, "d", -1, 25) // a leave
+	fence848(relay, "e", 3, 27)  // REBALANCE_IN_PROGRESS: not fenced
+	fence848(relay, "x", 3, 25)  // not one of ids
+
+	want := map[string]bool{"a": true}
+	if got := owner.fencedSince("g", since, ids); !maps.Equal(got, want) {
+		t.Fatalf("before the relay reported: fenced %v, want %v", got, want)
+	}
+	if got := relay.fencedSince("g", since, ids); !maps.Equal(got, map[string]bool{"b": true}) {
+		t.Fatalf("at the relay: fenced %v, want b", got)
+	}
+	select {
+	case <-relay.fencedNow:
+	default:
+		t.Fatal("a fencing in a group another kproxy owns did not ask for a report at once")
+	}
+	reps := relay.fencedReports()
+	if len(reps) != 1 || len(reps[0].Fenced) != 2 {
+		t.Fatalf("fenced reports %+v, want one of group g with b and x", reps)
+	}
+	relay.report(context.Background(), reps[0])
+	want["b"] = true
+	if got := owner.fencedSince("g", since, ids); !maps.Equal(got, want) {
+		t.Fatalf("after the relay reported: fenced %v, want %v", got, want)
+	}
+	if got := owner.fencedSince("g", time.Now().Add(time.Second), ids); len(got) != 0 {
+		t.Fatalf("fencings before since counted: %v", got)
+	}
+	if got := owner.fencedSince("other", since, ids); len(got) != 0 {
+		t.Fatalf("another group's fencings counted: %v", got)
+	}
+}
+
+// TestHandBackKIP848Paced: once a member of a KIP-848 group was fenced
+// on a heartbeat forwarded here, the answers to the group's members
+// forwarded here carry handBackPace as their heartbeat interval (not a
+// longer one), and the watched member's session is still counted from
+// the cluster's interval; not in a group without a fencing, nor once the
+// fencing is older than fencedKeep.
+func TestHandBackKIP848Paced(t *testing.T) {
+	w, _ := newTestWatcher(t, func(string) bool { return false })
+	beat := func(id string, interval int32) int32 {
+		q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		q.Group, q.MemberID, q.MemberEpoch, q.RebalanceTimeoutMillis = "g", id, 0, 45000
+		q.SubscribedTopicNames = []string{"t"}
+		done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.2"}, "g", q)
+		r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		r.MemberID, r.MemberEpoch, r.HeartbeatIntervalMillis = &id, 4, interval
+		done(r)
+		return r.HeartbeatIntervalMillis
+	}
+	if got := beat("a", 5000); got != 5000 {
+		t.Fatalf("paced to %d ms without a fencing", got)
+	}
+	fence848(w, "old", 3, 25)
+	if got := beat("a2", 5000); got != handBackPace {
+		t.Fatalf("after a fencing the interval is %d ms, want %d", got, handBackPace)
+	}
+	if got := beat("a3", 300); got != 300 {
+		t.Fatalf("a shorter interval was changed to %d ms", got)
+	}
+	w.mu.Lock()
+	if s := w.groups["g"].members["a2"].sessionMS; s != 15000 {
+		t.Errorf("watched session %d ms, want 3 cluster intervals (15000)", s)
+	}
+	w.groups["g"].lastFenced = time.Now().Add(-fencedKeep - time.Second)
+	w.mu.Unlock()
+	if got := beat("a4", 5000); got != 5000 {
+		t.Fatalf("paced to %d ms after fencedKeep", got)
 	}
 }
