@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/kproxy/kproxy/internal/groupconfig"
 	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
@@ -26,10 +28,18 @@ import (
 // GROUP resource INVALID_REQUEST, AlterConfigs and
 // IncrementalAlterConfigs answer it INVALID_REQUEST "Unknown resource
 // type 32"; other resources are the cluster's.
-func hideGroupConfigs(c *kfake.Cluster) {
+func hideGroupConfigs(c *kfake.Cluster) { hideGroupConfigsWhile(c, func() bool { return true }) }
+
+// hideGroupConfigsWhile is hideGroupConfigs for as long as hidden says:
+// then the cluster answers GROUP configs itself, as once upgraded to
+// Kafka 4.0+.
+func hideGroupConfigsWhile(c *kfake.Cluster, hidden func() bool) {
 	for _, key := range []int16{int16(kmsg.DescribeConfigs), int16(kmsg.AlterConfigs), int16(kmsg.IncrementalAlterConfigs)} {
 		c.ControlKey(key, func(r kmsg.Request) (kmsg.Response, error, bool) {
 			c.KeepControl()
+			if !hidden() {
+				return nil, nil, false
+			}
 			msg := "Unknown resource type 32"
 			switch req := r.(type) {
 			case *kmsg.DescribeConfigsRequest:
@@ -326,5 +336,86 @@ func TestGroupConfigsAuthorizedOn3x(t *testing.T) {
 	}
 	if _, _, err := describeGroupConfig(ctx, t, carol, "alice-g", "share.auto.offset.reset"); err != kerr.GroupAuthorizationFailed {
 		t.Errorf("carol describing alice's group's configs: %v, want GROUP_AUTHORIZATION_FAILED", err)
+	}
+}
+
+// TestGroupConfigsCarriedOnUpgrade: GROUP configs kproxy kept for a
+// cluster without them are handed to the cluster once it has them (an
+// upgrade to Kafka 4.0+), at kproxy's next start: a config the cluster
+// does not set for the group is set there, one it sets stays the
+// cluster's, and kproxy's store keeps none of them afterwards (a later
+// start carries nothing, and what is changed on the cluster stays).
+func TestGroupConfigsCarriedOnUpgrade(t *testing.T) {
+	c, err := kproxy.NewDevCluster(3, 0, testLogger(), noShareCluster()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	var hidden atomic.Bool
+	hidden.Store(true)
+	hideGroupConfigsWhile(c, hidden.Load)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// Before the upgrade: two groups' configs kept by kproxy.
+	opts := []stackOpt{func(c *kproxy.Config) { c.Groups.ServeShares = true }}
+	before := &stack{t: t, cluster: c, listen: "127.0.0.1:0", opts: opts}
+	before.start()
+	admin := before.client()
+	earliest, lock := "earliest", "20000"
+	for _, a := range []struct{ group, name, value string }{
+		{"gc-up-a", "share.auto.offset.reset", earliest},
+		{"gc-up-a", "share.record.lock.duration.ms", lock},
+		{"gc-up-b", "share.auto.offset.reset", earliest},
+	} {
+		v := a.value
+		if msg, err := alterGroupConfig(ctx, t, admin, a.group, a.name, &v); err != nil {
+			t.Fatalf("setting %s of %s through kproxy: %v (%s)", a.name, a.group, err, msg)
+		}
+	}
+	before.stop()
+
+	// The upgrade; meanwhile an operator sets gc-up-b's on the cluster.
+	hidden.Store(false)
+	direct, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	latest := "latest"
+	if msg, err := alterGroupConfig(ctx, t, direct, "gc-up-b", "share.auto.offset.reset", &latest); err != nil {
+		t.Fatalf("setting gc-up-b's share.auto.offset.reset on the upgraded cluster: %v (%s)", err, msg)
+	}
+
+	after := &stack{t: t, cluster: c, listen: "127.0.0.1:0", opts: opts}
+	after.start()
+	for _, want := range []struct{ group, name, value string }{
+		{"gc-up-a", "share.auto.offset.reset", "earliest"},
+		{"gc-up-a", "share.record.lock.duration.ms", "20000"},
+		{"gc-up-b", "share.auto.offset.reset", "latest"}, // the cluster's own
+	} {
+		v, src, err := describeGroupConfig(ctx, t, direct, want.group, want.name)
+		if err != nil || v != want.value || src != kmsg.ConfigSourceGroupConfig {
+			t.Errorf("on the cluster after the upgrade, %s of %s: %q %v %v, want %q GROUP_CONFIG", want.name, want.group, v, src, err, want.value)
+		}
+		if v, _, err := describeGroupConfig(ctx, t, after.client(), want.group, want.name); err != nil || v != want.value {
+			t.Errorf("through kproxy after the upgrade, %s of %s: %q %v, want %q", want.name, want.group, v, err, want.value)
+		}
+	}
+
+	// kproxy's store holds nothing more to carry.
+	st := groupconfig.NewStore(direct, "", func(o ...kgo.Opt) (*kgo.Client, error) {
+		return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}, o...)...)
+	}, nil)
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go st.Run(rctx)
+	select {
+	case <-st.Ready():
+	case <-ctx.Done():
+		t.Fatal("kproxy's group configs topic was not read")
+	}
+	if gs := st.Groups(); len(gs) != 0 {
+		t.Errorf("kproxy's store still holds the configs of %v after they were carried", gs)
 	}
 }

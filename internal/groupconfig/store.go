@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -85,6 +86,18 @@ func (s *Store) OnChange(f func(groups []string)) { s.onChange = f }
 
 // Ready is closed once the topic was read to the end it had at start.
 func (s *Store) Ready() <-chan struct{} { return s.ready }
+
+// Groups returns the groups the store holds configs of, sorted.
+func (s *Store) Groups() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.groups))
+	for g := range s.groups {
+		out = append(out, g)
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Group returns a copy of group's configs (nil when it has none).
 func (s *Store) Group(group string) map[string]string {

@@ -45,14 +45,24 @@ func (w *Server) keepGroupConfigs(probe func() (bool, error)) {
 		return
 	case has:
 		log.Info("the cluster has GROUP configs: kproxy reads them from it")
+		// Configs kproxy kept while the cluster had none (before an
+		// upgrade to 4.0+) go to the cluster before anything reads it.
+		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := groupconfig.CarryOver(cctx, w.upstream, w.newUpstreamConsumer, log); err != nil {
+			log.Warn("cannot carry the GROUP configs kproxy kept to the cluster; left for the next start", "topic", groupconfig.DefaultStoreTopic, "err", err)
+		}
 		return
 	}
 	log.Info("the cluster has no GROUP configs (Kafka before 4.0): kproxy keeps them itself", "topic", groupconfig.DefaultStoreTopic)
-	opts := w.upstreamOpts
-	st := groupconfig.NewStore(w.upstream, "", func(more ...kgo.Opt) (*kgo.Client, error) {
-		return kgo.NewClient(append(append([]kgo.Opt(nil), opts...), more...)...)
-	}, log)
+	st := groupconfig.NewStore(w.upstream, "", w.newUpstreamConsumer, log)
 	w.groupConfigs.UseStore(st)
 	w.runUntilClose(st.Run)
 	w.groupConfigService = groupconfig.NewService(st, log)
+}
+
+// newUpstreamConsumer is a new client of the cluster with kproxy's own
+// options and more.
+func (w *Server) newUpstreamConsumer(more ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append(append([]kgo.Opt(nil), w.upstreamOpts...), more...)...)
 }
