@@ -32,6 +32,13 @@ import (
 // (share.auto.offset.reset, a group config), directly at the cluster.
 func setShareReset(ctx context.Context, t testing.TB, cl *kgo.Client, group string) {
 	t.Helper()
+	if err := trySetShareReset(ctx, cl, group); err != nil {
+		t.Fatalf("setting share.auto.offset.reset of %s: %v", group, err)
+	}
+}
+
+// trySetShareReset is setShareReset returning its error.
+func trySetShareReset(ctx context.Context, cl *kgo.Client, group string) error {
 	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
 	res := kmsg.NewIncrementalAlterConfigsRequestResource()
 	res.ResourceType, res.ResourceName = kmsg.ConfigResourceTypeGroupConfig, group
@@ -41,13 +48,14 @@ func setShareReset(ctx context.Context, t testing.TB, cl *kgo.Client, group stri
 	req.Resources = append(req.Resources, res)
 	resp, err := req.RequestWith(ctx, cl)
 	if err != nil {
-		t.Fatalf("setting share.auto.offset.reset of %s: %v", group, err)
+		return err
 	}
 	for _, r := range resp.Resources {
 		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
-			t.Fatalf("setting share.auto.offset.reset of %s: %v", group, err)
+			return err
 		}
 	}
+	return nil
 }
 
 // shareRun is what the share consumers of one group read.

@@ -93,6 +93,10 @@ type shareBenchPath struct {
 	// cpu is this process's CPU time while the path ran (selfCPUTime):
 	// the consumer, and the path's kproxy where it runs in process.
 	cpu time.Duration
+	// pids are the path's kproxy processes, if it has any, and
+	// kproxyCPU their CPU time while the path ran.
+	pids      []int
+	kproxyCPU time.Duration
 }
 
 // reportShareBench reports each path's records/s (n records in all) and
@@ -110,12 +114,18 @@ func reportShareBench(b *testing.B, n int, paths []*shareBenchPath) string {
 	// together (the consumer's own part varies with the batches each
 	// path returns, so a difference is not kproxy's).
 	gb := float64(n) * shareBenchValueBytes / 1e9
-	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s %12s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir", "CPU s/GB")
+	// kproxy s/GB: the path's kproxy processes alone, where it has any.
+	fmt.Fprintf(&sb, "%-8s %12s %10s %12s %12s %9s %9s %12s %14s\n", "path", "records/s", "rate/dir", "fetch p50 ms", "fetch p99 ms", "p50/dir", "p99/dir", "CPU s/GB", "kproxy s/GB")
 	for _, p := range paths {
 		rate := float64(n) / p.elapsed.Seconds()
 		p50, p99 := p50p99(p.lat)
 		perGB := p.cpu.Seconds() / gb
-		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f %12.1f\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99), perGB)
+		kproxyGB := "-"
+		if len(p.pids) > 0 {
+			kproxyGB = fmt.Sprintf("%.1f", p.kproxyCPU.Seconds()/gb)
+			b.ReportMetric(p.kproxyCPU.Seconds()/gb, p.name+"-kproxy-cpu-s/GB")
+		}
+		fmt.Fprintf(&sb, "%-8s %12.0f %10.2f %12.3f %12.3f %9.2f %9.2f %12.1f %14s\n", p.name, rate, rate/dRate, ms(p50), ms(p99), ratio(p50, d50), ratio(p99, d99), perGB, kproxyGB)
 		b.ReportMetric(rate, p.name+"-records/s")
 		b.ReportMetric(ms(p50), p.name+"-fetch-p50-ms")
 		b.ReportMetric(ms(p99), p.name+"-fetch-p99-ms")

@@ -31,7 +31,9 @@ import (
 // served one $KPROXY_BENCH_SHARE_SERVED (say Kafka 4.1.1 or 3.6.2); each
 // defaults to an in-memory cluster of three (the served one with its
 // share APIs hidden). $KPROXY_BENCH_SHARE_RECORDS records of 100 bytes
-// (default 20000). It runs its work once whatever b.N is:
+// (default 20000). $KPROXY_BENCH_SHARE_PROCS=1 runs the kproxies as
+// `kproxy serve` processes and reports their own CPU per GB. It runs its
+// work once whatever b.N is:
 //
 //	KPROXY_BENCH_SHARE_DIRECT=127.0.0.1:9092 KPROXY_BENCH_SHARE_SERVED=127.0.0.1:9192 \
 //	    go test -run '^$' -bench BenchmarkShareServe -benchtime 1x ./e2e
@@ -69,14 +71,32 @@ func BenchmarkShareServe(b *testing.B) {
 		return startBenchKproxyConfig(b, cfg)
 	}
 	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
-	k := serving(kproxy.GroupsLocal, kproxy.FleetConfig{})
-	// The owner remote: a fleet of two, the consumer behind the one that
-	// owns nothing (--fleet-role relay), so every share step goes to the
-	// owner as a kproxy message while the records come from the brokers
-	// to the relay.
 	fleet := "share-bench-" + run
-	owner := serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet})
-	relay := serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet, Relay: true})
+	// With $KPROXY_BENCH_SHARE_PROCS=1 the kproxies are `kproxy serve`
+	// processes, whose own CPU is then measured apart from the
+	// consumer's; the groups' share.auto.offset.reset=earliest is then a
+	// GROUP config of the served cluster (or kept by kproxy, in front
+	// of one without GROUP configs).
+	procs := os.Getenv("KPROXY_BENCH_SHARE_PROCS") == "1"
+	var k, owner, relay *kproxy.Server
+	var servedAddr, remoteAddr string
+	var servedPids, remotePids []int
+	if procs {
+		sp := startKproxy(b, "share-bench-served", served, "--groups", "local", "--share-groups", "serve")
+		op := startKproxy(b, "share-bench-owner", served, "--groups", "distributed", "--fleet-name", fleet, "--share-groups", "serve")
+		rp := startKproxy(b, "share-bench-relay", served, "--groups", "distributed", "--fleet-name", fleet, "--fleet-role", "relay", "--share-groups", "serve")
+		servedAddr, remoteAddr = sp.addr, rp.addr
+		servedPids, remotePids = []int{sp.cmd.Process.Pid}, []int{op.cmd.Process.Pid, rp.cmd.Process.Pid}
+	} else {
+		k = serving(kproxy.GroupsLocal, kproxy.FleetConfig{})
+		// The owner remote: a fleet of two, the consumer behind the one
+		// that owns nothing (--fleet-role relay), so every share step
+		// goes to the owner as a kproxy message while the records come
+		// from the brokers to the relay.
+		owner = serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet})
+		relay = serving(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: fleet, Relay: true})
+		servedAddr, remoteAddr = k.Addr(), relay.Addr()
+	}
 
 	ctx := context.Background()
 	topic := "share-serve-bench-" + run
@@ -100,24 +120,61 @@ func BenchmarkShareServe(b *testing.B) {
 		return cl
 	}
 	dcl := prefill(direct)
-	prefill(served)
+	scl := prefill(served)
 
-	paths := []*shareBenchPath{{name: "direct", addr: direct[0]}, {name: "served", addr: k.Addr()}, {name: "remote", addr: relay.Addr()}}
+	paths := []*shareBenchPath{{name: "direct", addr: direct[0]}, {name: "served", addr: servedAddr, pids: servedPids}, {name: "remote", addr: remoteAddr, pids: remotePids}}
 	for round, order := range [][]int{{0, 1, 2}, {2, 1, 0}} {
 		for _, i := range order {
 			p := paths[i]
 			group := fmt.Sprintf("share-serve-bench-%s-%s-%d", run, p.name, round)
-			if p.name == "direct" {
+			switch {
+			case p.name == "direct":
 				setShareReset(ctx, b, dcl, group)
+			case procs:
+				setShareResetWith(ctx, b, scl, p.addr, group)
 			}
-			cpu := selfCPUTime()
+			cpu, kcpu := selfCPUTime(), pidsCPU(b, p.pids)
 			took, lat := shareReadAll(ctx, b, p.addr, group, topic, n)
 			p.cpu += selfCPUTime() - cpu
+			p.kproxyCPU += pidsCPU(b, p.pids) - kcpu
 			p.elapsed += took
 			p.lat = append(p.lat, lat...)
 		}
 	}
+	if procs {
+		b.Logf("share groups served by kproxy processes, %d records twice per path:\n%s", n, reportShareBench(b, 2*n, paths))
+		return
+	}
 	c, oc := k.Engine().ShareCounters(), owner.Engine().ShareCounters()
 	b.Logf("share groups served, %d records twice per path; kproxy wrote %d share records (mean %.2f ms), the fleet's owner %d (mean %.2f ms):\n%s",
 		n, c.Writes, ms(c.WriteTime)/float64(max(c.Writes, 1)), oc.Writes, ms(oc.WriteTime)/float64(max(oc.Writes, 1)), reportShareBench(b, 2*n, paths))
+}
+
+// setShareResetWith sets group's share.auto.offset.reset=earliest on the
+// served cluster (cl) where it has GROUP configs, else through the kproxy
+// at addr, which keeps them for it.
+func setShareResetWith(ctx context.Context, b *testing.B, cl *kgo.Client, addr, group string) {
+	b.Helper()
+	if trySetShareReset(ctx, cl, group) == nil {
+		return
+	}
+	kcl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kcl.Close()
+	setShareReset(ctx, b, kcl, group)
+}
+
+// pidsCPU sums the CPU time of the processes pids.
+func pidsCPU(b *testing.B, pids []int) time.Duration {
+	var d time.Duration
+	for _, pid := range pids {
+		u, err := readProcUsage(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		d += u.cpu
+	}
+	return d
 }
