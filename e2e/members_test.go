@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,16 @@ type member struct {
 	// finish, as a consumer that closes cleanly commits what it read.
 	abort context.CancelFunc
 	done  chan struct{}
+	// closing is set by the first close of cl (leave, kill, or the
+	// test's cleanup).
+	closing atomic.Bool
+}
+
+// close closes the member's client once; a later call returns at once.
+func (m *member) close() {
+	if m.closing.CompareAndSwap(false, true) {
+		m.cl.Close()
+	}
 }
 
 type memberCfg struct {
@@ -117,6 +128,17 @@ func startMemberAt(t testing.TB, addr, name string, mc memberCfg) *member {
 	ctx, cancel := context.WithCancel(context.Background())
 	commitCtx, abort := context.WithCancel(context.Background())
 	m.cancel, m.abort = cancel, abort
+	// A member the test left running stops with the test: its client
+	// would otherwise go on dialing its addresses for the rest of the
+	// package, and reach a later test's kproxy listening on a reused
+	// port (TestGroupSurvivesProxyRestart counted such a member's join
+	// as a rebalance of its restart).
+	t.Cleanup(func() {
+		m.cancel()
+		<-m.done
+		m.abort()
+		m.close()
+	})
 	go func() {
 		defer close(m.done)
 		for ctx.Err() == nil {
@@ -150,7 +172,7 @@ func (m *member) leave() {
 	m.cancel()
 	<-m.done
 	m.abort()
-	m.cl.Close()
+	m.close()
 }
 
 // kill cuts the member off the network without a goodbye, as a crashed
@@ -161,7 +183,7 @@ func (m *member) kill(own *ownership) {
 	m.cancel()
 	m.abort()
 	<-m.done
-	go m.cl.Close() // it cannot reach anyone; do not wait for it
+	go m.close() // it cannot reach anyone; do not wait for it
 }
 
 // waitOwners waits until exactly the named members own all partitions.
