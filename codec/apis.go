@@ -103,6 +103,7 @@ const (
 	KeySaslHandshake           = 17
 	KeyApiVersions             = 18
 	KeyTxnOffsetCommit         = 28
+	KeyDescribeConfigs         = 32
 	KeyAlterConfigs            = 33
 	KeyDeleteGroups            = 42
 	KeyIncrementalAlterConfigs = 44

@@ -41,31 +41,20 @@ type ShareSettings struct {
 	RenewDisabled bool
 }
 
-// withDefaults fills Kafka's defaults (GroupConfig, ShareGroupConfig).
-func (c ShareSettings) withDefaults() ShareSettings {
-	if c.SessionTimeout <= 0 {
-		c.SessionTimeout = 45 * time.Second
-	}
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 5 * time.Second
-	}
-	if c.LockDuration <= 0 {
-		c.LockDuration = 30 * time.Second
-	}
-	if c.DeliveryLimit <= 0 {
-		c.DeliveryLimit = 5
-	}
-	if c.MaxRecordLocks <= 0 {
-		c.MaxRecordLocks = 2000
-	}
-	if c.MaxSize <= 0 {
-		c.MaxSize = 200
-	}
-	if c.AutoOffsetReset == "" {
-		c.AutoOffsetReset = "latest"
-	}
-	return c
+// kafkaShareDefaults are Kafka's defaults of a share group's settings
+// (GroupConfig, ShareGroupConfig).
+var kafkaShareDefaults = ShareSettings{
+	SessionTimeout:    45 * time.Second,
+	HeartbeatInterval: 5 * time.Second,
+	LockDuration:      30 * time.Second,
+	DeliveryLimit:     5,
+	MaxRecordLocks:    2000,
+	MaxSize:           200,
+	AutoOffsetReset:   "latest",
 }
+
+// withDefaults fills Kafka's defaults.
+func (c ShareSettings) withDefaults() ShareSettings { return c.over(kafkaShareDefaults) }
 
 // limits are the share-partition limits of c.
 func (c ShareSettings) limits() share.Limits {
@@ -84,8 +73,9 @@ func (e *Engine) shareSettings(group string) ShareSettings {
 	return c.over(e.cfg.ShareDefaults).withDefaults()
 }
 
-// over fills the zero durations and limits of c from d (a group's own
-// configs over the cluster's broker settings).
+// over fills the zero durations, limits and offset reset of c from d (a
+// group's own configs over the cluster's broker settings, over Kafka's
+// defaults).
 func (c ShareSettings) over(d ShareSettings) ShareSettings {
 	if c.SessionTimeout <= 0 {
 		c.SessionTimeout = d.SessionTimeout
@@ -104,6 +94,9 @@ func (c ShareSettings) over(d ShareSettings) ShareSettings {
 	}
 	if c.MaxSize <= 0 {
 		c.MaxSize = d.MaxSize
+	}
+	if c.AutoOffsetReset == "" {
+		c.AutoOffsetReset = d.AutoOffsetReset
 	}
 	return c
 }

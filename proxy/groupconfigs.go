@@ -6,12 +6,9 @@ import (
 	"github.com/kproxy/kproxy/codec"
 )
 
-// keyDescribeConfigs is DescribeConfigs' API key.
-const keyDescribeConfigs = 32
-
 // isConfigKey: DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
 func isConfigKey(key int16) bool {
-	return key == keyDescribeConfigs || key == codec.KeyAlterConfigs || key == codec.KeyIncrementalAlterConfigs
+	return key == codec.KeyDescribeConfigs || key == codec.KeyAlterConfigs || key == codec.KeyIncrementalAlterConfigs
 }
 
 // allGroupResources reports whether req (a config request) names at
@@ -46,7 +43,7 @@ func allGroupResources(req kmsg.Request) bool {
 // it came, as without GroupConfigs.
 func (s *session) routeGroupConfigs(h codec.RequestHeader, start int64, head []byte, total int) error {
 	var watch func(kmsg.Response)
-	if s.p.cfg.ConfigsAltered != nil && h.Key != keyDescribeConfigs {
+	if s.p.cfg.ConfigsAltered != nil && h.Key != codec.KeyDescribeConfigs {
 		watch = s.p.cfg.ConfigsAltered
 	}
 	if limit := s.p.cfg.MaxGroupRequest; total-4 > int(limit) {

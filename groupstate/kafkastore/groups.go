@@ -51,10 +51,6 @@ type Options struct {
 	GroupsReplicationFactor int16
 	// Logger receives the store's warnings; nil means slog.Default().
 	Logger *slog.Logger
-	// Cluster sends the store's coordinator requests; nil means one of
-	// the store's own over the store's client. Give the stores of one
-	// kproxy the same one to share its coordinator cache.
-	Cluster *upstream.Cluster
 }
 
 // groupsTopicMeta is what a Store knows of its groups topic.
@@ -86,9 +82,6 @@ func NewWith(cl *kgo.Client, opts Options) *Store {
 	}
 	if opts.Logger != nil {
 		s.log = opts.Logger
-	}
-	if opts.Cluster != nil {
-		s.up = opts.Cluster
 	}
 	return s
 }
