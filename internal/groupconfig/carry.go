@@ -110,18 +110,13 @@ func clusterGroupConfigs(ctx context.Context, cl *kgo.Client, group string) (map
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
-	for _, rr := range resp.Resources {
-		if err := kerr.ErrorForCode(rr.ErrorCode); err != nil {
-			return nil, err
-		}
-		for _, c := range rr.Configs {
-			if c.Source == kmsg.ConfigSourceGroupConfig && c.Value != nil {
-				out[c.Name] = *c.Value
-			}
-		}
+	if len(resp.Resources) != 1 {
+		return nil, fmt.Errorf("%d resources answered, want 1", len(resp.Resources))
 	}
-	return out, nil
+	if err := kerr.ErrorForCode(resp.Resources[0].ErrorCode); err != nil {
+		return nil, err
+	}
+	return setOnGroup(resp.Resources[0]), nil
 }
 
 // alterClusterGroupConfigs sets set's configs of group on the cluster.

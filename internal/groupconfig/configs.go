@@ -408,15 +408,21 @@ func (c *Configs) describe(ctx context.Context, groups []string) (map[string]gro
 			out[r.ResourceName] = groupConfigRead{err: err}
 			continue
 		}
-		set := map[string]string{}
-		for _, cfg := range r.Configs {
-			if cfg.Source == kmsg.ConfigSourceGroupConfig && cfg.Value != nil {
-				set[cfg.Name] = *cfg.Value
-			}
-		}
-		out[r.ResourceName] = groupConfigRead{settings: settingsOf(set)}
+		out[r.ResourceName] = groupConfigRead{settings: settingsOf(setOnGroup(r))}
 	}
 	return out, nil
+}
+
+// setOnGroup is the configs a described GROUP resource has set on the
+// group itself (source GROUP_CONFIG), by name.
+func setOnGroup(r kmsg.DescribeConfigsResponseResource) map[string]string {
+	set := map[string]string{}
+	for _, cfg := range r.Configs {
+		if cfg.Source == kmsg.ConfigSourceGroupConfig && cfg.Value != nil {
+			set[cfg.Name] = *cfg.Value
+		}
+	}
+	return set
 }
 
 // settingsOf is the engine's settings for a group's own configs (those
