@@ -67,9 +67,9 @@ func BenchmarkAnchorFirstCommit(b *testing.B) {
 		engineDelay = -1 // groupstate.Config: negative is none
 	}
 	start := func(mode kproxy.GroupsMode, fc kproxy.FleetConfig) *kproxy.Server {
-		cfg := benchKproxyConfig(brokers, mode, fc)
+		cfg := inProcessConfig(brokers, mode, fc)
 		cfg.Groups.Engine.InitialRebalanceDelay = engineDelay
-		return startBenchKproxyConfig(b, cfg)
+		return startKproxyConfig(b, cfg)
 	}
 	local := start(kproxy.GroupsLocal, kproxy.FleetConfig{})
 	owner := start(kproxy.GroupsDistributed, kproxy.FleetConfig{Name: "fc-" + run})

@@ -225,18 +225,18 @@ func startCommitBenchKproxy(b *testing.B, brokers []string, mode kproxy.GroupsMo
 // dial; nil dials directly.
 func startBenchKproxyVia(b *testing.B, brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *kproxy.Server {
 	b.Helper()
-	cfg := benchKproxyConfig(brokers, mode, fc)
+	cfg := inProcessConfig(brokers, mode, fc)
 	cfg.Proxy.Dial = dial
 	if dial != nil {
 		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(dial)}
 	}
-	return startBenchKproxyConfig(b, cfg)
+	return startKproxyConfig(b, cfg)
 }
 
-// benchKproxyConfig is the configuration of the benchmarks' in-process
-// kproxies: in front of brokers, an admin server (the fleet's view), no
-// initial rebalance delay, the default fleet timers.
-func benchKproxyConfig(brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig) kproxy.Config {
+// inProcessConfig is the configuration of the tests' and benchmarks'
+// in-process kproxies: in front of brokers, an admin server (the fleet's
+// view), no initial rebalance delay, fleet timers as fc gives them.
+func inProcessConfig(brokers []string, mode kproxy.GroupsMode, fc kproxy.FleetConfig) kproxy.Config {
 	return kproxy.Config{
 		Upstream: brokers,
 		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
@@ -251,17 +251,17 @@ func benchKproxyConfig(brokers []string, mode kproxy.GroupsMode, fc kproxy.Fleet
 	}
 }
 
-// startBenchKproxyConfig starts an in-process kproxy of cfg; it shuts
-// down when b ends.
-func startBenchKproxyConfig(b *testing.B, cfg kproxy.Config) *kproxy.Server {
-	b.Helper()
+// startKproxyConfig starts an in-process kproxy of cfg; it shuts down
+// when t ends.
+func startKproxyConfig(t testing.TB, cfg kproxy.Config) *kproxy.Server {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	k, err := kproxy.Start(ctx, cfg)
 	if err != nil {
-		b.Fatalf("starting a %s kproxy (fleet %q, relay %v): %v", cfg.Groups.Mode, cfg.Groups.Fleet.Name, cfg.Groups.Fleet.Relay, err)
+		t.Fatalf("starting a %s kproxy (fleet %q, relay %v): %v", cfg.Groups.Mode, cfg.Groups.Fleet.Name, cfg.Groups.Fleet.Relay, err)
 	}
-	b.Cleanup(func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
 		k.Shutdown(ctx)

@@ -16,12 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/fleet"
-	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/groupstate/kafkastore"
 	"github.com/kproxy/kproxy/internal/faultnet"
 	"github.com/kproxy/kproxy/internal/kproxy"
-	"github.com/kproxy/kproxy/proxy"
-	"github.com/kproxy/kproxy/tap"
 )
 
 // TestFleetFailoverWithinDetection measures what a healthy member pays
@@ -211,38 +208,15 @@ func failoverWithinDetection(t *testing.T, session, heartbeat time.Duration) {
 // through path when path is not nil.
 func startFailoverKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig, memberSession time.Duration, path *faultPath) *kproxy.Server {
 	t.Helper()
-	cfg := kproxy.Config{
-		Upstream: brokers,
-		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
-		Groups: kproxy.GroupsConfig{
-			Mode: kproxy.GroupsDistributed,
-			Engine: groupstate.Config{
-				InitialRebalanceDelay: -1, MinSessionTimeout: time.Second,
-				ConsumerSessionTimeout: memberSession, ConsumerMinSessionTimeout: time.Second,
-				ConsumerHeartbeatInterval: 300 * time.Millisecond, TopicRefreshInterval: time.Second,
-			},
-			Fleet: fc,
-		},
-		AdminListen: "127.0.0.1:0",
-		Telemetry:   tap.Config{Getenv: func(string) string { return "" }},
-		Logger:      testLogger(),
-	}
+	cfg := inProcessConfig(brokers, kproxy.GroupsDistributed, fc)
+	e := &cfg.Groups.Engine
+	e.ConsumerSessionTimeout, e.ConsumerMinSessionTimeout = memberSession, time.Second
+	e.ConsumerHeartbeatInterval, e.TopicRefreshInterval = 300*time.Millisecond, time.Second
 	if path != nil {
 		cfg.UpstreamOpts = []kgo.Opt{kgo.Dialer(path.dial)}
 		cfg.Proxy.Dial = path.dial
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	k, err := kproxy.Start(ctx, cfg)
-	if err != nil {
-		t.Fatalf("starting a fleet kproxy (relay %v): %v", fc.Relay, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		k.Shutdown(ctx)
-	})
-	return k
+	return startKproxyConfig(t, cfg)
 }
 
 // stallAcross is the longest time between successful commits of m from

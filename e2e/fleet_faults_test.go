@@ -19,11 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/kproxy/kproxy/groupstate"
 	"github.com/kproxy/kproxy/internal/faultnet"
 	"github.com/kproxy/kproxy/internal/kproxy"
-	"github.com/kproxy/kproxy/proxy"
-	"github.com/kproxy/kproxy/tap"
 )
 
 // faultPath is a client's own path to the cluster through fault relays:
@@ -91,28 +88,7 @@ func freeAddr(t testing.TB) string {
 func startFleetKproxy(t testing.TB, brokers []string, fc kproxy.FleetConfig) *kproxy.Server {
 	t.Helper()
 	fc.SessionTimeout, fc.HeartbeatInterval = 3*time.Second, 300*time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	k, err := kproxy.Start(ctx, kproxy.Config{
-		Upstream: brokers,
-		Proxy:    proxy.Config{Listen: "127.0.0.1:0"},
-		Groups: kproxy.GroupsConfig{
-			Mode:   kproxy.GroupsDistributed,
-			Engine: groupstate.Config{InitialRebalanceDelay: -1, MinSessionTimeout: time.Second},
-			Fleet:  fc,
-		},
-		Telemetry: tap.Config{Getenv: func(string) string { return "" }},
-		Logger:    testLogger(),
-	})
-	if err != nil {
-		t.Fatalf("starting a fleet kproxy (relay %v): %v", fc.Relay, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		k.Shutdown(ctx)
-	})
-	return k
+	return startKproxyConfig(t, inProcessConfig(brokers, kproxy.GroupsDistributed, fc))
 }
 
 // faultMember is a consumer group member that commits synchronously

@@ -63,12 +63,12 @@ func BenchmarkShareServe(b *testing.B) {
 	}
 	direct, served := brokersOf("KPROXY_BENCH_SHARE_DIRECT", false), brokersOf("KPROXY_BENCH_SHARE_SERVED", true)
 	serving := func(mode kproxy.GroupsMode, fc kproxy.FleetConfig) *kproxy.Server {
-		cfg := benchKproxyConfig(served, mode, fc)
+		cfg := inProcessConfig(served, mode, fc)
 		cfg.Groups.ServeShares = true
 		cfg.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {
 			return groupstate.ShareSettings{AutoOffsetReset: "earliest"}
 		}
-		return startBenchKproxyConfig(b, cfg)
+		return startKproxyConfig(b, cfg)
 	}
 	run := strconv.FormatInt(time.Now().UnixNano()%1_000_000_000, 36)
 	fleet := "share-bench-" + run
