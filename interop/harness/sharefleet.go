@@ -353,15 +353,13 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 	if err := s.h.createTopic(ctx, topic, kindPartitions); err != nil {
 		return fail("%v", err)
 	}
-	earliest := s.h.setGroupConfig(ctx, group, "share.auto.offset.reset", "earliest") == nil
-	if !earliest && s.path == "kproxy" {
-		// kproxy keeps GROUP configs for a cluster without them, one
-		// store for the fleet: set through m1's kproxy, read back
-		// through each.
-		if err := s.h.setGroupConfigVia(ctx, addrs[0], addrs, group, "share.auto.offset.reset", "earliest"); err != nil {
-			return fail("%v", err)
-		}
-		earliest = true
+	// kproxy keeps GROUP configs for a cluster without them, one store
+	// for the fleet: set through m1's kproxy, read back through each.
+	earliest, refused, err := s.shareEarliest(ctx, group, addrs[0], addrs)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if refused != nil && earliest {
 		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it; set through m1's kproxy, which keeps GROUP configs for it, and read back through all three", s.h.kafkaVersion)
 	}
 	began := time.Now()

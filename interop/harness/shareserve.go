@@ -15,14 +15,15 @@ package main
 //     record must end accepted or rejected, per the ledger below.
 //
 // share.auto.offset.reset=earliest is set as a GROUP config on the
-// broker when it takes one (Kafka 4.0+), and the records are then
-// produced before the consumers start. Where it does not (3.6.2 has no
-// GROUP configs), the group starts at the log end (Kafka's default,
-// latest): the harness produces one probe record per partition each
-// second until a consumer has read a probe of every partition (every
-// share-partition's start offset is then set), and only then the
-// records. Probes are acknowledged like the others and left out of the
-// ledger.
+// broker when it takes one (Kafka 4.0+), else through kproxy on the
+// kproxy path (it keeps GROUP configs for a cluster without them), and
+// the records are then produced before the consumers start. Directly
+// against a broker without GROUP configs (3.6.2) the group starts at the
+// log end (Kafka's default, latest): the harness produces one probe
+// record per partition each second until a consumer has read a probe of
+// every partition (every share-partition's start offset is then set),
+// and only then the records. Probes are acknowledged like the others and
+// left out of the ledger.
 
 import (
 	"context"
@@ -197,6 +198,25 @@ func shareCounts(recs []shareEvent) []int {
 	return out
 }
 
+// shareEarliest sets group's share.auto.offset.reset=earliest: on the
+// broker, or, on the kproxy path of a broker that refuses it (no GROUP
+// configs before Kafka 4.0), through the kproxy at via, read back
+// through each of readers. refused is the broker's refusal; err a
+// failure through kproxy.
+func (s *scenario) shareEarliest(ctx context.Context, group, via string, readers []string) (earliest bool, refused, err error) {
+	refused = s.h.setGroupConfig(ctx, group, "share.auto.offset.reset", "earliest")
+	if refused == nil {
+		return true, nil, nil
+	}
+	if s.path != "kproxy" {
+		return false, refused, nil
+	}
+	if err := s.h.setGroupConfigVia(ctx, via, readers, group, "share.auto.offset.reset", "earliest"); err != nil {
+		return false, refused, fmt.Errorf("share.auto.offset.reset=earliest: Kafka %s refuses it as a GROUP config (%v), and so does kproxy: %w", s.h.kafkaVersion, refused, err)
+	}
+	return true, refused, nil
+}
+
 // shareServeArgv is the argv of explicit-ack share member name.
 func (s *scenario) shareServeArgv(addr, group, topic, name string) []string {
 	if len(s.r.client) > 0 {
@@ -277,19 +297,16 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 	for i := range values {
 		values[i] = fmt.Sprintf("s%05d", i)
 	}
-	earliest := false
 	half := kindRecords / 2
-	if err := s.h.setGroupConfig(ctx, group, "share.auto.offset.reset", "earliest"); err != nil && s.path == "kproxy" {
-		// kproxy keeps GROUP configs for a cluster without them.
-		if err2 := s.h.setGroupConfigVia(ctx, addr, []string{addr}, group, "share.auto.offset.reset", "earliest"); err2 != nil {
-			return fail("share.auto.offset.reset=earliest: Kafka %s refuses it as a GROUP config (%v), and so does %s: %v", s.h.kafkaVersion, err, label, err2)
-		}
-		earliest = true
-		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); set %s, which keeps GROUP configs for it, and read back there; %d records are produced before the consumers start, %d once both hold partitions", s.h.kafkaVersion, err, label, half, kindRecords-half)
-	} else if err != nil {
-		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); the group starts at the log end, so records are produced once a probe of every partition was read", s.h.kafkaVersion, err)
-	} else {
-		earliest = true
+	earliest, refused, err := s.shareEarliest(ctx, group, addr, []string{addr})
+	switch {
+	case err != nil:
+		return fail("%v", err)
+	case refused != nil && earliest:
+		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); set %s, which keeps GROUP configs for it, and read back there; %d records are produced before the consumers start, %d once both hold partitions", s.h.kafkaVersion, refused, label, half, kindRecords-half)
+	case refused != nil:
+		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s refuses it (%v); the group starts at the log end, so records are produced once a probe of every partition was read", s.h.kafkaVersion, refused)
+	default:
 		s.note("share.auto.offset.reset=earliest as a GROUP config: Kafka %s accepts it; %d records are produced before the consumers start, %d once both hold partitions", s.h.kafkaVersion, half, kindRecords-half)
 	}
 	if earliest {
