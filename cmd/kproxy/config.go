@@ -78,21 +78,35 @@ type groupSettingKeys struct {
 			Assignors         any `yaml:"assignors"`
 			MigrationPolicy   any `yaml:"migration_policy"`
 		} `yaml:"consumer"`
+		Share struct {
+			SessionTimeout          any `yaml:"session_timeout"`
+			HeartbeatInterval       any `yaml:"heartbeat_interval"`
+			RecordLockDuration      any `yaml:"record_lock_duration"`
+			DeliveryCountLimit      any `yaml:"delivery_count_limit"`
+			PartitionMaxRecordLocks any `yaml:"partition_max_record_locks"`
+			MaxSize                 any `yaml:"max_size"`
+		} `yaml:"share"`
 	} `yaml:"groups"`
 }
 
 func (k *groupSettingKeys) set() map[string]any {
 	g := &k.Groups
 	return map[string]any{
-		"group.min.session.timeout.ms":         g.MinSessionTimeout,
-		"group.max.session.timeout.ms":         g.MaxSessionTimeout,
-		"group.initial.rebalance.delay.ms":     g.InitialRebalanceDelay,
-		"group.max.size":                       g.MaxSize,
-		"group.consumer.session.timeout.ms":    g.Consumer.SessionTimeout,
-		"group.consumer.heartbeat.interval.ms": g.Consumer.HeartbeatInterval,
-		"group.consumer.max.size":              g.Consumer.MaxSize,
-		"group.consumer.assignors":             g.Consumer.Assignors,
-		"group.consumer.migration.policy":      g.Consumer.MigrationPolicy,
+		"group.min.session.timeout.ms":           g.MinSessionTimeout,
+		"group.max.session.timeout.ms":           g.MaxSessionTimeout,
+		"group.initial.rebalance.delay.ms":       g.InitialRebalanceDelay,
+		"group.max.size":                         g.MaxSize,
+		"group.consumer.session.timeout.ms":      g.Consumer.SessionTimeout,
+		"group.consumer.heartbeat.interval.ms":   g.Consumer.HeartbeatInterval,
+		"group.consumer.max.size":                g.Consumer.MaxSize,
+		"group.consumer.assignors":               g.Consumer.Assignors,
+		"group.consumer.migration.policy":        g.Consumer.MigrationPolicy,
+		"group.share.session.timeout.ms":         g.Share.SessionTimeout,
+		"group.share.heartbeat.interval.ms":      g.Share.HeartbeatInterval,
+		"group.share.record.lock.duration.ms":    g.Share.RecordLockDuration,
+		"group.share.delivery.count.limit":       g.Share.DeliveryCountLimit,
+		"group.share.partition.max.record.locks": g.Share.PartitionMaxRecordLocks,
+		"group.share.max.size":                   g.Share.MaxSize,
 	}
 }
 
@@ -132,8 +146,11 @@ type groupsConfig struct {
 	// kproxy's defaults for them.
 	SettingsFromCluster bool                 `yaml:"settings_from_cluster"`
 	Consumer            consumerGroupsConfig `yaml:"consumer"`
-	Fleet               fleetConfig          `yaml:"fleet"`
-	Anchors             anchorsConfig        `yaml:"anchors"`
+	// Share holds the defaults of the share groups kproxy serves (not to
+	// be confused with Shares above, which says who serves them).
+	Share   shareGroupsConfig `yaml:"share"`
+	Fleet   fleetConfig       `yaml:"fleet"`
+	Anchors anchorsConfig     `yaml:"anchors"`
 }
 
 // anchorsConfig configures the groups' anchors in the cluster's own
@@ -183,6 +200,20 @@ type consumerGroupsConfig struct {
 	// a deleted topic or a new regex match changes a group within it
 	// plus a heartbeat (groupstate.Config.TopicRefreshInterval).
 	TopicRefreshInterval time.Duration `yaml:"topic_refresh_interval"`
+}
+
+// shareGroupsConfig holds the group.share.* settings of the share groups
+// kproxy serves (KIP-932), for a group without a share.* GROUP config of
+// its own. A key left out takes the cluster's value: Kafka 4.0 and later
+// name them, 3.x does not, and there Kafka's defaults apply unless set
+// here.
+type shareGroupsConfig struct {
+	SessionTimeout          time.Duration `yaml:"session_timeout"`
+	HeartbeatInterval       time.Duration `yaml:"heartbeat_interval"`
+	RecordLockDuration      time.Duration `yaml:"record_lock_duration"`
+	DeliveryCountLimit      int           `yaml:"delivery_count_limit"`
+	PartitionMaxRecordLocks int           `yaml:"partition_max_record_locks"`
+	MaxSize                 int           `yaml:"max_size"`
 }
 
 type telemetryConfig struct {
@@ -316,6 +347,7 @@ func (c *fileConfig) validate() error {
 		cg.HeartbeatInterval >= cg.SessionTimeout {
 		errs = append(errs, fmt.Errorf("groups.consumer.heartbeat_interval %v must be shorter than session_timeout %v", cg.HeartbeatInterval, cg.SessionTimeout))
 	}
+	errs = append(errs, c.checkShare()...)
 	for _, a := range c.Groups.Consumer.Assignors {
 		if a != "uniform" && a != "range" {
 			errs = append(errs, fmt.Errorf("groups.consumer.assignors: unknown assignor %q (uniform, range)", a))
@@ -499,4 +531,41 @@ func (f *flagSet) resolve() (fileConfig, error) {
 	f.listenerSec.apply(f.fs, &c)
 	f.authz.apply(f.fs, &c)
 	return c, nil
+}
+
+// checkShare checks the groups.share keys the file gives: durations and
+// counts positive (Kafka's bounds are at least 1), the heartbeat shorter
+// than the session.
+func (c *fileConfig) checkShare() []error {
+	sg := c.Groups.Share
+	var errs []error
+	for _, d := range []struct {
+		name, key string
+		v         time.Duration
+	}{
+		{"group.share.session.timeout.ms", "session_timeout", sg.SessionTimeout},
+		{"group.share.heartbeat.interval.ms", "heartbeat_interval", sg.HeartbeatInterval},
+		{"group.share.record.lock.duration.ms", "record_lock_duration", sg.RecordLockDuration},
+	} {
+		if c.explicit(d.name) && d.v < time.Millisecond {
+			errs = append(errs, fmt.Errorf("groups.share.%s %v must be at least 1ms", d.key, d.v))
+		}
+	}
+	for _, n := range []struct {
+		name, key string
+		v         int
+	}{
+		{"group.share.delivery.count.limit", "delivery_count_limit", sg.DeliveryCountLimit},
+		{"group.share.partition.max.record.locks", "partition_max_record_locks", sg.PartitionMaxRecordLocks},
+		{"group.share.max.size", "max_size", sg.MaxSize},
+	} {
+		if c.explicit(n.name) && n.v < 1 {
+			errs = append(errs, fmt.Errorf("groups.share.%s %d must be at least 1", n.key, n.v))
+		}
+	}
+	if c.explicit("group.share.session.timeout.ms") && c.explicit("group.share.heartbeat.interval.ms") &&
+		sg.HeartbeatInterval >= sg.SessionTimeout {
+		errs = append(errs, fmt.Errorf("groups.share.heartbeat_interval %v must be shorter than session_timeout %v", sg.HeartbeatInterval, sg.SessionTimeout))
+	}
+	return errs
 }

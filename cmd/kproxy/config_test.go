@@ -47,11 +47,16 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	c.Groups.Mode = "bogus"
 	c.Log.Format = "xml"
 	c.Groups.Consumer.TopicRefreshInterval = 0
+	c.Groups.Share.SessionTimeout, c.Groups.Share.HeartbeatInterval, c.Groups.Share.DeliveryCountLimit = 5*time.Second, 10*time.Second, 0
+	for _, name := range []string{"group.share.session.timeout.ms", "group.share.heartbeat.interval.ms", "group.share.delivery.count.limit"} {
+		c.setBy(name, "file")
+	}
 	err := c.validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"no upstream", "groups.mode", "log.format", "groups.consumer.topic_refresh_interval"} {
+	for _, want := range []string{"no upstream", "groups.mode", "log.format", "groups.consumer.topic_refresh_interval",
+		"groups.share.heartbeat_interval 10s must be shorter than session_timeout 5s", "groups.share.delivery_count_limit 0 must be at least 1"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -96,6 +101,35 @@ func TestGroupSettingSources(t *testing.T) {
 	}
 	if e.MaxSessionTimeout != 0 || e.ConsumerSessionTimeout != 0 || e.ConsumerMaxGroupSize != 0 || e.ConsumerMigrationPolicy != "" {
 		t.Fatalf("a default reached the engine as if explicit: %+v", e)
+	}
+
+	// The share group defaults (groups.share): a key given reaches the
+	// engine's ShareDefaults, the others stay the cluster's.
+	if err := os.WriteFile(file, []byte("groups:\n  share:\n    session_timeout: 10s\n    heartbeat_interval: 1s\n    delivery_count_limit: 3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, fs = serveCmd()
+	if err := cmd.Flags().Parse([]string{"--config", file, "--upstream", "a:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = fs.resolve(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	want = map[string]string{
+		"group.share.session.timeout.ms":    "file",
+		"group.share.heartbeat.interval.ms": "file",
+		"group.share.delivery.count.limit":  "file",
+	}
+	if !reflect.DeepEqual(c.sources, want) {
+		t.Fatalf("share sources %v, want %v", c.sources, want)
+	}
+	sd := engineConfig(c).ShareDefaults
+	if sd.SessionTimeout != 10*time.Second || sd.HeartbeatInterval != time.Second || sd.DeliveryLimit != 3 ||
+		sd.LockDuration != 0 || sd.MaxRecordLocks != 0 || sd.MaxSize != 0 {
+		t.Fatalf("share defaults %+v, want session 10s, heartbeat 1s, delivery limit 3 and the rest the cluster's", sd)
 	}
 
 	// Without flags or file, nothing is explicit.

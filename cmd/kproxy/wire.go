@@ -130,5 +130,24 @@ func engineConfig(cfg fileConfig) groupstate.Config {
 	if cfg.explicit("group.consumer.migration.policy") {
 		e.ConsumerMigrationPolicy = groupstate.MigrationPolicy(cg.MigrationPolicy)
 	}
+	sg, sd := g.Share, &e.ShareDefaults
+	if cfg.explicit("group.share.session.timeout.ms") {
+		sd.SessionTimeout = sg.SessionTimeout
+	}
+	if cfg.explicit("group.share.heartbeat.interval.ms") {
+		sd.HeartbeatInterval = sg.HeartbeatInterval
+	}
+	if cfg.explicit("group.share.record.lock.duration.ms") {
+		sd.LockDuration = sg.RecordLockDuration
+	}
+	if cfg.explicit("group.share.delivery.count.limit") {
+		sd.DeliveryLimit = sg.DeliveryCountLimit
+	}
+	if cfg.explicit("group.share.partition.max.record.locks") {
+		sd.MaxRecordLocks = sg.PartitionMaxRecordLocks
+	}
+	if cfg.explicit("group.share.max.size") {
+		sd.MaxSize = sg.MaxSize
+	}
 	return e
 }

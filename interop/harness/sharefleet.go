@@ -313,7 +313,11 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 	var survivors []*fleetNode
 	label := "directly (no fleet: the consumer is killed, nothing else)"
 	if s.path == "kproxy" {
-		nodes, err := s.startFleetWith(ctx, bin, basePort+shareFleetPort, 3, shareFleetArgs)
+		args, err := s.shareArgs(shareFleetArgs)
+		if err != nil {
+			return fail("%v", err)
+		}
+		nodes, err := s.startFleetWith(ctx, bin, basePort+shareFleetPort, 3, args)
 		defer func() {
 			var wg sync.WaitGroup
 			for _, nd := range nodes {
@@ -346,7 +350,7 @@ func (s *scenario) runShareFleet(ctx context.Context, bin string, basePort int, 
 		}
 		// m1 and m2 on the survivors-to-be, m3 on the owner.
 		addrs = []string{survivors[0].proc.addr, survivors[1].proc.addr, owner.proc.addr}
-		label = fmt.Sprintf("through a fleet of 3 (%s)", strings.Join(shareFleetArgs, " "))
+		label = fmt.Sprintf("through a fleet of 3 (%s)", strings.Join(args, " "))
 		s.note("group %s lives in groups-topic partition %d of %d, owned by %s; m1 on %s, m2 on %s, m3 on the owner",
 			group, gp, parts, owner.name, survivors[0].name, survivors[1].name)
 	}

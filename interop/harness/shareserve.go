@@ -48,6 +48,25 @@ const (
 // shareServeArgs are the flags of the row's kproxy.
 var shareServeArgs = []string{"--groups", "local", "--share-groups", "serve", "--group-initial-rebalance-delay=0"}
 
+// shareArgs is args for a share row's kproxies, with a config file that
+// gives the share groups kproxy serves the share sessions kafka.sh gives
+// a 4.x broker (10 s, heartbeats every 2 s) when the broker is older than
+// 4.0: it names no group.share.* settings, so kproxy would otherwise use
+// Kafka's 45 s, and a SIGKILLed consumer's records would wait for it.
+// A 4.x broker's own settings reach kproxy from the cluster
+// (docs/group-settings.md), which those rows check.
+func (s *scenario) shareArgs(args []string) ([]string, error) {
+	if s.h.kafkaVersion == "" || !versionLess(s.h.kafkaVersion, "4.0.0") {
+		return args, nil
+	}
+	path := s.logPath("kproxy-share.yaml")
+	cfg := "groups:\n  share:\n    session_timeout: 10s\n    heartbeat_interval: 2s\n"
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return nil, fmt.Errorf("share settings file: %w", err)
+	}
+	return append(append([]string(nil), args...), "--config", path), nil
+}
+
 // shareEvent is one REC or ACK line of an explicit-ack share consumer.
 type shareEvent struct {
 	member     string
@@ -272,7 +291,11 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 		if err != nil {
 			return fail("%v", err)
 		}
-		kp, err := launchKproxy(ctx, s.h, b, s.logPath("kproxy.log"), basePort+shareServePort, shareServeArgs)
+		args, err := s.shareArgs(shareServeArgs)
+		if err != nil {
+			return fail("%v", err)
+		}
+		kp, err := launchKproxy(ctx, s.h, b, s.logPath("kproxy.log"), basePort+shareServePort, args)
 		if err != nil {
 			return fail("%v", err)
 		}
@@ -284,7 +307,7 @@ func (s *scenario) runShareServe(ctx context.Context, bin string, basePort int, 
 			kp.stop()
 		}()
 		addr = kp.addr
-		label = "through kproxy " + strings.Join(shareServeArgs, " ")
+		label = "through kproxy " + strings.Join(args, " ")
 	}
 	// Directly against a broker without share groups the consumers are
 	// expected to fail and read nothing (the row is then XFAIL).
