@@ -90,7 +90,8 @@ func assemblyConfig(cfg fileConfig, log *slog.Logger) (kproxy.Config, error) {
 
 // engineConfig is the engine's part of cfg. The group settings Kafka's
 // brokers also have (group.initial.rebalance.delay.ms, the session
-// bounds, group.max.size and KIP-848's group.consumer.*) are set only
+// bounds, group.max.size, KIP-848's group.consumer.* and KIP-932's
+// group.share.*) are set only
 // when a flag or the file gives them: the others stay zero, and the
 // assembly takes them from the cluster, or else the engine's defaults
 // (internal/groupconfig/settings.go).
@@ -100,54 +101,34 @@ func engineConfig(cfg fileConfig) groupstate.Config {
 		CheckCommitOwnership: g.CheckCommitOwnership,
 		TopicRefreshInterval: cg.TopicRefreshInterval,
 	}
-	if cfg.explicit("group.min.session.timeout.ms") {
-		e.MinSessionTimeout = g.MinSessionTimeout
+	delay := g.InitialRebalanceDelay
+	if delay == 0 {
+		delay = -1 // the engine's zero value means Kafka's 3s default
 	}
-	if cfg.explicit("group.max.session.timeout.ms") {
-		e.MaxSessionTimeout = g.MaxSessionTimeout
-	}
-	if cfg.explicit("group.initial.rebalance.delay.ms") {
-		e.InitialRebalanceDelay = g.InitialRebalanceDelay
-		if e.InitialRebalanceDelay == 0 {
-			e.InitialRebalanceDelay = -1 // the engine's zero value means Kafka's 3s default
-		}
-	}
-	if cfg.explicit("group.max.size") {
-		e.MaxGroupSize = g.MaxSize
-	}
-	if cfg.explicit("group.consumer.session.timeout.ms") {
-		e.ConsumerSessionTimeout = cg.SessionTimeout
-	}
-	if cfg.explicit("group.consumer.heartbeat.interval.ms") {
-		e.ConsumerHeartbeatInterval = cg.HeartbeatInterval
-	}
-	if cfg.explicit("group.consumer.max.size") {
-		e.ConsumerMaxGroupSize = cg.MaxSize
-	}
-	if cfg.explicit("group.consumer.assignors") {
-		e.ConsumerAssignors = cg.Assignors
-	}
-	if cfg.explicit("group.consumer.migration.policy") {
-		e.ConsumerMigrationPolicy = groupstate.MigrationPolicy(cg.MigrationPolicy)
-	}
+	take(cfg, "group.min.session.timeout.ms", &e.MinSessionTimeout, g.MinSessionTimeout)
+	take(cfg, "group.max.session.timeout.ms", &e.MaxSessionTimeout, g.MaxSessionTimeout)
+	take(cfg, "group.initial.rebalance.delay.ms", &e.InitialRebalanceDelay, delay)
+	take(cfg, "group.max.size", &e.MaxGroupSize, g.MaxSize)
+	take(cfg, "group.consumer.session.timeout.ms", &e.ConsumerSessionTimeout, cg.SessionTimeout)
+	take(cfg, "group.consumer.heartbeat.interval.ms", &e.ConsumerHeartbeatInterval, cg.HeartbeatInterval)
+	take(cfg, "group.consumer.max.size", &e.ConsumerMaxGroupSize, cg.MaxSize)
+	take(cfg, "group.consumer.assignors", &e.ConsumerAssignors, cg.Assignors)
+	take(cfg, "group.consumer.migration.policy", &e.ConsumerMigrationPolicy, groupstate.MigrationPolicy(cg.MigrationPolicy))
 	sg, sd := g.Share, &e.ShareDefaults
-	if cfg.explicit("group.share.session.timeout.ms") {
-		sd.SessionTimeout = sg.SessionTimeout
-	}
-	if cfg.explicit("group.share.heartbeat.interval.ms") {
-		sd.HeartbeatInterval = sg.HeartbeatInterval
-	}
-	if cfg.explicit("group.share.record.lock.duration.ms") {
-		sd.LockDuration = sg.RecordLockDuration
-	}
-	if cfg.explicit("group.share.delivery.count.limit") {
-		sd.DeliveryLimit = sg.DeliveryCountLimit
-	}
-	if cfg.explicit("group.share.partition.max.record.locks") {
-		sd.MaxRecordLocks = sg.PartitionMaxRecordLocks
-	}
-	if cfg.explicit("group.share.max.size") {
-		sd.MaxSize = sg.MaxSize
-	}
+	take(cfg, "group.share.session.timeout.ms", &sd.SessionTimeout, sg.SessionTimeout)
+	take(cfg, "group.share.heartbeat.interval.ms", &sd.HeartbeatInterval, sg.HeartbeatInterval)
+	take(cfg, "group.share.record.lock.duration.ms", &sd.LockDuration, sg.RecordLockDuration)
+	take(cfg, "group.share.delivery.count.limit", &sd.DeliveryLimit, sg.DeliveryCountLimit)
+	take(cfg, "group.share.partition.max.record.locks", &sd.MaxRecordLocks, sg.PartitionMaxRecordLocks)
+	take(cfg, "group.share.max.size", &sd.MaxSize, sg.MaxSize)
 	return e
+}
+
+// take sets *dst to v when a flag or the file gives the group setting
+// name (Kafka's name), and leaves it zero for the cluster's value
+// otherwise.
+func take[T any](cfg fileConfig, name string, dst *T, v T) {
+	if cfg.explicit(name) {
+		*dst = v
+	}
 }
