@@ -37,7 +37,8 @@ type Anchor struct {
 	// (consumer protocol only; nil for other protocol types).
 	Topics []string
 	// Owned is the union of the partitions the members are assigned, by
-	// topic, partitions sorted.
+	// topic, partitions sorted; for a KIP-848 group every partition of
+	// the subscribed topics the engine knows (consumerGroup.anchorChanged).
 	Owned map[string][]int32
 	// MemberIDs are the members' ids, sorted (KIP-848 groups only: the
 	// store waits for them to reach the cluster when it hands the group
@@ -195,6 +196,26 @@ func (g *consumerGroup) anchorChanged() {
 						addOwned(owned, name, ps)
 					}
 				}
+			}
+		}
+		// The anchor also holds every partition of the subscribed topics
+		// no member holds: the engine hands such a partition to a member
+		// at that member's next heartbeat, without asking the cluster,
+		// and a member moved back to the cluster in between would get it
+		// there too, once its join converted the cluster's group into a
+		// consumer group (Kafka's online upgrade keeps a classic member's
+		// assignment as what it owns and assigns the rest).
+		for t := range topics {
+			info, ok := snap.byName[t]
+			if !ok && g.snap != nil {
+				info, ok = g.snap.byName[t]
+			}
+			if ok && info.Partitions > 0 {
+				all := make(map[int32]struct{}, info.Partitions)
+				for p := range info.Partitions {
+					all[p] = struct{}{}
+				}
+				addOwned(owned, t, all)
 			}
 		}
 		a.Topics = sortedKeys(topics)
