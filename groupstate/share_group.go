@@ -31,8 +31,9 @@ type ShareSettings struct {
 	DeliveryLimit     int           // share.delivery.count.limit, 5
 	MaxRecordLocks    int           // share.partition.max.record.locks, 2000
 	MaxSize           int           // group.share.max.size, 200
-	// AutoOffsetReset is share.auto.offset.reset: "latest" (the
-	// default) or "earliest", where a share-partition starts.
+	// AutoOffsetReset is share.auto.offset.reset, where a
+	// share-partition starts: "latest" (the default), "earliest" or
+	// "by_duration:<ISO-8601 duration>" (ShareResetDuration).
 	AutoOffsetReset string
 	// ReadCommitted is share.isolation.level=read_committed.
 	ReadCommitted bool

@@ -71,7 +71,9 @@ func setShareConfig(s *groupstate.ShareSettings, name, value string) {
 	case "share.partition.max.record.locks":
 		s.MaxRecordLocks = n()
 	case "share.auto.offset.reset":
-		if value == "earliest" || value == "latest" {
+		// A by_duration value that does not parse is logged where it
+		// would apply (package shares), which then takes latest.
+		if _, isDur, _ := groupstate.ShareResetDuration(value); isDur || value == "earliest" || value == "latest" {
 			s.AutoOffsetReset = value
 		}
 	case "share.isolation.level":

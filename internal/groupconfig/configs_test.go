@@ -166,3 +166,23 @@ func TestGroupConfigsFirstRead(t *testing.T) {
 		t.Fatal("a cluster without GROUP configs must not make joins wait")
 	}
 }
+
+// TestShareAutoOffsetResetSetting: the engine gets a group's
+// share.auto.offset.reset when it is earliest, latest or any by_duration
+// value (one that does not parse is logged where it would apply), and
+// Kafka's default (latest, the zero value) for anything else.
+func TestShareAutoOffsetResetSetting(t *testing.T) {
+	for value, want := range map[string]string{
+		"earliest":            "earliest",
+		"latest":              "latest",
+		"by_duration:PT1H":    "by_duration:PT1H",
+		" by_duration:P1D ":   "by_duration:P1D",
+		"by_duration:not-iso": "by_duration:not-iso",
+		"middle":              "",
+		"BY_DURATION:PT1H":    "",
+	} {
+		if got := settingsOf(map[string]string{"share.auto.offset.reset": value}).Share.AutoOffsetReset; got != want {
+			t.Errorf("share.auto.offset.reset=%q: the engine gets %q, want %q", value, got, want)
+		}
+	}
+}

@@ -2,12 +2,13 @@ package groupconfig
 
 import (
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/groupstate"
 )
 
 // The GROUP configs Kafka 4.4 knows (its GroupConfig), as kproxy
@@ -125,11 +126,6 @@ func invalidValue(d *groupConfigDef, v, why string) error {
 	return &configError{fmt.Sprintf("Invalid value %s for configuration %s: %s", v, d.name, why)}
 }
 
-// isoDuration matches the ISO-8601 durations Java's Duration.parse
-// takes (PnDTnHnMn.nS), without a sign: share.auto.offset.reset's
-// by_duration takes no negative duration.
-var isoDuration = regexp.MustCompile(`^[Pp](\d+[Dd])?([Tt](\d+[Hh])?(\d+[Mm])?(\d+([.,]\d{0,9})?[Ss])?)?$`)
-
 // parseValue checks one value as Kafka's ConfigDef parses it, returning
 // the number of an INT or LONG config.
 func (d *groupConfigDef) parseValue(v string) (int64, error) {
@@ -153,9 +149,10 @@ func (d *groupConfigDef) parseValue(v string) (int64, error) {
 			return 0, invalidValue(d, v, "Expected value to be either true or false")
 		}
 	case kmsg.ConfigTypeString:
-		if d.name == "share.auto.offset.reset" {
-			dur, isDur := strings.CutPrefix(t, "by_duration:")
-			if t != "earliest" && t != "latest" && (!isDur || !isoDuration.MatchString(dur) || strings.HasSuffix(strings.ToUpper(dur), "T") || strings.EqualFold(dur, "P")) {
+		if d.name == "share.auto.offset.reset" && t != "earliest" && t != "latest" {
+			// by_duration takes no negative duration, and kproxy no
+			// sign at all (groupstate.ShareResetDuration).
+			if _, isDur, err := groupstate.ShareResetDuration(t); !isDur || err != nil {
 				return 0, invalidValue(d, v, fmt.Sprintf("Invalid value `%s` for configuration %s. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'.", v, d.name))
 			}
 		}

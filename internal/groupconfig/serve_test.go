@@ -25,6 +25,11 @@ func TestValidateGroupConfigs(t *testing.T) {
 		{map[string]string{"share.auto.offset.reset": "earliest"}, ""},
 		{map[string]string{"share.auto.offset.reset": "by_duration:PT1H"}, ""},
 		{map[string]string{"share.auto.offset.reset": "by_duration:P1DT2H3M4.5S"}, ""},
+		{map[string]string{"share.auto.offset.reset": " by_duration:PT0S "}, ""},
+		// These three follow Java's Duration.parse (not measured).
+		{map[string]string{"share.auto.offset.reset": "by_duration:P1Dt"}, ""},
+		{map[string]string{"share.auto.offset.reset": "by_duration:PT"}, "Invalid value by_duration:PT for configuration share.auto.offset.reset: Invalid value `by_duration:PT` for configuration share.auto.offset.reset. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."},
+		{map[string]string{"share.auto.offset.reset": "by_duration:P106751991167301D"}, "Invalid value by_duration:P106751991167301D for configuration share.auto.offset.reset: Invalid value `by_duration:P106751991167301D` for configuration share.auto.offset.reset. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."},
 		{map[string]string{"share.auto.offset.reset": "middle"}, "Invalid value middle for configuration share.auto.offset.reset: Invalid value `middle` for configuration share.auto.offset.reset. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."},
 		{map[string]string{"share.auto.offset.reset": "by_duration:-PT1H"}, "Invalid value by_duration:-PT1H for configuration share.auto.offset.reset: Invalid value `by_duration:-PT1H` for configuration share.auto.offset.reset. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."},
 		{map[string]string{"share.auto.offset.reset": "EARLIEST"}, "Invalid value EARLIEST for configuration share.auto.offset.reset: Invalid value `EARLIEST` for configuration share.auto.offset.reset. The value must be either 'earliest', 'latest' or of the format 'by_duration:<PnDTnHnMn.nS>'."},

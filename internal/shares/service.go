@@ -20,6 +20,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -87,6 +88,10 @@ type Service struct {
 	topicMu sync.Mutex
 	names   map[[16]byte]topicInfo
 	namesAt time.Time
+
+	// badReset is the last share.auto.offset.reset that did not parse,
+	// logged once until another does (resetOffsets, on any goroutine).
+	badReset atomic.Pointer[string]
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -539,11 +544,9 @@ func (s *Service) initialize(group string, plan groupstate.SharePlan) error {
 	if err != nil {
 		return fmt.Errorf("listing start offsets of %v: %w", topics, err)
 	}
-	latest := earliest
-	if plan.Settings.AutoOffsetReset != "earliest" {
-		if latest, err = adm.ListEndOffsets(ctx, topics...); err != nil {
-			return fmt.Errorf("listing end offsets of %v: %w", topics, err)
-		}
+	reset, err := s.resetOffsets(ctx, adm, group, plan.Settings.AutoOffsetReset, earliest, topics)
+	if err != nil {
+		return err
 	}
 	// A topic new to the group starts all its partitions at once, at
 	// share.auto.offset.reset, as Kafka's coordinator initializes a
@@ -562,8 +565,8 @@ func (s *Service) initialize(group string, plan groupstate.SharePlan) error {
 			continue
 		}
 		id := tps[0].TopicID
-		latest.Each(func(lo kadm.ListedOffset) {
-			if lo.Topic == name && lo.Err == nil {
+		reset.Each(func(lo kadm.ListedOffset) {
+			if lo.Topic == name && lo.Err == nil && lo.Offset >= 0 {
 				starts[groupstate.ShareTP{TopicID: id, Partition: lo.Partition}] = lo.Offset
 			}
 		})
@@ -574,6 +577,47 @@ func (s *Service) initialize(group string, plan groupstate.SharePlan) error {
 		return kerr.ErrorForCode(code)
 	}
 	return nil
+}
+
+// resetOffsets lists where the partitions of topics new to group start
+// by its share.auto.offset.reset, as Kafka's SharePartition starts a
+// share-partition with no state: the log's start (earliest, listed by
+// the caller), the log's end (latest), or for by_duration the first
+// record whose timestamp is at or after now minus the duration, the
+// log's end where no record is that recent (kadm's ListOffsetsAfterMilli,
+// as the Java consumer's by_duration does). A by_duration value that
+// does not parse (Kafka and kproxy validate it when it is set) is logged
+// and applied as latest.
+func (s *Service) resetOffsets(ctx context.Context, adm *kadm.Client, group, reset string, earliest kadm.ListedOffsets, topics []string) (kadm.ListedOffsets, error) {
+	if reset == "earliest" {
+		return earliest, nil
+	}
+	d, isDur, err := groupstate.ShareResetDuration(reset)
+	switch {
+	case isDur && err == nil:
+		// Kafka's Instant.now().minus(d).toEpochMilli(). A time before
+		// 1970 is before every record, and a negative timestamp would
+		// ask ListOffsets for one of its special offsets: the log's
+		// start.
+		at := time.Now().Add(-d).UnixMilli()
+		if at < 0 {
+			return earliest, nil
+		}
+		listed, err := adm.ListOffsetsAfterMilli(ctx, at, topics...)
+		if err != nil {
+			return nil, fmt.Errorf("listing offsets of %v at or after %d ms: %w", topics, at, err)
+		}
+		return listed, nil
+	case isDur:
+		if last := s.badReset.Swap(&reset); last == nil || *last != reset {
+			s.log.Warn("shares: share.auto.offset.reset does not parse, applying latest", "group", group, "value", reset, "err", err)
+		}
+	}
+	latest, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("listing end offsets of %v: %w", topics, err)
+	}
+	return latest, nil
 }
 
 // topicName returns the name of topic id, listing the cluster's topics
