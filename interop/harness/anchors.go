@@ -52,9 +52,12 @@ const (
 	adoptionFleet     = 3                // kproxies of the adoption fleet, one per member
 	adoptionIdleGrace = 10 * time.Second // a moved-back member may idle (docs/anchors.md) once this passed
 	// kip848HandBackBound bounds a move back of a KIP-848 member through
-	// kproxy: the hand-back waits a heartbeat interval (5 s) and a second
-	// for kproxy's members to be told, then the broker reassigns at the
-	// members' next heartbeats (10.1 s measured; 32 s when the hand-back
+	// kproxy: the anchor leaves once kproxy's members were fenced (at
+	// their next heartbeat to kproxy) or a heartbeat interval (5 s) and
+	// a second after the unload, and the member moved back gets the
+	// anchor's partitions at its next heartbeat to the broker, 5 s after
+	// its join (docs/anchors.md): 5.0-5.6 s measured, 10.1-10.6 s when
+	// the anchor left after that heartbeat (32 s when the hand-back
 	// waited a fixed 30 s).
 	kip848HandBackBound = 20 * time.Second
 	// classicHandBackBound bounds a move back of a classic member through
