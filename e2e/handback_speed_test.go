@@ -25,10 +25,14 @@ import (
 // leave until then. Through kproxy the move must cost at most a second
 // more than directly and no more callbacks per member. No partition is
 // ever owned twice and every record produced is consumed, on both paths.
-// KPROXY_HANDBACK_ROUNDS sets the rounds (alternating the paths; 3 by
-// default); the assertions take the medians.
+// KPROXY_HANDBACK_ROUNDS sets the rounds (alternating the paths; 5 by
+// default); the assertions take the medians. A round through kproxy
+// whose own rebalance for c's leave completed before the hand-back
+// began costs two callbacks (docs/anchors.md: 3 of 21 eager rounds on a
+// quiet machine; 2 of 3 once with other tests loading both cores, which
+// failed a median of three).
 func TestHandBackAtDirectSpeed(t *testing.T) {
-	rounds := 3
+	rounds := 5
 	if v, err := strconv.Atoi(os.Getenv("KPROXY_HANDBACK_ROUNDS")); err == nil && v > 0 {
 		rounds = v
 	}
