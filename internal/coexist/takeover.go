@@ -72,14 +72,14 @@ type watchedGroup struct {
 	inFlight map[uint64]flight
 	// fenced holds, by member id, when the cluster last answered a
 	// KIP-848 member's heartbeat forwarded here (at an epoch above 0)
-	// with UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH: that member was told
-	// it lost its partitions (a hand-back waits for it,
-	// anchor_takeover_kip848.go). Entries older than fencedKeep are
-	// dropped (candidates).
+	// with UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH, or its leave: that
+	// member was told it lost its partitions, or gave them up (a
+	// hand-back waits for it, anchor_takeover_kip848.go). Entries older
+	// than fencedKeep are dropped (candidates).
 	fenced map[string]time.Time
-	// lastFenced is the latest fencing recorded in fenced (kept when
-	// fenced is full); the members' heartbeats are paced for
-	// fencedKeep after it (watchedGroup.pace).
+	// lastFenced is the latest fencing (not leave) recorded in fenced
+	// (kept when fenced is full); the members not given a partition
+	// since are paced for fencedKeep after it (watchedGroup.pace).
 	lastFenced time.Time
 }
 

@@ -51,6 +51,10 @@ type kip848Member struct {
 	SinceChanged int64 `json:"since_changed_ms"`
 	changed      time.Time
 	assigned     map[[16]byte][]int32 // Assigned decoded; nil until an answer carried one
+	// given is when an answer last gave the member at least one
+	// partition: a member given partitions after the group's last
+	// fencing is no longer paced (watchedGroup.pace).
+	given time.Time
 }
 
 // consumerTakeoverStore is what a KIP-848 takeover asks of the store
@@ -88,8 +92,16 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 		}
 		if leaving || hr.ErrorCode == kerr.UnknownMemberID.Code || hr.ErrorCode == kerr.FencedMemberEpoch.Code {
 			delete(g.members, id)
-			if !leaving && epoch > 0 && reqID != "" {
-				g.fence(reqID, time.Now())
+			switch {
+			case !leaving && epoch > 0 && reqID != "":
+				g.fence(reqID, time.Now(), true)
+			case leaving && reqID != "":
+				// A member that left holds nothing either: a hand-back
+				// need not wait for it (it may have left kproxy's
+				// group just as the group was unloaded, and so be
+				// known to the cluster only as this leave). Its leave
+				// paces nobody.
+				g.fence(reqID, time.Now(), false)
 			}
 			return
 		}
@@ -133,12 +145,18 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 				k.changed = time.Now()
 			}
 			k.assigned, k.Assigned = next, encodeAssigned(next)
+			for _, ps := range next {
+				if len(ps) > 0 {
+					k.given = time.Now()
+					break
+				}
+			}
 		}
 		m.generation = hr.MemberEpoch
 		m.synced = k.assigned != nil
 		m.lastOK = time.Now()
 		m.sessionMS = max(3*hr.HeartbeatIntervalMillis, int32(kip848MinSession/time.Millisecond))
-		g.pace(hr, time.Now())
+		g.pace(hr, k, time.Now())
 	}, epoch <= 0
 }
 
@@ -341,12 +359,13 @@ const fencedKeep = handBackWait
 const maxFenced = 10_000
 
 // fence records that the cluster told member id, at when, that it is not
-// (or no longer) a member at its epoch; w.mu is held.
-func (g *watchedGroup) fence(id string, when time.Time) {
+// (or no longer) a member at its epoch, or that id left (pace false); a
+// fencing paces the group's members (pace); w.mu is held.
+func (g *watchedGroup) fence(id string, when time.Time, pace bool) {
 	if g.fenced == nil {
 		g.fenced = make(map[string]time.Time)
 	}
-	if when.After(g.lastFenced) {
+	if pace && when.After(g.lastFenced) {
 		g.lastFenced = when
 	}
 	if _, ok := g.fenced[id]; !ok && len(g.fenced) >= maxFenced {
@@ -356,22 +375,30 @@ func (g *watchedGroup) fence(id string, when time.Time) {
 }
 
 // handBackPace is the heartbeat interval, in milliseconds, told to the
-// members of a KIP-848 group behind this kproxy for fencedKeep after one
-// of its members was fenced here (the cluster's own is 5 s by default):
-// those fenced were kproxy's members, whose group is being handed back
+// members of a KIP-848 group behind this kproxy after one of its members
+// was fenced here (the cluster's own is 5 s by default): those fenced
+// were kproxy's members, whose group is being handed back
 // (anchor_takeover_kip848.go); they rejoin the cluster's group with
 // nothing while the anchor holds their partitions, and learn that the
 // cluster assigned them once the anchor left at their next heartbeat.
 const handBackPace = 500
 
-// pace lowers the heartbeat interval of hr, an answer to a member of g,
-// to handBackPace while a fencing of g's is fresh; w.mu is held. The
-// proxy sends the answer re-encoded (proxy.ForwardWatcher).
-func (g *watchedGroup) pace(hr *kmsg.ConsumerGroupHeartbeatResponse, now time.Time) {
+// pace lowers the heartbeat interval of hr, an answer to k, a member of
+// g, to handBackPace while a fencing of g's is fresh (fencedKeep, as
+// long as a hand-back may wait) and k was given no partition since; w.mu
+// is held. The proxy sends the answer re-encoded
+// (proxy.ForwardWatcher).
+//
+// Once given its partitions a member heartbeats at the cluster's
+// interval again, as directly: paced, it would learn of the partitions
+// a later leave frees before a member restarted directly (as in a
+// rolling move back) rejoins, take them, and make that member wait for
+// their revocation and its own next heartbeat.
+func (g *watchedGroup) pace(hr *kmsg.ConsumerGroupHeartbeatResponse, k *kip848Member, now time.Time) {
 	if hr.HeartbeatIntervalMillis <= handBackPace {
 		return
 	}
-	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep {
+	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep && k.given.Before(g.lastFenced) {
 		hr.HeartbeatIntervalMillis = handBackPace
 	}
 }

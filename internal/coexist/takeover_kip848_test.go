@@ -177,8 +177,9 @@ func fence848(w *forwardWatcher, id string, epoch int32, code int16) {
 // TestHandBackKIP848Fenced: the fencings a KIP-848 hand-back waits for
 // (Anchors.handBackConsumer). A member's forwarded heartbeat answered
 // UNKNOWN_MEMBER_ID or FENCED_MEMBER_EPOCH counts, here and, through a
-// report, at the group's owner; a leave, a join at epoch 0, another
-// error, a fencing before since or of another member does not.
+// report, at the group's owner, and so does a leave (the member holds
+// nothing either), which paces nobody; a join at epoch 0, another error,
+// a fencing before since or of another member does not.
 func TestHandBackKIP848Fenced(t *testing.T) {
 	owner, _ := newTestWatcher(t, func(string) bool { return true })
 	relay, _ := newTestWatcher(t, func(string) bool { return false })
@@ -191,7 +192,7 @@ func TestHandBackKIP848Fenced(t *testing.T) {
 	fence848(owner, "a", 3, 25)  // UNKNOWN_MEMBER_ID
 	fence848(relay, "b", 3, 110) // FENCED_MEMBER_EPOCH
 	fence848(relay, "c", 0, 25)  // a join refused: it held nothing
-	fence848(relay, "d", -1, 25) // a leave
+	fence848(relay, "d", -1, 25) // a leave (the cluster no longer knew d)
 	fence848(relay, "e", 3, 27)  // REBALANCE_IN_PROGRESS: not fenced
 	fence848(relay, "x", 3, 25)  // not one of ids
 
@@ -199,8 +200,8 @@ func TestHandBackKIP848Fenced(t *testing.T) {
 	if got := owner.fencedSince("g", since, ids); !maps.Equal(got, want) {
 		t.Fatalf("before the relay reported: fenced %v, want %v", got, want)
 	}
-	if got := relay.fencedSince("g", since, ids); !maps.Equal(got, map[string]bool{"b": true}) {
-		t.Fatalf("at the relay: fenced %v, want b", got)
+	if got := relay.fencedSince("g", since, ids); !maps.Equal(got, map[string]bool{"b": true, "d": true}) {
+		t.Fatalf("at the relay: fenced %v, want b and d", got)
 	}
 	select {
 	case <-relay.fencedNow:
@@ -208,11 +209,11 @@ func TestHandBackKIP848Fenced(t *testing.T) {
 		t.Fatal("a fencing in a group another kproxy owns did not ask for a report at once")
 	}
 	reps := relay.fencedReports()
-	if len(reps) != 1 || len(reps[0].Fenced) != 2 {
-		t.Fatalf("fenced reports %+v, want one of group g with b and x", reps)
+	if len(reps) != 1 || len(reps[0].Fenced) != 3 {
+		t.Fatalf("fenced reports %+v, want one of group g with b, d and x", reps)
 	}
 	relay.report(context.Background(), reps[0])
-	want["b"] = true
+	want["b"], want["d"] = true, true
 	if got := owner.fencedSince("g", since, ids); !maps.Equal(got, want) {
 		t.Fatalf("after the relay reported: fenced %v, want %v", got, want)
 	}
@@ -260,5 +261,52 @@ func TestHandBackKIP848Paced(t *testing.T) {
 	w.mu.Unlock()
 	if got := beat("a4", 5000); got != 5000 {
 		t.Fatalf("paced to %d ms after fencedKeep", got)
+	}
+}
+
+// TestHandBackKIP848PacedUntilGiven: a member is paced only until an
+// answer gives it a partition (then it heartbeats at the cluster's
+// interval, as directly), and again after a later fencing; a leave paces
+// nobody.
+func TestHandBackKIP848PacedUntilGiven(t *testing.T) {
+	w, _ := newTestWatcher(t, func(string) bool { return false })
+	topic := [16]byte{1}
+	beat := func(id string, epoch int32, partitions []int32) int32 {
+		q := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+		q.Group, q.MemberID, q.MemberEpoch, q.RebalanceTimeoutMillis = "g", id, epoch, 45000
+		if epoch == 0 {
+			q.SubscribedTopicNames = []string{"t"}
+		}
+		done := w.Watch(proxy.Client{ID: "client-" + id, Host: "10.0.0.2"}, "g", q)
+		r := kmsg.NewPtrConsumerGroupHeartbeatResponse()
+		r.MemberID, r.MemberEpoch, r.HeartbeatIntervalMillis = &id, epoch+1, 5000
+		if partitions != nil {
+			r.Assignment = &kmsg.ConsumerGroupHeartbeatResponseAssignment{
+				Topics: []kmsg.ConsumerGroupHeartbeatResponseAssignmentTopic{{TopicID: topic, Partitions: partitions}}}
+		}
+		done(r)
+		return r.HeartbeatIntervalMillis
+	}
+	fence848(w, "gone", -1, 25) // a leave
+	if got := beat("a", 0, nil); got != 5000 {
+		t.Fatalf("paced to %d ms after a leave alone", got)
+	}
+	fence848(w, "old", 3, 25)
+	if got := beat("a", 1, nil); got != handBackPace {
+		t.Fatalf("after a fencing the interval is %d ms, want %d", got, handBackPace)
+	}
+	if got := beat("a", 2, []int32{}); got != handBackPace {
+		t.Fatalf("an empty assignment ended the pacing (%d ms)", got)
+	}
+	if got := beat("a", 3, []int32{0, 1}); got != 5000 {
+		t.Fatalf("the answer that gives partitions paced to %d ms", got)
+	}
+	if got := beat("a", 4, nil); got != 5000 {
+		t.Fatalf("a member given its partitions is still paced (%d ms)", got)
+	}
+	time.Sleep(time.Millisecond)
+	fence848(w, "old2", 3, 25)
+	if got := beat("a", 5, nil); got != handBackPace {
+		t.Fatalf("a later fencing did not pace again (%d ms)", got)
 	}
 }
