@@ -138,10 +138,12 @@ func describeGroupConfig(ctx context.Context, t *testing.T, cl *kgo.Client, grou
 	return "", 0, nil
 }
 
-// shareRead runs a share consumer of group on topic through addr for
-// about d and returns the values it received (each accepted); during,
-// if set, runs after each poll from d/3 on.
-func shareRead(t *testing.T, addr, group, topic string, d time.Duration, during func()) map[string]bool {
+// shareRead runs a share consumer of group on topic through addr and
+// returns the values it received (each accepted): for at most d, and for
+// shareReadGrace more once enough says it has what it waits for (a
+// record that should not come would have come with those). during, if
+// set, runs after each poll from d/3 on.
+func shareRead(t *testing.T, addr, group, topic string, d time.Duration, during func(), enough func(got map[string]bool) bool) map[string]bool {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ShareGroup(group), kgo.ConsumeTopics(topic))
 	if err != nil {
@@ -152,8 +154,9 @@ func shareRead(t *testing.T, addr, group, topic string, d time.Duration, during 
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	start := time.Now()
-	for ctx.Err() == nil {
-		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+	var stop time.Time
+	for ctx.Err() == nil && (stop.IsZero() || time.Now().Before(stop)) {
+		pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		fs := cl.PollRecords(pctx, 100)
 		pcancel()
 		fs.EachRecord(func(r *kgo.Record) { got[string(r.Value)] = true; r.Ack(kgo.AckAccept) })
@@ -161,9 +164,16 @@ func shareRead(t *testing.T, addr, group, topic string, d time.Duration, during 
 		if during != nil && time.Since(start) > d/3 {
 			during()
 		}
+		if stop.IsZero() && enough(got) {
+			stop = time.Now().Add(shareReadGrace)
+		}
 	}
 	return got
 }
+
+// shareReadGrace is how long shareRead reads on once it has what it
+// waits for.
+const shareReadGrace = 1500 * time.Millisecond
 
 // TestGroupConfigsKeptOn3x: in front of a cluster without GROUP configs
 // (a Kafka 3.6 cluster as it answers), share.auto.offset.reset=earliest
@@ -268,7 +278,7 @@ func TestGroupConfigsKeptOn3x(t *testing.T) {
 	}
 
 	// The share group with earliest reads the records produced before it.
-	got := shareRead(t, s.addr(), "gc-earliest", topic, 8*time.Second, nil)
+	got := shareRead(t, s.addr(), "gc-earliest", topic, 8*time.Second, nil, func(got map[string]bool) bool { return len(got) >= n })
 	for i := range n {
 		if !got[strconv.Itoa(i)] {
 			t.Errorf("gc-earliest: record %d produced before the group joined was not delivered (%d of %d)", i, len(got), n)
@@ -286,6 +296,13 @@ func TestGroupConfigsKeptOn3x(t *testing.T) {
 		if err := direct.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Errorf("producing after the join: %v", err)
 		}
+	}, func(got map[string]bool) bool {
+		for v := range got {
+			if strings.HasPrefix(v, "after-join-") {
+				return true
+			}
+		}
+		return false
 	})
 	for i := range n {
 		if got[strconv.Itoa(i)] {

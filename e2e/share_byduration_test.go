@@ -134,11 +134,21 @@ func shareByDuration(t *testing.T, on3x bool) {
 		}
 	}
 	recent["late-1"] = true
-	got := shareRead(t, s.addr(), group, mixed, 9*time.Second, late(group, mixed, 3, 1, "late-1"))
+	has := func(want map[string]bool) func(map[string]bool) bool {
+		return func(got map[string]bool) bool {
+			for v := range want {
+				if !got[v] {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	got := shareRead(t, s.addr(), group, mixed, 9*time.Second, late(group, mixed, 3, 1, "late-1"), has(recent))
 	if !maps.Equal(got, recent) {
 		t.Errorf("%s on %s got %v, want exactly the records at most an hour old %v", group, mixed, slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(recent)))
 	}
-	got = shareRead(t, s.addr(), oldGroup, old, 9*time.Second, late(oldGroup, old, 1, 0, "late-old"))
+	got = shareRead(t, s.addr(), oldGroup, old, 9*time.Second, late(oldGroup, old, 1, 0, "late-old"), has(map[string]bool{"late-old": true}))
 	if !maps.Equal(got, map[string]bool{"late-old": true}) {
 		t.Errorf("%s on %s got %v, want only the record written after it started", oldGroup, old, slices.Sorted(maps.Keys(got)))
 	}

@@ -48,7 +48,7 @@ const (
 	anchorRecords     = 300              // anchor-admin: records consumed before the tool runs
 	adoptionFirst     = 300              // franz-adoption: records before the moves
 	adoptionStream    = 900              // franz-adoption: records streamed during the moves
-	adoptionEvery     = 30               // ms between streamed records
+	adoptionEvery     = 20               // ms between streamed records
 	adoptionFleet     = 3                // kproxies of the adoption fleet, one per member
 	adoptionIdleGrace = 10 * time.Second // a moved-back member may idle (docs/anchors.md) once this passed
 	// kip848HandBackBound bounds a move back of a KIP-848 member through
