@@ -175,6 +175,26 @@ func shareRead(t *testing.T, addr, group, topic string, d time.Duration, during 
 // waits for.
 const shareReadGrace = 1500 * time.Millisecond
 
+// newShareServeStack starts kproxy serving share groups in front of an
+// in-memory cluster without share groups of its own; on3x hides the
+// cluster's GROUP configs too, as a Kafka 3.x cluster answers (before
+// kproxy starts: kproxy decides at start).
+func newShareServeStack(t *testing.T, on3x bool) *stack {
+	t.Helper()
+	c, err := kproxy.NewDevCluster(3, 0, testLogger(), noShareCluster()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if on3x {
+		hideGroupConfigs(c)
+	}
+	s := &stack{t: t, cluster: c, listen: "127.0.0.1:0",
+		opts: []stackOpt{func(c *kproxy.Config) { c.Groups.ServeShares = true }}}
+	s.start()
+	return s
+}
+
 // TestGroupConfigsKeptOn3x: in front of a cluster without GROUP configs
 // (a Kafka 3.6 cluster as it answers), share.auto.offset.reset=earliest
 // set through kproxy with IncrementalAlterConfigs is read back through
@@ -183,17 +203,7 @@ const shareReadGrace = 1500 * time.Millisecond
 // it joined; a group without the config reads none of them (Kafka's
 // default, latest), only one produced after it joined.
 func TestGroupConfigsKeptOn3x(t *testing.T) {
-	// kproxy decides at start: the cluster's GROUP configs are hidden
-	// before, as in front of a 3.x cluster.
-	c, err := kproxy.NewDevCluster(3, 0, testLogger(), noShareCluster()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	hideGroupConfigs(c)
-	s := &stack{t: t, cluster: c, listen: "127.0.0.1:0",
-		opts: []stackOpt{func(c *kproxy.Config) { c.Groups.ServeShares = true }}}
-	s.start()
+	s := newShareServeStack(t, true)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()

@@ -10,8 +10,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/kproxy/kproxy/internal/kproxy"
 )
 
 // TestShareGroupsServedByDuration: share.auto.offset.reset=by_duration:PT1H
@@ -37,17 +35,7 @@ func TestShareGroupsServedByDuration(t *testing.T) {
 }
 
 func shareByDuration(t *testing.T, on3x bool) {
-	c, err := kproxy.NewDevCluster(3, 0, testLogger(), noShareCluster()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	if on3x {
-		hideGroupConfigs(c)
-	}
-	s := &stack{t: t, cluster: c, listen: "127.0.0.1:0",
-		opts: []stackOpt{func(c *kproxy.Config) { c.Groups.ServeShares = true }}}
-	s.start()
+	s := newShareServeStack(t, on3x)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
