@@ -78,8 +78,8 @@ type watchedGroup struct {
 	// than fencedKeep are dropped (candidates).
 	fenced map[string]time.Time
 	// lastFenced is the latest fencing (not leave) recorded in fenced
-	// (kept when fenced is full); the members not given a partition
-	// since are paced for fencedKeep after it (watchedGroup.pace).
+	// (kept when fenced is full); the members holding no partition are
+	// paced for fencedKeep after it (watchedGroup.pace).
 	lastFenced time.Time
 }
 

@@ -51,10 +51,17 @@ type kip848Member struct {
 	SinceChanged int64 `json:"since_changed_ms"`
 	changed      time.Time
 	assigned     map[[16]byte][]int32 // Assigned decoded; nil until an answer carried one
-	// given is when an answer last gave the member at least one
-	// partition: a member given partitions after the group's last
-	// fencing is no longer paced (watchedGroup.pace).
-	given time.Time
+}
+
+// holdsNone reports whether the last assignment k was told has no
+// partition (or it was told none yet).
+func (k *kip848Member) holdsNone() bool {
+	for _, ps := range k.assigned {
+		if len(ps) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // consumerTakeoverStore is what a KIP-848 takeover asks of the store
@@ -145,12 +152,6 @@ func watchConsumerHeartbeat(c clientInfo, r *kmsg.ConsumerGroupHeartbeatRequest)
 				k.changed = time.Now()
 			}
 			k.assigned, k.Assigned = next, encodeAssigned(next)
-			for _, ps := range next {
-				if len(ps) > 0 {
-					k.given = time.Now()
-					break
-				}
-			}
 		}
 		m.generation = hr.MemberEpoch
 		m.synced = k.assigned != nil
@@ -385,20 +386,19 @@ const handBackPace = 500
 
 // pace lowers the heartbeat interval of hr, an answer to k, a member of
 // g, to handBackPace while a fencing of g's is fresh (fencedKeep, as
-// long as a hand-back may wait) and k was given no partition since; w.mu
-// is held. The proxy sends the answer re-encoded
-// (proxy.ForwardWatcher).
+// long as a hand-back may wait) and k holds no partition; w.mu is held.
+// The proxy sends the answer re-encoded (proxy.ForwardWatcher).
 //
-// Once given its partitions a member heartbeats at the cluster's
-// interval again, as directly: paced, it would learn of the partitions
-// a later leave frees before a member restarted directly (as in a
-// rolling move back) rejoins, take them, and make that member wait for
-// their revocation and its own next heartbeat.
+// A member holding partitions heartbeats at the cluster's interval, as
+// directly: paced, it would learn of the partitions a later leave frees
+// before a member restarted directly (as in a rolling move back)
+// rejoins, take them, and make that member wait for their revocation and
+// its own next heartbeat.
 func (g *watchedGroup) pace(hr *kmsg.ConsumerGroupHeartbeatResponse, k *kip848Member, now time.Time) {
 	if hr.HeartbeatIntervalMillis <= handBackPace {
 		return
 	}
-	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep && k.given.Before(g.lastFenced) {
+	if !g.lastFenced.IsZero() && now.Sub(g.lastFenced) <= fencedKeep && k.holdsNone() {
 		hr.HeartbeatIntervalMillis = handBackPace
 	}
 }

@@ -264,11 +264,11 @@ func TestHandBackKIP848Paced(t *testing.T) {
 	}
 }
 
-// TestHandBackKIP848PacedUntilGiven: a member is paced only until an
-// answer gives it a partition (then it heartbeats at the cluster's
-// interval, as directly), and again after a later fencing; a leave paces
-// nobody.
-func TestHandBackKIP848PacedUntilGiven(t *testing.T) {
+// TestHandBackKIP848PacedWhileHoldingNone: a member is paced only while it
+// holds no partition (given one, it heartbeats at the cluster's
+// interval, as directly, and a later fencing does not pace it; one that
+// holds nothing is paced again); a leave paces nobody.
+func TestHandBackKIP848PacedWhileHoldingNone(t *testing.T) {
 	w, _ := newTestWatcher(t, func(string) bool { return false })
 	topic := [16]byte{1}
 	beat := func(id string, epoch int32, partitions []int32) int32 {
@@ -306,7 +306,10 @@ func TestHandBackKIP848PacedUntilGiven(t *testing.T) {
 	}
 	time.Sleep(time.Millisecond)
 	fence848(w, "old2", 3, 25)
-	if got := beat("a", 5, nil); got != handBackPace {
-		t.Fatalf("a later fencing did not pace again (%d ms)", got)
+	if got := beat("a", 5, nil); got != 5000 {
+		t.Fatalf("a later fencing paced a member holding partitions (%d ms)", got)
+	}
+	if got := beat("a", 6, []int32{}); got != handBackPace {
+		t.Fatalf("a member whose partitions were all revoked is not paced (%d ms)", got)
 	}
 }
