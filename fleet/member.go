@@ -672,31 +672,37 @@ func (m *Member) loop(ctx context.Context) {
 	}
 }
 
-// learnTableTimeout bounds learnTable's DescribeGroups, which a fresh
-// join waits for.
+// learnTableTimeout bounds one of learnTable's DescribeGroups, which a
+// fresh join waits for.
 const learnTableTimeout = 2 * time.Second
 
 // learnTable reads the fleet group's current table from the cluster
 // (DescribeGroups of a Stable group: each member's assignment carries
 // the whole table; Kafka describes a rebalancing group's members without
-// their assignments, so it is read before the join) and, if it is of a later generation than gen (this member's last) and
-// no generation was applied since, takes it for routing. A member joining
-// afresh knows no owner for the partitions it held before (its own
-// entries were cleared) and nothing of moves since its lease ran out,
-// while its JoinGroup waits at the broker until every other member
-// rejoined, up to a heartbeat interval and more: meanwhile the relays
-// would hold every request of those groups. Routing by the cluster's
-// current table is safe whatever it says: an owner answers only for the
-// groups it owns (NOT_COORDINATOR otherwise), and this member's own
-// entries are left out, so it serves nothing until its join completes.
-func (m *Member) learnTable(ctx context.Context, gen int32) {
-	ctx, cancel := context.WithTimeout(ctx, learnTableTimeout)
-	defer cancel()
+// their assignments, so it is read before the join) and, if it is of a
+// later generation than gen (this member's last) and no generation was
+// applied since, takes it for routing. A member joining afresh knows no
+// owner for the partitions it held before (its own entries were cleared)
+// and nothing of moves since its lease ran out, while its JoinGroup waits
+// at the broker until every other member rejoined, up to a heartbeat
+// interval and more: meanwhile the relays would hold every request of
+// those groups. Routing by the cluster's current table is safe whatever
+// it says: an owner answers only for the groups it owns (NOT_COORDINATOR
+// otherwise), and this member's own entries are left out, so it serves
+// nothing until its join completes.
+//
+// It returns an error only when the cluster gave no answer (or ctx ended,
+// or a Leave arrived: errLeaving); any answer, a group not Stable or not
+// found included, is nil.
+func (m *Member) learnTable(ctx context.Context, gen int32) error {
 	req := kmsg.NewPtrDescribeGroupsRequest()
 	req.Groups = []string{m.cfg.Group}
-	resp, err := req.RequestWith(ctx, m.cfg.Client)
-	if err != nil || len(resp.Groups) != 1 || resp.Groups[0].ErrorCode != 0 || resp.Groups[0].State != "Stable" {
-		return
+	resp, err := request[*kmsg.DescribeGroupsResponse](m, ctx, learnTableTimeout, req)
+	if err != nil {
+		return err
+	}
+	if len(resp.Groups) != 1 || resp.Groups[0].ErrorCode != 0 || resp.Groups[0].State != "Stable" {
+		return nil
 	}
 	var doc assignmentDoc
 	for _, gm := range resp.Groups[0].Members {
@@ -706,7 +712,7 @@ func (m *Member) learnTable(ctx context.Context, gen int32) {
 		}
 	}
 	if doc.Gen <= gen {
-		return
+		return nil
 	}
 	table := make([]Owner, m.cfg.Partitions)
 	for _, e := range doc.Table {
@@ -717,11 +723,48 @@ func (m *Member) learnTable(ctx context.Context, gen int32) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.generation != gen || len(m.owned) > 0 {
-		return // a generation was applied meanwhile
+		return nil // a generation was applied meanwhile
 	}
 	m.setTableLocked(table)
 	m.log.Debug("fleet: table read from the cluster while joining", "generation", doc.Gen, "partitions", len(doc.Table))
+	return nil
 }
+
+// learnTableUntilAnswered calls learnTable until the cluster answers it,
+// at most one attempt per learnTableRetry. A fresh join sends no
+// JoinGroup before: one sent while this kproxy is cut off from the
+// brokers is held by the partition and reaches the coordinator when it
+// heals, and the rebalance it starts makes the group unreadable
+// (rebalancing) until the other members rejoin at their next heartbeat,
+// so the relays would hold the groups this member routes until then
+// (0.5 s after a 35 s cut in fault-owner-upstream-cut, where a describe
+// answered at the heal routes them at once).
+func (m *Member) learnTableUntilAnswered(ctx context.Context, gen int32) error {
+	for {
+		start := time.Now()
+		err := m.learnTable(ctx, gen)
+		if err == nil || errors.Is(err, errLeaving) || ctx.Err() != nil {
+			return err
+		}
+		m.log.Debug("fleet: no answer to reading the table before a fresh join; trying again", "err", err)
+		if wait := learnTableRetry - time.Since(start); wait > 0 {
+			t := time.NewTimer(wait)
+			m.await(ctx, t.C, false)
+			t.Stop()
+			if m.leaving != nil {
+				return errLeaving
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// learnTableRetry is the least time between two attempts of
+// learnTableUntilAnswered (one that fails at once, as when the client is
+// refused a connection, would otherwise spin).
+const learnTableRetry = 100 * time.Millisecond
 
 // errRejoin says a new JoinGroup is needed now (not an error to back off
 // from).
@@ -835,9 +878,11 @@ func (m *Member) join(ctx context.Context) (joinResult, error) {
 		if memberID == "" && !learned {
 			// Joining afresh (a first start, a lost lease): the join may
 			// wait at the broker for the others to rejoin; the table is
-			// read first (learnTable), while the group is still Stable.
+			// read first, while the group is still Stable.
+			if err := m.learnTableUntilAnswered(ctx, gen); err != nil {
+				return joinResult{}, err
+			}
 			learned = true
-			m.learnTable(ctx, gen)
 		}
 
 		proto := kmsg.NewJoinGroupRequestProtocol()

@@ -931,3 +931,73 @@ func TestFleetSlowLinkKeepsTheLease(t *testing.T) {
 		t.Fatalf("x owns %v after the slow link, had %v", got, had)
 	}
 }
+
+// TestFleetHealedMemberRoutesBeforeItsJoin cuts x off from the brokers
+// (every byte held, as a partition does) until its lease ran out and the
+// others own everything, then heals. x must know the owners of the
+// partitions it lost before its fresh join completes: its relays route
+// those groups from the heal on, not from the fleet's rebalance, which
+// waits for the others' next heartbeat. Before, a JoinGroup held by the
+// cut reached the coordinator at the heal and the rebalance it started
+// made the table unreadable until then.
+func TestFleetHealedMemberRoutesBeforeItsJoin(t *testing.T) {
+	c := newCluster(t)
+	log := &eventLog{}
+	ms := startFleet(t, c, log, 2)
+	x := startMemberOn(t, c, log, "x", true, slowNet())
+	ms = append(ms, x)
+	waitConverged(t, 10*time.Second, ms...)
+	had := ownedBy(x)
+	if len(had) == 0 {
+		t.Fatal("x owns nothing: the test proves nothing")
+	}
+
+	x.net.setBlackhole(faultnet.Both)
+	var lost time.Time // when x's lease ran out and its fresh join began
+	for lost.IsZero() {
+		if len(ownedBy(x)) == 0 {
+			lost = time.Now()
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitFor(t, 4*testSession, func() error {
+		n := 0
+		for _, o := range ms[:2] {
+			n += len(ownedBy(o))
+		}
+		if n != int(testP) {
+			return fmt.Errorf("a and b own %d of %d partitions", n, testP)
+		}
+		return nil
+	})
+	// The heal comes while x's second attempt to read the table is in
+	// flight (the first timed out); before, that was while its JoinGroup
+	// was, sent after the one read that timed out.
+	time.Sleep(time.Until(lost.Add(3 * learnTableTimeout / 2)))
+	genBefore := x.m.Snapshot().Generation
+
+	x.net.setBlackhole(0)
+	healed := time.Now()
+	for {
+		st := x.m.Snapshot()
+		if st.Generation != genBefore {
+			t.Fatalf("x's join completed (generation %d, %d before the heal) %v after the heal, before it knew the owners of %v: %+v",
+				st.Generation, genBefore, time.Since(healed).Round(time.Millisecond), had, st.Table)
+		}
+		known := true
+		for _, p := range had {
+			if o := st.Table[p]; o.ID != "a" && o.ID != "b" {
+				known = false
+			}
+		}
+		if known {
+			t.Logf("x routes its lost partitions %v after the heal, before its join", time.Since(healed).Round(time.Millisecond))
+			break
+		}
+		if time.Since(healed) > 4*testSession {
+			t.Fatalf("x does not know the owners of %v %v after the heal: %+v", had, time.Since(healed), st.Table)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitConverged(t, 10*time.Second, ms...)
+}
