@@ -293,6 +293,9 @@ func (g *consumerGroup) memberFor(r *kmsg.ConsumerGroupHeartbeatRequest) (m *con
 	}
 	g.add(nm)
 	g.setAssignment(nm, memberAssignment{State: memberStable, Assigned: partSet{}, Pending: partSet{}})
+	// Withheld partitions may be meant for the newcomer: the anchor
+	// takes them back now rather than after the window.
+	g.reclaimWithheld()
 	return nm, true, errNone, ""
 }
 
@@ -383,8 +386,7 @@ func (g *consumerGroup) heartbeat(rc RequestContext, r *kmsg.ConsumerGroupHeartb
 	resp := kmsg.NewPtrConsumerGroupHeartbeatResponse()
 	resp.MemberID = &m.id
 	resp.MemberEpoch = m.Epoch
-	_, interval := g.settings()
-	resp.HeartbeatIntervalMillis = int32(interval / time.Millisecond)
+	resp.HeartbeatIntervalMillis = int32(g.heartbeatEvery() / time.Millisecond)
 	full := r.RebalanceTimeoutMillis != -1 && (r.SubscribedTopicNames != nil || r.SubscribedTopicRegex != nil) && r.Topics != nil
 	if r.MemberEpoch == 0 || full || m.lastSent == nil || !m.lastSent.equal(m.Assigned) {
 		a := kmsg.NewConsumerGroupHeartbeatResponseAssignment()
@@ -462,6 +464,7 @@ func (g *consumerGroup) leave(r *kmsg.ConsumerGroupHeartbeatRequest, reply func(
 		g.persistThen(answerWith(resp, reply))
 		return
 	}
+	g.withholdFreed(m)
 	g.removeAndBump(m, EventMemberLeft, "", CauseMemberLeft)
 	g.persistThen(answerWith(resp, reply))
 }

@@ -49,6 +49,10 @@ type Anchor struct {
 	// static member there by its instance id, whichever process holds
 	// it (internal/coexist/anchor_handback.go).
 	InstanceIDs []string
+	// Version numbers the Anchors the engine hands over for one group,
+	// increasing (KIP-848 groups); the store reports the version of each
+	// sync back (Engine.AnchorHeld). Not part of the comparisons.
+	Version uint64
 	// SessionTimeout is the longest session timeout among the members:
 	// how long the cluster would keep them, were they its own, after
 	// they went silent. The store bounds the anchor's session by it, so
@@ -204,7 +208,9 @@ func (g *consumerGroup) anchorChanged() {
 		// and a member moved back to the cluster in between would get it
 		// there too, once its join converted the cluster's group into a
 		// consumer group (Kafka's online upgrade keeps a classic member's
-		// assignment as what it owns and assigns the rest).
+		// assignment as what it owns and assigns the rest). All but
+		// those withheld from every member for a member moved back
+		// (consumer_withhold.go).
 		for t := range topics {
 			info, ok := snap.byName[t]
 			if !ok && g.snap != nil {
@@ -213,7 +219,9 @@ func (g *consumerGroup) anchorChanged() {
 			if ok && info.Partitions > 0 {
 				all := make(map[int32]struct{}, info.Partitions)
 				for p := range info.Partitions {
-					all[p] = struct{}{}
+					if !g.releasedToCluster(tp{info.ID, p}) {
+						all[p] = struct{}{}
+					}
 				}
 				addOwned(owned, t, all)
 			}
@@ -225,6 +233,8 @@ func (g *consumerGroup) anchorChanged() {
 	if g.anchorSent != nil && g.anchorSent.equal(a) {
 		return
 	}
+	g.anchorVersion++
+	a.Version = g.anchorVersion
 	g.anchorSent = &a
 	st.Anchor(g.id, a)
 }

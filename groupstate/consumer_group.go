@@ -54,8 +54,12 @@ type consumerGroup struct {
 	// wait for the classic group's record instead.
 	converted *convertedWait
 	// anchorSent is the Anchor last handed to the store (anchor.go);
-	// nil before the first.
-	anchorSent *Anchor
+	// nil before the first. anchorVersion is its Version.
+	anchorSent    *Anchor
+	anchorVersion uint64
+	// withheld holds the partitions a leave freed while they are kept
+	// from every member (consumer_withhold.go); nil when none are.
+	withheld *withholding
 }
 
 // consumerMember is one member of a KIP-848 group (owned by the loop).
@@ -145,6 +149,7 @@ func (g *consumerGroup) noteState() {
 func (g *consumerGroup) cancelAllTimers() {
 	stopTimer(g.emptyTimer)
 	g.emptyTimer = timerRef{}
+	g.endWithholding()
 	for _, m := range g.members {
 		stopTimer(m.sessionTimer)
 		stopTimer(m.rebalanceTimer)
@@ -272,11 +277,13 @@ func (g *consumerGroup) bumpEpoch(cause string, causer *consumerMember) {
 	g.s.emit(ev)
 }
 
-// ownedByOther returns the ownership check reconcile needs for member id.
+// ownedByOther returns the ownership check reconcile needs for member
+// id: a partition another member holds, or one withheld from every
+// member (consumer_withhold.go), is not given to it.
 func (g *consumerGroup) ownedByOther(id string) func(topicID, int32) bool {
 	return func(t topicID, p int32) bool {
 		o, ok := g.owners[tp{t, p}]
-		return ok && o != id
+		return ok && o != id || g.withholds(tp{t, p})
 	}
 }
 

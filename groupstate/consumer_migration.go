@@ -782,12 +782,13 @@ func (g *consumerGroup) classicHeartbeat(r *kmsg.HeartbeatRequest) int16 {
 // it does not hold yet is still held by another member (Kafka's
 // waitingOnUnreleasedPartition).
 func (g *consumerGroup) waitingOnUnreleased(m *consumerMember) bool {
+	taken := g.ownedByOther(m.id)
 	for t, ps := range g.targets[m.id] {
 		for p := range ps {
 			if m.Assigned.has(t, p) {
 				continue
 			}
-			if o, ok := g.owners[tp{t, p}]; ok && o != m.id {
+			if taken(t, p) {
 				return true
 			}
 		}

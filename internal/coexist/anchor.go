@@ -153,6 +153,12 @@ type AnchorOptions struct {
 	// partitions up. A KIP-848 hand-back leaves once every one of
 	// kproxy's members was (anchor_takeover_kip848.go).
 	MembersFenced func(group string, since time.Time, ids []string) map[string]bool
+	// OnHeld, when set, is told after each sync of an anchor the
+	// version of the Anchor whose partitions it assigned itself: the
+	// engine gives partitions it withheld for a member moved back only
+	// once the anchor holds them (groupstate/consumer_withhold.go). It
+	// must not block.
+	OnHeld func(group string, version uint64)
 	// OnHandBack, when set, is asked to hand group back to the cluster's
 	// coordinator (anchor_handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins
@@ -1020,9 +1026,11 @@ func (as *Anchors) join(a *anchor) error {
 	}
 	me := classic.Joined(a.group, &as.opts.InstanceID, jr)
 	var assignments []kmsg.SyncGroupRequestGroupAssignment
+	heldVersion, held := uint64(0), false // the Anchor whose partitions this sync assigns
 	if !jr.SkipAssignment {
 		a.mu.Lock()
 		owned := a.want.Owned
+		heldVersion, held = a.want.Version, true
 		a.mu.Unlock()
 		for _, m := range jr.Members {
 			ga := kmsg.NewSyncGroupRequestGroupAssignment()
@@ -1075,6 +1083,9 @@ func (as *Anchors) join(a *anchor) error {
 	a.broadcastLocked()
 	handsBack := as.handsBack(a)
 	a.mu.Unlock()
+	if held && as.opts.OnHeld != nil {
+		as.opts.OnHeld(a.group, heldVersion)
+	}
 	if others := len(jr.Members) - 1; others > 0 && plan == nil && handsBack {
 		// A member reached the cluster's group directly and joined
 		// this generation (given nothing above): hand the group back.

@@ -59,6 +59,9 @@ type Engine interface {
 	// ConsumerHeartbeatInterval is the heartbeat interval the engine
 	// gives KIP-848 members.
 	ConsumerHeartbeatInterval() time.Duration
+	// AnchorHeld reports that the anchor of group synced the Anchor of
+	// version (groupstate.Anchor.Version).
+	AnchorHeld(group string, version uint64)
 }
 
 var _ Engine = (*groupstate.Engine)(nil)
@@ -136,6 +139,11 @@ func Enable(cfg Config) *Coexist {
 				return e.ConsumerHeartbeatInterval()
 			}
 			return 0
+		},
+		OnHeld: func(group string, version uint64) {
+			if e := c.attached(); e != nil {
+				e.AnchorHeld(group, version)
+			}
 		},
 		MembersFenced: func(group string, since time.Time, ids []string) map[string]bool {
 			return c.watcher.fencedSince(group, since, ids) // set below, before as.start
