@@ -97,6 +97,9 @@ func (s *shard) leaveGroup(r *kmsg.LeaveGroupRequest, reply func(kmsg.Response))
 		g.emitMember(EventMemberLeft, m, reason)
 		left = append(left, m)
 	}
+	if len(left) > 0 {
+		g.holdJoinAfterLeave()
+	}
 	if len(left) > 0 || removedPending {
 		switch g.state {
 		case stateStable, stateCompletingRebalance:

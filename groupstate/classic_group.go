@@ -66,6 +66,11 @@ type classicGroup struct {
 	// cluster's coordinator (classic_handback.go): its JoinGroups are
 	// refused with NOT_COORDINATOR.
 	handingBack bool
+	// joinHeldUntil is when a rebalance a leave started may complete
+	// at the earliest (classic_handback.go, holdJoinAfterLeave);
+	// joinHold fires then.
+	joinHeldUntil time.Time
+	joinHold      timerRef
 }
 
 // classicMember is one joined member of a classic group (owned by the loop).

@@ -99,3 +99,48 @@ func (g *classicGroup) refuseHandedBackJoin(r *kmsg.JoinGroupRequest, reply func
 	}
 	reply(joinError(errNotCoordinator, r.MemberID))
 }
+
+// leaveJoinHold is how long a rebalance that a leave started in an
+// anchored group stays open at least.
+//
+// A member moved back to the cluster leaves kproxy's group, and its
+// restart joins the cluster's group a moment later, which starts the
+// hand-back. Directly, that member joins the rebalance its own leave
+// started, while the partitions it freed are still unowned, because the
+// cluster completes it only once the others rejoined at their next
+// heartbeat. The engine's rebalance used to complete as soon as the
+// others rejoined, often before the hand-back began (Kafka 4.1.1,
+// java-adoption: 354 ms after the leave, the member moved back ready 2 ms
+// before): the others took the leaver's partitions, and a cooperative
+// group then needed two rounds at the cluster (revoke, then assign at
+// the next heartbeat) where directly it needs one. Held open, the
+// hand-back answers the waiting JoinGroups NOT_COORDINATOR and the
+// members reach the cluster's rebalance owning only what they owned
+// before the leave. The cost, where no member moves back: a leave's
+// rebalance completes no sooner than this after it (eager members stay
+// revoked as long), where directly it completes once the others rejoined
+// at their next heartbeat (3 s interval by default for Java).
+const leaveJoinHold = time.Second
+
+// holdJoinAfterLeave keeps the rebalance a leave starts from completing
+// before leaveJoinHold, in a group anchored in the cluster's coordinator
+// with members left (only there can a member move back).
+func (g *classicGroup) holdJoinAfterLeave() {
+	if g.s.e.anchors == nil || len(g.members) == 0 || g.handingBack {
+		return
+	}
+	g.joinHeldUntil = g.s.e.clock.Now().Add(leaveJoinHold)
+	stopTimer(g.joinHold)
+	g.joinHold = g.s.arm(leaveJoinHold, func(id uint64) {
+		if !g.live() || g.joinHold.id != id {
+			return
+		}
+		g.joinHold = timerRef{}
+		g.maybeCompleteJoin()
+	})
+}
+
+// joinHeld reports whether a leave holds the join phase open.
+func (g *classicGroup) joinHeld() bool {
+	return g.s.e.clock.Now().Before(g.joinHeldUntil)
+}

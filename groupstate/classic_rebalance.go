@@ -68,7 +68,7 @@ func (g *classicGroup) prepareRebalance(cause string, causer *classicMember) {
 		g.armInitialDelay(delay, max(g.rebalanceTimeout()-delay, 0))
 		return
 	}
-	if g.allJoined() {
+	if g.allJoined() && !g.joinHeld() {
 		g.completeJoin()
 		return
 	}
@@ -81,7 +81,7 @@ func (g *classicGroup) maybeCompleteJoin() {
 	if g.state != statePreparingRebalance || !g.allJoined() {
 		return
 	}
-	if g.prevState == stateEmpty && g.s.e.cfg.InitialRebalanceDelay > 0 {
+	if g.prevState == stateEmpty && g.s.e.cfg.InitialRebalanceDelay > 0 || g.joinHeld() {
 		return
 	}
 	g.completeJoin()

@@ -37,7 +37,8 @@ func (g *classicGroup) cancelAllTimers() {
 	stopTimer(g.joinTimer)
 	stopTimer(g.syncTimer)
 	stopTimer(g.emptyTimer)
-	g.joinTimer, g.syncTimer, g.emptyTimer = timerRef{}, timerRef{}, timerRef{}
+	stopTimer(g.joinHold)
+	g.joinTimer, g.syncTimer, g.emptyTimer, g.joinHold = timerRef{}, timerRef{}, timerRef{}, timerRef{}
 	for _, m := range g.members {
 		stopTimer(m.timer)
 		m.timer = timerRef{}
