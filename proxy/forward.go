@@ -319,7 +319,9 @@ func wrongKind(req kmsg.Request, kind string) kmsg.Response {
 // group that are behind kproxy (takeover, docs/anchors.md).
 type ForwardWatcher interface {
 	// Watch is called on the session's reader when req, a request for
-	// forwarded group from client c, goes upstream. It returns the
+	// forwarded group from client c, goes upstream (and, for a KIP-848
+	// leave the coordinator refused NOT_COORDINATOR as its group went
+	// to the cluster, with that answer: session.leaveRefused). It returns the
 	// function the decoded response is handed to (nil: the response
 	// never came, or did not decode), or nil not to watch it. It must
 	// not block, and must copy what it keeps of req and of the

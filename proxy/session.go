@@ -492,8 +492,35 @@ func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.
 	if err := s.push(slot{route: codec.Local, key: h.Key, version: h.Version, corr: h.CorrelationID, start: start, reply: r}); err != nil {
 		return err
 	}
-	s.p.cfg.Coordinator.Handle(s.rc, req, r.deliver)
+	reply := r.deliver
+	if hb, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && hb.MemberEpoch < 0 {
+		reply = s.leaveRefused(hb, reply)
+	}
+	s.p.cfg.Coordinator.Handle(s.rc, req, reply)
 	return nil
+}
+
+// leaveRefused returns deliver, preceded by a report to the forward
+// watcher of a KIP-848 leave the coordinator refused NOT_COORDINATOR
+// while its group went to the cluster's coordinator (a hand-back
+// unloaded it as the leave arrived): the member goes away, and the
+// cluster never hears of its leave. Watched as a leave forwarded, it
+// counts as one: the hand-back need not wait for the member, which holds
+// nothing (docs/anchors.md, "Out (rollback)").
+func (s *session) leaveRefused(req *kmsg.ConsumerGroupHeartbeatRequest, deliver func(kmsg.Response)) func(kmsg.Response) {
+	fw := s.p.cfg.Forwarder
+	w, ok := fw.(ForwardWatcher)
+	if !ok {
+		return deliver
+	}
+	return func(resp kmsg.Response) {
+		if hr, ok := resp.(*kmsg.ConsumerGroupHeartbeatResponse); ok && hr.ErrorCode == kerr.NotCoordinator.Code && fw.Forwarded(req.Group) {
+			if answered := w.Watch(s.rc, req.Group, req); answered != nil {
+				answered(resp)
+			}
+		}
+		deliver(resp)
+	}
 }
 
 // findCoordinator answers FindCoordinator for groups with a kproxy
