@@ -233,8 +233,8 @@ func (g *consumerGroup) anchorChanged() {
 	if g.anchorSent != nil && g.anchorSent.equal(a) {
 		return
 	}
-	g.anchorVersion++
-	a.Version = g.anchorVersion
+	g.s.anchorVersion++
+	a.Version = g.s.anchorVersion
 	g.anchorSent = &a
 	st.Anchor(g.id, a)
 }

@@ -54,9 +54,8 @@ type consumerGroup struct {
 	// wait for the classic group's record instead.
 	converted *convertedWait
 	// anchorSent is the Anchor last handed to the store (anchor.go);
-	// nil before the first. anchorVersion is its Version.
-	anchorSent    *Anchor
-	anchorVersion uint64
+	// nil before the first.
+	anchorSent *Anchor
 	// withheld holds the partitions a leave freed while they are kept
 	// from every member (consumer_withhold.go); nil when none are.
 	withheld *withholding

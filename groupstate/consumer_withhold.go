@@ -101,11 +101,17 @@ func (g *consumerGroup) reclaimWithheld() {
 	}
 	stopTimer(w.timer)
 	w.reclaiming = true
-	before := g.anchorVersion
+	var before uint64
+	if g.anchorSent != nil {
+		before = g.anchorSent.Version
+	}
 	g.anchorChanged()
-	// The first Anchor sent from now on holds them (the one just sent,
-	// or the next if none was).
-	w.reclaimVersion = max(g.anchorVersion, before+1)
+	// The first Anchor sent from now on holds them: the one just sent,
+	// or, if none was, the next one the shard numbers.
+	w.reclaimVersion = g.s.anchorVersion + 1
+	if g.anchorSent != nil && g.anchorSent.Version != before {
+		w.reclaimVersion = g.anchorSent.Version
+	}
 	w.timer = g.s.arm(withholdConfirmWait, func(id uint64) {
 		if !g.live() || g.withheld != w || w.timer.id != id {
 			return

@@ -485,6 +485,11 @@ type shard struct {
 	groups   map[string]group
 	ops      map[string]*opQueue
 	timerSeq uint64
+	// anchorVersion numbers the Anchors the loop's KIP-848 groups hand
+	// the store (Anchor.Version): one sequence for the shard, so that a
+	// group unloaded and loaded again never reuses a version a sync of
+	// its earlier instance may still report (consumer_withhold.go).
+	anchorVersion uint64
 
 	// metaOps, known and loading are owned by the loop goroutine too.
 	// metaOps holds the FIFOs of group metadata operations (separate
