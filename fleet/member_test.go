@@ -609,6 +609,19 @@ func TestFleetLeaseExpiresBeforeSessionOnPartition(t *testing.T) {
 	}
 }
 
+// fleetWithSlowLink starts a fleet of a, b and x, x's links to the
+// brokers going through fault relays (slowNet), converged; ms holds all
+// three, x last.
+func fleetWithSlowLink(t *testing.T, log *eventLog) (ms []*testMember, x *testMember) {
+	t.Helper()
+	c := newCluster(t)
+	ms = startFleet(t, c, log, 2)
+	x = startMemberOn(t, c, log, "x", true, slowNet())
+	ms = append(ms, x)
+	waitConverged(t, 10*time.Second, ms...)
+	return ms, x
+}
+
 // TestFleetLeaseLostWhileOnlyAnswersAreLost cuts only the answers on x's
 // link: its heartbeats keep reaching the coordinator, which therefore
 // never expires it, while x hears nothing and drops its partitions when
@@ -618,12 +631,8 @@ func TestFleetLeaseExpiresBeforeSessionOnPartition(t *testing.T) {
 // its heartbeats. Before, nobody owned x's partitions until the link
 // healed.
 func TestFleetLeaseLostWhileOnlyAnswersAreLost(t *testing.T) {
-	c := newCluster(t)
 	log := &eventLog{}
-	ms := startFleet(t, c, log, 2)
-	x := startMemberOn(t, c, log, "x", true, slowNet())
-	ms = append(ms, x)
-	waitConverged(t, 10*time.Second, ms...)
+	ms, x := fleetWithSlowLink(t, log)
 	s := startSampler(t, ms...)
 	had := ownedBy(x)
 	idBefore := x.m.Snapshot().MemberID
@@ -912,12 +921,8 @@ func TestFleetFreshJoinReadsTheTable(t *testing.T) {
 // client keeps its session on such a link. Heartbeats waiting for each
 // other timed out at a third of the session and ran the lease out.
 func TestFleetSlowLinkKeepsTheLease(t *testing.T) {
-	c := newCluster(t)
 	log := &eventLog{}
-	ms := startFleet(t, c, log, 2)
-	x := startMemberOn(t, c, log, "x", true, slowNet())
-	ms = append(ms, x)
-	waitConverged(t, 10*time.Second, ms...)
+	ms, x := fleetWithSlowLink(t, log)
 	s := startSampler(t, ms...)
 	had := ownedBy(x)
 	x.net.setDelay(300 * time.Millisecond)
@@ -941,12 +946,8 @@ func TestFleetSlowLinkKeepsTheLease(t *testing.T) {
 // cut reached the coordinator at the heal and the rebalance it started
 // made the table unreadable until then.
 func TestFleetHealedMemberRoutesBeforeItsJoin(t *testing.T) {
-	c := newCluster(t)
 	log := &eventLog{}
-	ms := startFleet(t, c, log, 2)
-	x := startMemberOn(t, c, log, "x", true, slowNet())
-	ms = append(ms, x)
-	waitConverged(t, 10*time.Second, ms...)
+	ms, x := fleetWithSlowLink(t, log)
 	had := ownedBy(x)
 	if len(had) == 0 {
 		t.Fatal("x owns nothing: the test proves nothing")

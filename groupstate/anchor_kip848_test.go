@@ -40,6 +40,23 @@ func (r *anchorRecorder) version(group string) uint64 {
 	return r.last[group].Version
 }
 
+// anchoredPair starts an engine whose store records its anchors, with
+// topic t of six partitions and group g of two KIP-848 members, a and b,
+// settled.
+func anchoredPair(t *testing.T) (h *consumerHarness, rec *anchorRecorder, tid topicID, a, b *client) {
+	t.Helper()
+	rec = &anchorRecorder{MemoryStore: NewMemoryStore(), last: make(map[string]Anchor)}
+	h = &consumerHarness{newHarness(t, func(c *Config) { c.Store = rec })}
+	rec.SetTopic("t", 6)
+	h.refresh()
+	ids, _ := rec.TopicIDs(context.Background(), []string{"t"})
+	tid = topicID(ids["t"])
+	a = h.join("g", "a", "t")
+	b = h.join("g", "b", "t")
+	h.settle("g", a, b)
+	return h, rec, tid, a, b
+}
+
 // TestKIP848AnchorHoldsEveryPartition: the anchor of a KIP-848 group
 // holds every partition of the subscribed topics but those a leave freed
 // (withheld, consumer_withhold.go): the engine gives a partition nobody
@@ -48,17 +65,8 @@ func (r *anchorRecorder) version(group string) uint64 {
 // converted the cluster's group meanwhile would be given it there too
 // (docs/anchors.md, "Out (rollback)").
 func TestKIP848AnchorHoldsEveryPartition(t *testing.T) {
-	rec := &anchorRecorder{MemoryStore: NewMemoryStore(), last: make(map[string]Anchor)}
-	h := &consumerHarness{newHarness(t, func(c *Config) { c.Store = rec })}
-	rec.SetTopic("t", 6)
-	h.refresh()
-	ids, _ := rec.TopicIDs(context.Background(), []string{"t"})
-	tid := topicID(ids["t"])
+	h, rec, tid, a, b := anchoredPair(t)
 	all := []int32{0, 1, 2, 3, 4, 5}
-
-	a := h.join("g", "a", "t")
-	b := h.join("g", "b", "t")
-	h.settle("g", a, b)
 	if len(a.owned.sortedPartitions(tid)) != 3 || len(b.owned.sortedPartitions(tid)) != 3 {
 		t.Fatalf("settled with a %v and b %v, want three partitions each", a.owned, b.owned)
 	}
@@ -86,17 +94,8 @@ func TestKIP848AnchorHoldsEveryPartition(t *testing.T) {
 // the anchor reports a sync of that Anchor: a report of an older one
 // (the sync that let them go) gives nothing.
 func TestKIP848LeaveWithheldForAMemberMovedBack(t *testing.T) {
-	rec := &anchorRecorder{MemoryStore: NewMemoryStore(), last: make(map[string]Anchor)}
-	h := &consumerHarness{newHarness(t, func(c *Config) { c.Store = rec })}
-	rec.SetTopic("t", 6)
-	h.refresh()
-	ids, _ := rec.TopicIDs(context.Background(), []string{"t"})
-	tid := topicID(ids["t"])
+	h, rec, tid, a, b := anchoredPair(t)
 	all := []int32{0, 1, 2, 3, 4, 5}
-
-	a := h.join("g", "a", "t")
-	b := h.join("g", "b", "t")
-	h.settle("g", a, b)
 	freed := a.owned.sortedPartitions(tid)
 	kept := b.owned.sortedPartitions(tid)
 	h.consumerResp(consumerBeat("g", "a", -1, nil), errNone)
@@ -140,17 +139,8 @@ func TestKIP848LeaveWithheldForAMemberMovedBack(t *testing.T) {
 // for it), and an anchor that never reports its sync holds nothing up
 // for longer than withholdConfirmWait.
 func TestKIP848WithheldUntilAnchorConfirmsOrGivesUp(t *testing.T) {
-	rec := &anchorRecorder{MemoryStore: NewMemoryStore(), last: make(map[string]Anchor)}
-	h := &consumerHarness{newHarness(t, func(c *Config) { c.Store = rec })}
-	rec.SetTopic("t", 6)
-	h.refresh()
-	ids, _ := rec.TopicIDs(context.Background(), []string{"t"})
-	tid := topicID(ids["t"])
+	h, rec, tid, _, b := anchoredPair(t)
 	all := []int32{0, 1, 2, 3, 4, 5}
-
-	a := h.join("g", "a", "t")
-	b := h.join("g", "b", "t")
-	h.settle("g", a, b)
 	h.consumerResp(consumerBeat("g", "a", -1, nil), errNone)
 	h.flush()
 	if got := rec.owned("g", "t"); len(got) != 3 {
