@@ -567,6 +567,7 @@ func (g *consumerGroup) classicJoin(j *joinReq) {
 		g.add(m)
 		g.setAssignment(m, memberAssignment{State: memberStable, Assigned: partSet{}, Pending: partSet{}})
 		joined = true
+		g.reclaimWithheld() // as for a KIP-848 newcomer (memberFor)
 	}
 	// 1. Apply the request.
 	if m.clientID != j.rc.ClientID || m.clientHost != j.rc.ClientHost {

@@ -19,7 +19,11 @@ import "time"
 // So when a member leaves a group that is anchored and keeps members, the
 // partitions it held are withheld: no member of the engine is given them
 // (ownedByOther), and the anchor lets them go at the cluster (Owned leaves
-// them out). A member moved back within withholdFor converts a group in
+// them out). A member moved back within the window (withholdFor, or the
+// group's heartbeat interval if shorter: directly the others would be
+// given the partitions at their next heartbeat, up to an interval after
+// the leave, so a window of at most an interval costs a plain leave about
+// what it may cost directly) converts a group in
 // which nobody holds them and gets them in its first heartbeat's answer,
 // as directly; the hand-back follows as before. Once withholdFor passed
 // (or a member joined the engine's group, which the partitions may be
@@ -80,7 +84,8 @@ func (g *consumerGroup) withholdFreed(m *consumerMember) {
 	}
 	w.reclaiming, w.reclaimVersion = false, 0
 	stopTimer(w.timer)
-	w.timer = g.s.arm(withholdFor, func(id uint64) {
+	_, interval := g.settings()
+	w.timer = g.s.arm(min(withholdFor, interval), func(id uint64) {
 		if !g.live() || g.withheld != w || w.timer.id != id {
 			return
 		}
