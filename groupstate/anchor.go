@@ -49,9 +49,10 @@ type Anchor struct {
 	// static member there by its instance id, whichever process holds
 	// it (internal/coexist/anchor_handback.go).
 	InstanceIDs []string
-	// Version numbers the Anchors the engine hands over for one group,
-	// increasing (KIP-848 groups); the store reports the version of each
-	// sync back (Engine.AnchorHeld). Not part of the comparisons.
+	// Version numbers the Anchors the engine hands over (KIP-848 groups;
+	// one sequence per engine shard, so increasing for each group); the
+	// store reports the version of each sync back (Engine.AnchorHeld).
+	// Not part of the comparisons.
 	Version uint64
 	// SessionTimeout is the longest session timeout among the members:
 	// how long the cluster would keep them, were they its own, after

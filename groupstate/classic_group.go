@@ -66,11 +66,9 @@ type classicGroup struct {
 	// cluster's coordinator (classic_handback.go): its JoinGroups are
 	// refused with NOT_COORDINATOR.
 	handingBack bool
-	// joinHeldUntil is when a rebalance a leave started may complete
-	// at the earliest (classic_handback.go, holdJoinAfterLeave);
-	// joinHold fires then.
-	joinHeldUntil time.Time
-	joinHold      timerRef
+	// joinHold runs from a leave until the rebalance it started may
+	// complete (classic_handback.go, holdJoinAfterLeave).
+	joinHold timerRef
 }
 
 // classicMember is one joined member of a classic group (owned by the loop).

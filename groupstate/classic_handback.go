@@ -129,7 +129,6 @@ func (g *classicGroup) holdJoinAfterLeave() {
 	if g.s.e.anchors == nil || len(g.members) == 0 || g.handingBack {
 		return
 	}
-	g.joinHeldUntil = g.s.e.clock.Now().Add(leaveJoinHold)
 	stopTimer(g.joinHold)
 	g.joinHold = g.s.arm(leaveJoinHold, func(id uint64) {
 		if !g.live() || g.joinHold.id != id {
@@ -142,5 +141,5 @@ func (g *classicGroup) holdJoinAfterLeave() {
 
 // joinHeld reports whether a leave holds the join phase open.
 func (g *classicGroup) joinHeld() bool {
-	return g.s.e.clock.Now().Before(g.joinHeldUntil)
+	return g.joinHold.t != nil
 }

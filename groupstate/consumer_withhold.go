@@ -51,9 +51,9 @@ const (
 // loop of the shard that holds the group, as the group is).
 type withholding struct {
 	parts map[tp]struct{}
-	// reclaiming is set once the anchor was asked to take them back;
-	// reclaimVersion is the Anchor version that did.
-	reclaiming     bool
+	// reclaimVersion is, once the anchor was asked to take them back,
+	// the first Anchor version that holds them; 0 before (versions start
+	// at 1).
 	reclaimVersion uint64
 	timer          timerRef
 }
@@ -64,25 +64,21 @@ func (g *consumerGroup) withholdFreed(m *consumerMember) {
 	if g.s.e.anchors == nil || len(g.members) <= 1 {
 		return
 	}
-	var freed []tp
-	for _, ps := range []partSet{m.Assigned, m.Pending} {
-		for t, parts := range ps {
-			for p := range parts {
-				freed = append(freed, tp{t, p})
-			}
-		}
-	}
-	if len(freed) == 0 {
+	if m.Assigned.size()+m.Pending.size() == 0 {
 		return
 	}
 	if g.withheld == nil {
-		g.withheld = &withholding{parts: make(map[tp]struct{}, len(freed))}
+		g.withheld = &withholding{parts: make(map[tp]struct{})}
 	}
 	w := g.withheld
-	for _, x := range freed {
-		w.parts[x] = struct{}{}
+	for _, ps := range []partSet{m.Assigned, m.Pending} {
+		for t, parts := range ps {
+			for p := range parts {
+				w.parts[tp{t, p}] = struct{}{}
+			}
+		}
 	}
-	w.reclaiming, w.reclaimVersion = false, 0
+	w.reclaimVersion = 0
 	stopTimer(w.timer)
 	_, interval := g.settings()
 	w.timer = g.s.arm(min(withholdFor, interval), func(id uint64) {
@@ -101,22 +97,14 @@ func (g *consumerGroup) withholdFreed(m *consumerMember) {
 // withholdConfirmWait.
 func (g *consumerGroup) reclaimWithheld() {
 	w := g.withheld
-	if w == nil || w.reclaiming {
+	if w == nil || w.reclaimVersion != 0 {
 		return
 	}
 	stopTimer(w.timer)
-	w.reclaiming = true
-	var before uint64
-	if g.anchorSent != nil {
-		before = g.anchorSent.Version
-	}
-	g.anchorChanged()
-	// The first Anchor sent from now on holds them: the one just sent,
-	// or, if none was, the next one the shard numbers.
+	// The next version the shard numbers is the first Anchor of g's
+	// that holds them: the one anchorChanged sends now, or a later one.
 	w.reclaimVersion = g.s.anchorVersion + 1
-	if g.anchorSent != nil && g.anchorSent.Version != before {
-		w.reclaimVersion = g.anchorSent.Version
-	}
+	g.anchorChanged()
 	w.timer = g.s.arm(withholdConfirmWait, func(id uint64) {
 		if !g.live() || g.withheld != w || w.timer.id != id {
 			return
@@ -131,7 +119,7 @@ func (g *consumerGroup) reclaimWithheld() {
 // anchorHeld is the store's report that the anchor's last sync holds
 // the Anchor of version.
 func (g *consumerGroup) anchorHeld(version uint64) {
-	if w := g.withheld; w != nil && w.reclaiming && version >= w.reclaimVersion {
+	if w := g.withheld; w != nil && w.reclaimVersion != 0 && version >= w.reclaimVersion {
 		g.endWithholding()
 	}
 }
@@ -158,7 +146,7 @@ func (g *consumerGroup) withholds(x tp) bool {
 // releasedToCluster reports whether the anchor lets x go at the cluster:
 // withheld and not yet taken back.
 func (g *consumerGroup) releasedToCluster(x tp) bool {
-	return g.withheld != nil && !g.withheld.reclaiming && g.withholds(x)
+	return g.withheld != nil && g.withheld.reclaimVersion == 0 && g.withholds(x)
 }
 
 // heartbeatEvery is the interval a member's heartbeat is answered with:

@@ -1026,11 +1026,11 @@ func (as *Anchors) join(a *anchor) error {
 	}
 	me := classic.Joined(a.group, &as.opts.InstanceID, jr)
 	var assignments []kmsg.SyncGroupRequestGroupAssignment
-	heldVersion, held := uint64(0), false // the Anchor whose partitions this sync assigns
+	var heldVersion uint64 // the Anchor whose partitions this sync assigns
 	if !jr.SkipAssignment {
 		a.mu.Lock()
 		owned := a.want.Owned
-		heldVersion, held = a.want.Version, true
+		heldVersion = a.want.Version
 		a.mu.Unlock()
 		for _, m := range jr.Members {
 			ga := kmsg.NewSyncGroupRequestGroupAssignment()
@@ -1083,7 +1083,7 @@ func (as *Anchors) join(a *anchor) error {
 	a.broadcastLocked()
 	handsBack := as.handsBack(a)
 	a.mu.Unlock()
-	if held && as.opts.OnHeld != nil {
+	if !jr.SkipAssignment && as.opts.OnHeld != nil {
 		as.opts.OnHeld(a.group, heldVersion)
 	}
 	if others := len(jr.Members) - 1; others > 0 && plan == nil && handsBack {
