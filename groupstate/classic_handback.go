@@ -16,10 +16,11 @@ import (
 // member's next heartbeat says REBALANCE_IN_PROGRESS (an eager member
 // revokes and commits, a cooperative one keeps what it owns), and
 // answers their JoinGroup with NOT_COORDINATOR, taking them out of the
-// group. They look their coordinator up again, are sent to the
-// cluster's, and join its rebalance carrying what they own (kproxy
-// clears the member id the cluster does not know, so they get one of
-// its own). Commits at the engine's generation go on being accepted
+// group. They join the cluster's rebalance carrying what they own, with
+// a member id of the cluster's: the proxy turns that answer into
+// MEMBER_ID_REQUIRED with an id it asked the cluster for (a dynamic
+// member), or the member looks its coordinator up again, is sent to the
+// cluster's, and kproxy clears the member id the cluster does not know. Commits at the engine's generation go on being accepted
 // meanwhile, under the anchor's identity. Once they all stand in the
 // cluster's rebalance the anchor leaves and the cluster completes it
 // with every member at once: one rebalance, no partition owned twice.

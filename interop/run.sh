@@ -25,6 +25,9 @@
 #                                 after the main run: VERSION[=ROWS],... (default
 #                                 "3.6.2,4.4.0", each with its subset below;
 #                                 "none" skips them; 4.4.0=. runs every row)
+#   KPROXY_INTEROP_RDKAFKA_DEBUG  librdkafka debug contexts (e.g. cgrp) for the
+#                                 confluent-kafka Python members; their stderr
+#                                 is in the member logs
 #   KPROXY_INTEROP_LIBRDKAFKA_SHARE  0 = skip librdkafka's share-consumer tests
 #                                 (interop/librdkafka-share.sh) in the librdkafka
 #                                 phase; all = their slow tier too

@@ -28,8 +28,9 @@ type GroupForwarder interface {
 	// cheap (a map lookup) and must not block.
 	Forwarded(group string) bool
 	// Lookup decides for group, asking the cluster if it must, and
-	// returns the node id of the cluster's coordinator of a forwarded
-	// group. It may block (it runs off the session's reader).
+	// returns the node id of the cluster's coordinator of group (-1 if
+	// it does not know it) and whether the group is forwarded. It may
+	// block (it runs off the session's reader).
 	Lookup(ctx context.Context, group string) (node int32, forward bool, err error)
 	// Claim records that a client asked for group as a group of kind
 	// (codec.GroupKind: share or streams), which only the cluster's
@@ -131,10 +132,14 @@ func reencodedResponse(head []byte, resp kmsg.Response) []byte {
 	return out
 }
 
-// queueFindCoordinator answers a FindCoordinator for groups: kproxy's own
-// listener for the groups kproxy serves, kproxy's listener for the
-// cluster's coordinator broker for forwarded ones. The forwarder is
-// asked off the reader; the answer keeps its place in the queue.
+// queueFindCoordinator answers a FindCoordinator for groups with
+// kproxy's listener for the cluster's coordinator broker of each group,
+// the groups kproxy serves too (any listener serves them; this one's
+// connection reaches the broker that serves the group once it goes to
+// the cluster, so a member's requests that follow a hand-back go
+// upstream on it as they are, joinRefused), or, when the cluster cannot
+// say, the listener asked. The forwarder is asked off the reader; the
+// answer keeps its place in the queue.
 func (s *session) queueFindCoordinator(h codec.RequestHeader, start int64, req *kmsg.FindCoordinatorRequest) error {
 	fw := s.p.cfg.Forwarder
 	if fw == nil {
@@ -160,15 +165,13 @@ func (s *session) queueFindCoordinator(h codec.RequestHeader, start int64, req *
 				s.p.log.Debug("forwarding: lookup failed", "group", key, "err", err)
 				return
 			}
-			if !forward {
-				return
-			}
 			h, p, ok := s.p.brokerListener(node)
-			if !ok {
+			switch {
+			case ok:
+				*nodeID, *host, *port = node, h, p
+			case forward:
 				*nodeID, *host, *port, *code = -1, "", -1, kerr.CoordinatorNotAvailable.Code
-				return
 			}
-			*nodeID, *host, *port = node, h, p
 		}
 		if req.Version < 4 {
 			set(req.CoordinatorKey, &resp.NodeID, &resp.Host, &resp.Port, &resp.ErrorCode)
@@ -312,6 +315,22 @@ func wrongKind(req kmsg.Request, kind string) kmsg.Response {
 		}
 	}
 	return resp
+}
+
+// ClusterJoiner is implemented by a GroupForwarder that can ask the
+// cluster's coordinator for a member id on a member's behalf.
+type ClusterJoiner interface {
+	// JoinAtCluster is called, off the session's reader and the
+	// coordinator, for a JoinGroup the coordinator refused
+	// NOT_COORDINATOR because its group went to the cluster's
+	// coordinator while the join waited (a hand-back). It sends the
+	// cluster's coordinator the join without its member id, and returns
+	// the member id the answer hands out (KIP-394's MEMBER_ID_REQUIRED),
+	// watched as the answer to a join forwarded from c; ok is false when
+	// it did not get one (a join that cannot get one: an older version,
+	// a static member; or the group is no longer being handed back). It
+	// must not keep req.
+	JoinAtCluster(ctx context.Context, c Client, req *kmsg.JoinGroupRequest) (memberID string, ok bool)
 }
 
 // ForwardWatcher is implemented by a GroupForwarder that watches the

@@ -493,8 +493,13 @@ func (s *session) queueCoordinator(h codec.RequestHeader, start int64, req kmsg.
 		return err
 	}
 	reply := r.deliver
-	if hb, ok := req.(*kmsg.ConsumerGroupHeartbeatRequest); ok && hb.MemberEpoch < 0 {
-		reply = s.leaveRefused(hb, reply)
+	switch req := req.(type) {
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		if req.MemberEpoch < 0 {
+			reply = s.leaveRefused(req, reply)
+		}
+	case *kmsg.JoinGroupRequest:
+		reply = s.joinRefused(req, reply)
 	}
 	s.p.cfg.Coordinator.Handle(s.rc, req, reply)
 	return nil
@@ -520,6 +525,47 @@ func (s *session) leaveRefused(req *kmsg.ConsumerGroupHeartbeatRequest, deliver 
 			}
 		}
 		deliver(resp)
+	}
+}
+
+// joinRefused returns deliver, or, when the forwarder can join members
+// at the cluster (ClusterJoiner), deliver preceded by a turn for a
+// JoinGroup the coordinator refused NOT_COORDINATOR as its group went to
+// the cluster's coordinator (a hand-back began while it waited in a
+// rebalance): the member is answered MEMBER_ID_REQUIRED with a member id
+// the cluster's coordinator handed out for it, and joins there at once
+// with it, on this connection, which FindCoordinator pointed at that
+// coordinator's broker. Answered NOT_COORDINATOR, it would look its
+// coordinator up first, and librdkafka joins again no sooner than a
+// second after its last join (rkcg_join_intvl), where
+// MEMBER_ID_REQUIRED skips that wait (docs/anchors.md, "Out
+// (rollback)"). The ask runs on a goroutine of its own: deliver is
+// called on the coordinator's.
+func (s *session) joinRefused(req *kmsg.JoinGroupRequest, deliver func(kmsg.Response)) func(kmsg.Response) {
+	cj, ok := s.p.cfg.Forwarder.(ClusterJoiner)
+	if !ok {
+		return deliver
+	}
+	c := s.rc // the reader's; copied here, on it
+	return func(resp kmsg.Response) {
+		jr, ok := resp.(*kmsg.JoinGroupResponse)
+		if !ok || jr.ErrorCode != kerr.NotCoordinator.Code {
+			deliver(resp)
+			return
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(s.p.ctx, lookupTimeout)
+			defer cancel()
+			id, ok := cj.JoinAtCluster(ctx, c, req)
+			if !ok {
+				deliver(resp)
+				return
+			}
+			out := kmsg.NewPtrJoinGroupResponse()
+			out.SetVersion(req.Version)
+			out.ErrorCode, out.MemberID = kerr.MemberIDRequired.Code, id
+			deliver(out)
+		}()
 	}
 }
 

@@ -1447,10 +1447,27 @@ func (as *Anchors) DescribeOnCluster(ctx context.Context, group string) (Cluster
 	return as.describeOnCluster(ctx, group)
 }
 
-// GroupCoordinator asks the cluster for the node id of group's
-// coordinator (the store's primitive, for the forwarding decisions).
-func (as *Anchors) GroupCoordinator(ctx context.Context, group string) (int32, error) {
-	return as.up.FreshCoordinator(ctx, upstream.CoordinatorGroup, group)
+// GroupCoordinator returns the node id of group's coordinator, asked
+// afresh or as last learnt (the store's primitive, for the forwarding
+// decisions).
+func (as *Anchors) GroupCoordinator(ctx context.Context, group string, fresh bool) (int32, error) {
+	if fresh {
+		return as.up.FreshCoordinator(ctx, upstream.CoordinatorGroup, group)
+	}
+	return as.up.Coordinator(ctx, upstream.CoordinatorGroup, group)
+}
+
+// JoinForMemberID sends join to group's coordinator on a client of the
+// store's and returns the answer: a JoinGroup without a member id (v4
+// and later) is answered at once, with the id the member is to join
+// with (KIP-394), so it never waits on a rebalance.
+func (as *Anchors) JoinForMemberID(ctx context.Context, join *kmsg.JoinGroupRequest) (*kmsg.JoinGroupResponse, error) {
+	resp, err := as.up.Request(ctx, upstream.CoordinatorGroup, join.Group, join, join.Version,
+		func(r kmsg.Response) int16 { return r.(*kmsg.JoinGroupResponse).ErrorCode })
+	if err != nil {
+		return nil, fmt.Errorf("join %q at the cluster for a member id: %w", join.Group, err)
+	}
+	return resp.(*kmsg.JoinGroupResponse), nil
 }
 
 // maxDescribeBatch bounds the groups of one polling DescribeGroups.

@@ -46,7 +46,12 @@ type forwardSet struct {
 // implements it.
 type clusterView interface {
 	DescribeOnCluster(ctx context.Context, group string) (ClusterGroup, error)
-	GroupCoordinator(ctx context.Context, group string) (int32, error)
+	// GroupCoordinator returns the node id of group's coordinator:
+	// asked afresh, or as last learnt.
+	GroupCoordinator(ctx context.Context, group string, fresh bool) (int32, error)
+	// JoinForMemberID sends the cluster's coordinator join, a JoinGroup
+	// without a member id, and returns its answer.
+	JoinForMemberID(ctx context.Context, join *kmsg.JoinGroupRequest) (*kmsg.JoinGroupResponse, error)
 }
 
 // forwardEntry is one decision.
@@ -129,14 +134,15 @@ func (f *forwardSet) Lookup(ctx context.Context, group string) (int32, bool, err
 			return -1, false, err
 		}
 	}
-	if !e.forward && !e.handback {
-		return -1, false, nil
-	}
-	node, err := f.cluster.GroupCoordinator(ctx, group)
+	forward := e.forward || e.handback
+	// A group kproxy serves is named at the coordinator last learnt:
+	// its members' requests reach the broker only once it is handed
+	// back, when the lookups are fresh again.
+	node, err := f.cluster.GroupCoordinator(ctx, group, forward)
 	if err != nil {
 		return -1, false, err
 	}
-	return node, true, nil
+	return node, forward, nil
 }
 
 // Claim implements proxy.GroupForwarder: a share or streams request for
@@ -310,6 +316,21 @@ func (f *forwardSet) handBack(group string) {
 	e := f.groups[group]
 	e.forward, e.handback, e.kind, e.at, e.takenOver = false, true, "", time.Now(), time.Time{}
 	f.setLocked(group, e)
+}
+
+// handingBackNow reports whether group is being handed back, asking the
+// cluster unless this kproxy knows it already: another kproxy's anchor
+// may have begun it, which this one learns only from the cluster's
+// group.
+func (f *forwardSet) handingBackNow(ctx context.Context, group string) bool {
+	if f.handingBack(group) {
+		return true
+	}
+	f.mu.RLock()
+	prev := f.groups[group]
+	f.mu.RUnlock()
+	e, err := f.decide(ctx, group, prev)
+	return err == nil && e.handback
 }
 
 // handingBack reports whether group is being handed back.

@@ -2,11 +2,17 @@ package coexist
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/kproxy/kproxy/proxy"
 )
 
 // TestForwardSetCounts: Forwarded answers from the decisions recorded,
@@ -33,6 +39,7 @@ type fakeCluster struct {
 	mu     sync.Mutex
 	groups map[string]ClusterGroup
 	asked  int
+	joins  []string // the member ids JoinForMemberID was sent
 }
 
 func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (ClusterGroup, error) {
@@ -42,7 +49,16 @@ func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (Cluste
 	return c.groups[group], nil
 }
 
-func (c *fakeCluster) GroupCoordinator(context.Context, string) (int32, error) { return 2, nil }
+func (c *fakeCluster) GroupCoordinator(context.Context, string, bool) (int32, error) { return 2, nil }
+
+func (c *fakeCluster) JoinForMemberID(_ context.Context, join *kmsg.JoinGroupRequest) (*kmsg.JoinGroupResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.joins = append(c.joins, join.MemberID)
+	resp := kmsg.NewPtrJoinGroupResponse()
+	resp.ErrorCode, resp.MemberID = kerr.MemberIDRequired.Code, fmt.Sprintf("cluster-%d", len(c.joins))
+	return resp, nil
+}
 
 // TestForwardSetKinds: share and streams groups are the cluster's, with
 // or without members; a group nobody has yet is forwarded once a client
@@ -67,8 +83,8 @@ func TestForwardSetKinds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fwd && node != 2 {
-			t.Fatalf("forwarded %s to node %d, want the cluster's coordinator 2", g, node)
+		if node != 2 {
+			t.Fatalf("looked %s up at node %d, want the cluster's coordinator 2 (forwarded or not)", g, node)
 		}
 		return fwd
 	}
@@ -205,6 +221,56 @@ func TestForwardSetHandBack(t *testing.T) {
 	}
 	if f.forwarded.Load() != 1 {
 		t.Fatalf("forwarded count %d, want 1", f.forwarded.Load())
+	}
+}
+
+// TestJoinAtClusterDuringHandBack: a JoinGroup the engine refused as the
+// hand-back began goes to the cluster without its member id, only while
+// the group is being handed back, only for a dynamic member at v4 or
+// later; the id the cluster handed out is then known (its rejoin goes
+// there unchanged).
+func TestJoinAtClusterDuringHandBack(t *testing.T) {
+	ctx := context.Background()
+	c := &fakeCluster{groups: map[string]ClusterGroup{}}
+	f := newForwardSet(c)
+	w := newForwardWatcher(f, nil, func(string) bool { return true }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	join := func(version int16, instance *string) *kmsg.JoinGroupRequest {
+		r := kmsg.NewPtrJoinGroupRequest()
+		r.SetVersion(version)
+		r.Group, r.MemberID, r.InstanceID, r.ProtocolType = "g", "engine-7", instance, "consumer"
+		r.SessionTimeoutMillis, r.RebalanceTimeoutMillis = 10_000, 30_000
+		return r
+	}
+	c.groups["g"] = ClusterGroup{Kind: "classic", Members: true, Anchored: true}
+	if id, ok := w.JoinAtCluster(ctx, proxy.Client{}, join(5, nil)); ok || len(c.joins) != 0 {
+		t.Fatalf("a group kproxy serves: joined at the cluster (%q, %v, %d sent)", id, ok, len(c.joins))
+	}
+	// Another kproxy's anchor began the hand-back: this kproxy learns it
+	// from the cluster's group, which holds a member of its own.
+	c.mu.Lock()
+	c.groups["g"] = ClusterGroup{Kind: "classic", Members: true, Anchored: true, MemberIDs: []string{"direct-1"}}
+	c.mu.Unlock()
+	static := "i1"
+	for _, r := range []*kmsg.JoinGroupRequest{join(3, nil), join(5, &static)} {
+		if id, ok := w.JoinAtCluster(ctx, proxy.Client{}, r); ok || len(c.joins) != 0 {
+			t.Fatalf("join v%d static %v: joined at the cluster (%q, %v, %d sent)", r.Version, r.InstanceID != nil, id, ok, len(c.joins))
+		}
+	}
+	r := join(5, nil)
+	id, ok := w.JoinAtCluster(ctx, proxy.Client{}, r)
+	if !ok || id != "cluster-1" || len(c.joins) != 1 || c.joins[0] != "" {
+		t.Fatalf("refused join during the hand-back: %q, %v; sent with ids %q, want one without", id, ok, c.joins)
+	}
+	if r.MemberID != "engine-7" {
+		t.Fatalf("the member's request was changed: member id %q", r.MemberID)
+	}
+	if !f.handingBack("g") {
+		t.Fatal("the hand-back the cluster showed was not recorded")
+	}
+	rejoin := join(5, nil)
+	rejoin.MemberID = id
+	if forward, rewrite := f.ForwardRequest("g", rejoin); !forward || rewrite || rejoin.MemberID != id {
+		t.Fatalf("the rejoin with the id handed out: forward %v rewrite %v id %q", forward, rewrite, rejoin.MemberID)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/groupstate"
@@ -216,6 +217,37 @@ func (w *forwardWatcher) Watch(c proxy.Client, group string, req kmsg.Request) f
 			inner(resp)
 		}
 	}
+}
+
+// JoinAtCluster implements proxy.ClusterJoiner: the join of a member
+// of kproxy's whose JoinGroup the engine refused as the hand-back began
+// goes to the cluster's coordinator without its member id, as the
+// member's own join would (ForwardRequest clears it), and is watched as
+// forwarded, so the id handed out routes its next join there unchanged
+// (issuedID). Not for a join below v4, which the cluster would admit
+// into its rebalance at once, nor for a static member's, which it would
+// hold there: both wait there only from the member's connection. The
+// group's owner may be another kproxy, whose anchor began the hand-back:
+// this one then asks the cluster.
+func (w *forwardWatcher) JoinAtCluster(ctx context.Context, c proxy.Client, req *kmsg.JoinGroupRequest) (string, bool) {
+	if req.Version < 4 || req.InstanceID != nil || !w.fw.handingBackNow(ctx, req.Group) {
+		return "", false
+	}
+	join := *req
+	join.MemberID = ""
+	watch := w.Watch(c, req.Group, &join)
+	resp, err := w.fw.cluster.JoinForMemberID(ctx, &join)
+	if err != nil {
+		w.log.Debug("hand-back: no member id from the cluster for a refused join", "group", req.Group, "err", err)
+		resp = nil
+	}
+	if watch != nil {
+		watch(resp)
+	}
+	if resp == nil || resp.ErrorCode != kerr.MemberIDRequired.Code || resp.MemberID == "" {
+		return "", false
+	}
+	return resp.MemberID, true
 }
 
 // watch is Watch for the takeover: what it learns of the members.

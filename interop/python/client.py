@@ -18,6 +18,7 @@ import argparse
 import faulthandler
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -142,6 +143,9 @@ def confluent_consume(a, stopper):
     })
     if a.instance_id:
         conf["group.instance.id"] = a.instance_id
+    if os.environ.get("KPROXY_INTEROP_RDKAFKA_DEBUG"):
+        # librdkafka's own debug contexts (e.g. "cgrp"), to its stderr.
+        conf["debug"] = os.environ["KPROXY_INTEROP_RDKAFKA_DEBUG"]
     c = Consumer(conf)
     cooperative = a.assignor == "cooperative-sticky"
     owned = set()
