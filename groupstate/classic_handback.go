@@ -20,10 +20,11 @@ import (
 // a member id of the cluster's: the proxy turns that answer into
 // MEMBER_ID_REQUIRED with an id it asked the cluster for (a dynamic
 // member), or the member looks its coordinator up again, is sent to the
-// cluster's, and kproxy clears the member id the cluster does not know. Commits at the engine's generation go on being accepted
-// meanwhile, under the anchor's identity. Once they all stand in the
-// cluster's rebalance the anchor leaves and the cluster completes it
-// with every member at once: one rebalance, no partition owned twice.
+// cluster's, and kproxy clears the member id the cluster does not know.
+// Commits at the engine's generation go on being accepted meanwhile,
+// under the anchor's identity. Once they all stand in the cluster's
+// rebalance the anchor leaves and the cluster completes it with every
+// member at once: one rebalance, no partition owned twice.
 
 // HandBack starts handing classic group back to the cluster's
 // coordinator. It reports false when the engine cannot (it does not

@@ -2,6 +2,7 @@ package coexist
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,10 +37,11 @@ func TestForwardSetCounts(t *testing.T) {
 
 // fakeCluster is a clusterView whose answers a test sets.
 type fakeCluster struct {
-	mu     sync.Mutex
-	groups map[string]ClusterGroup
-	asked  int
-	joins  []string // the member ids JoinForMemberID was sent
+	mu      sync.Mutex
+	groups  map[string]ClusterGroup
+	asked   int
+	joins   []string // the member ids JoinForMemberID was sent
+	joinErr error    // what JoinForMemberID fails with, if set
 }
 
 func (c *fakeCluster) DescribeOnCluster(_ context.Context, group string) (ClusterGroup, error) {
@@ -55,6 +57,9 @@ func (c *fakeCluster) JoinForMemberID(_ context.Context, join *kmsg.JoinGroupReq
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.joins = append(c.joins, join.MemberID)
+	if c.joinErr != nil {
+		return nil, c.joinErr
+	}
 	resp := kmsg.NewPtrJoinGroupResponse()
 	resp.ErrorCode, resp.MemberID = kerr.MemberIDRequired.Code, fmt.Sprintf("cluster-%d", len(c.joins))
 	return resp, nil
@@ -271,6 +276,14 @@ func TestJoinAtClusterDuringHandBack(t *testing.T) {
 	rejoin.MemberID = id
 	if forward, rewrite := f.ForwardRequest("g", rejoin); !forward || rewrite || rejoin.MemberID != id {
 		t.Fatalf("the rejoin with the id handed out: forward %v rewrite %v id %q", forward, rewrite, rejoin.MemberID)
+	}
+	// The cluster cannot be asked: no id, and the member keeps the
+	// engine's NOT_COORDINATOR.
+	c.mu.Lock()
+	c.joinErr = errors.New("coordinator unreachable")
+	c.mu.Unlock()
+	if id, ok := w.JoinAtCluster(ctx, proxy.Client{}, join(5, nil)); ok || id != "" {
+		t.Fatalf("a join the cluster never answered got member id %q, %v", id, ok)
 	}
 }
 

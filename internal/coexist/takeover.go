@@ -239,12 +239,15 @@ func (w *forwardWatcher) JoinAtCluster(ctx context.Context, c proxy.Client, req 
 	resp, err := w.fw.cluster.JoinForMemberID(ctx, &join)
 	if err != nil {
 		w.log.Debug("hand-back: no member id from the cluster for a refused join", "group", req.Group, "err", err)
-		resp = nil
+		if watch != nil {
+			watch(nil) // the answer never came: a nil interface, not a nil *JoinGroupResponse
+		}
+		return "", false
 	}
 	if watch != nil {
 		watch(resp)
 	}
-	if resp == nil || resp.ErrorCode != kerr.MemberIDRequired.Code || resp.MemberID == "" {
+	if resp.ErrorCode != kerr.MemberIDRequired.Code || resp.MemberID == "" {
 		return "", false
 	}
 	return resp.MemberID, true
