@@ -47,10 +47,7 @@ import (
 //	KPROXY_BENCH_BROKERS=127.0.0.1:9092 KPROXY_BENCH_REQUEST_LOG=$(bash interop/kafka.sh request-log | paste -sd,) \
 //	    go test -run '^$' -bench BenchmarkAnchors -benchtime 1x -timeout 10m ./e2e/
 func BenchmarkAnchors(b *testing.B) {
-	n := 1000
-	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_ANCHOR_GROUPS")); err == nil && v > 0 {
-		n = v
-	}
+	n := envCount("KPROXY_BENCH_ANCHOR_GROUPS", 1000)
 	session := 8 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("KPROXY_BENCH_ANCHOR_SESSION")); err == nil && v > 0 {
 		session = v

@@ -30,10 +30,7 @@ import (
 //	bash interop/kafka.sh start --brokers 3
 //	KPROXY_BENCH_BROKERS=127.0.0.1:9092 go test -run '^$' -bench BenchmarkManyGroupsCommit -benchtime 1x ./e2e
 func BenchmarkManyGroupsCommit(b *testing.B) {
-	groups := 64
-	if v, err := strconv.Atoi(os.Getenv("KPROXY_BENCH_GROUPS")); err == nil && v > 0 {
-		groups = v
-	}
+	groups := envCount("KPROXY_BENCH_GROUPS", 64)
 	dur := 5 * time.Second
 	if v, err := time.ParseDuration(os.Getenv("KPROXY_BENCH_COMMIT_FOR")); err == nil && v > 0 {
 		dur = v

@@ -3,14 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // TestHandBackAtDirectSpeed: the first member of an application moved
@@ -32,10 +27,7 @@ import (
 // quiet machine; 2 of 3 once with other tests loading both cores, which
 // failed a median of three).
 func TestHandBackAtDirectSpeed(t *testing.T) {
-	rounds := 5
-	if v, err := strconv.Atoi(os.Getenv("KPROXY_HANDBACK_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := envCount("KPROXY_HANDBACK_ROUNDS", 5)
 	for _, balancer := range []string{"cooperative", "eager"} {
 		t.Run(balancer, func(t *testing.T) {
 			s := newStack(t)
@@ -71,44 +63,20 @@ func handBackMove(t *testing.T, s *stack, balancer, via string, round int) (time
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	name := fmt.Sprintf("speed-%s-%s-%d", balancer, via, round)
-	group, topic := name, name+"-t"
-	const n = 600
-	s.produce(ctx, topic, 6, n/2)
-	opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
-	if balancer == "eager" {
-		opts = append(opts, kgo.Balancers(kgo.RangeBalancer()))
-	}
-	own, recs := newOwnership(t), newRecords()
-	watch := watchOffsets(ctx, t, s.cluster.ListenAddrs(), topic, group)
-	mc := memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts}
-	brokers := s.cluster.ListenAddrs()[0]
-	at := brokers
-	if via == "kproxy" {
-		at = s.addr()
-	}
-	a := startMemberAt(t, at, "a", mc)
-	defer a.leave()
-	b := startMemberAt(t, at, "b", mc)
-	defer b.leave()
-	c := startMemberAt(t, at, "c", mc)
-	waitOwners(t, own, 6, "a", "b", "c")
-	if via == "kproxy" {
-		adm := directAdmin(t, s)
-		waitDirect(ctx, t, adm, group, "anchored", func(d kadm.DescribedGroup) bool { return len(d.Members) == 1 })
-	}
-	time.Sleep(500 * time.Millisecond) // settled: no rebalance in flight
+	tr := startTrio(ctx, t, s, name, balancer, via)
+	own := tr.mc.own
 	before := map[string]int{"a": own.assignCalls("a"), "b": own.assignCalls("b")}
 
-	c.leave()
+	tr.c.leave()
 	own.releaseAll("c")
 	moved := time.Now()
 	if testing.Verbose() {
 		// The cluster's group as it changes, for the log.
 		tctx, stop := context.WithCancel(ctx)
 		defer stop()
-		go traceGroup(tctx, t, directAdmin(t, s), group, moved)
+		go traceGroup(tctx, t, directAdmin(t, s), name, moved)
 	}
-	c2 := startMemberAt(t, brokers, "c-direct", mc)
+	c2 := startMemberAt(t, s.cluster.ListenAddrs()[0], "c-direct", tr.mc)
 	defer c2.leave()
 	waitOwners(t, own, 6, "a", "b", "c-direct")
 	took := time.Since(moved)
@@ -118,10 +86,7 @@ func handBackMove(t *testing.T, s *stack, balancer, via string, round int) (time
 	}
 	t.Logf("%s: c-direct consumes again %s after it started; assign callbacks a %d, b %d, c-direct %d",
 		name, took.Round(time.Millisecond), own.assignCalls("a")-before["a"], own.assignCalls("b")-before["b"], own.assignCalls("c-direct"))
-	s.produceRange(ctx, topic, n/2, n)
-	waitConsumed(t, recs, n)
-	own.check()
-	watch.check(t)
+	tr.finish(ctx, t, s)
 	return took, most
 }
 

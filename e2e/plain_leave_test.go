@@ -3,14 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/kproxy/kproxy/groupstate"
 )
@@ -35,10 +31,7 @@ import (
 // one) plus a second of slack. KPROXY_PLAIN_LEAVE_ROUNDS sets the rounds
 // (3 by default).
 func TestPlainLeaveCost(t *testing.T) {
-	rounds := 3
-	if v, err := strconv.Atoi(os.Getenv("KPROXY_PLAIN_LEAVE_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
+	rounds := envCount("KPROXY_PLAIN_LEAVE_ROUNDS", 3)
 	for _, tc := range []struct {
 		kind  string
 		bound time.Duration // what kproxy may add to the median, slack included
@@ -74,43 +67,14 @@ func plainLeave(t *testing.T, s *stack, kind, via string, round int) time.Durati
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	name := fmt.Sprintf("leave-%s-%s-%d", kind, via, round)
-	group, topic := name, name+"-t"
-	const n = 600
-	s.produce(ctx, topic, 6, n/2)
-	opts := []kgo.Opt{kgo.SessionTimeout(6 * time.Second), kgo.HeartbeatInterval(time.Second)}
-	switch kind {
-	case "eager":
-		opts = append(opts, kgo.Balancers(kgo.RangeBalancer()))
-	case "kip848":
-		opts = append(opts, kgo.Balancers(kgo.CooperativeStickyBalancer()), kgo.ServerSideBalancer())
-	}
-	own, recs := newOwnership(t), newRecords()
-	watch := watchOffsets(ctx, t, s.cluster.ListenAddrs(), topic, group)
-	mc := memberCfg{group: group, topic: topic, own: own, recs: recs, opts: opts}
-	at := s.cluster.ListenAddrs()[0]
-	if via == "kproxy" {
-		at = s.addr()
-	}
-	a := startMemberAt(t, at, "a", mc)
-	defer a.leave()
-	b := startMemberAt(t, at, "b", mc)
-	defer b.leave()
-	c := startMemberAt(t, at, "c", mc)
-	waitOwners(t, own, 6, "a", "b", "c")
-	if via == "kproxy" {
-		waitDirect(ctx, t, directAdmin(t, s), group, "anchored", func(d kadm.DescribedGroup) bool { return len(d.Members) == 1 })
-	}
-	time.Sleep(500 * time.Millisecond) // settled: no rebalance in flight
+	tr := startTrio(ctx, t, s, name, kind, via)
 
-	c.leave()
-	own.releaseAll("c")
+	tr.c.leave()
+	tr.mc.own.releaseAll("c")
 	left := time.Now()
-	waitOwners(t, own, 6, "a", "b")
+	waitOwners(t, tr.mc.own, 6, "a", "b")
 	took := time.Since(left)
 	t.Logf("%s: a and b own every partition %s after c left", name, took.Round(time.Millisecond))
-	s.produceRange(ctx, topic, n/2, n)
-	waitConsumed(t, recs, n)
-	own.check()
-	watch.check(t)
+	tr.finish(ctx, t, s)
 	return took
 }
