@@ -32,10 +32,21 @@ import (
 // whose members kproxy does not hand back), and otherwise the longest
 // rebalance timeout among the members: how long the last of them may
 // take to rejoin.
-func (e *Engine) HandBack(group string) (time.Duration, bool) {
+//
+// moved are instance ids the cluster's group holds already: static
+// members of kproxy's restarted against the brokers (a franz-go or Java
+// static member does not leave when it stops). Each one the group
+// lists is replaced there, as the cluster's coordinator replaces a
+// static member that rejoins under a new member id (KIP-345): the
+// engine takes it out of the group, so the process kproxy knew it by is
+// fenced (its requests find its member id unknown), and freed returns
+// what it was assigned, by instance id, for the cluster to give the
+// member at once rather than after the hand-back.
+func (e *Engine) HandBack(group string, moved []string) (wait time.Duration, freed map[string]map[string][]int32, ok bool) {
 	type res struct {
-		wait time.Duration
-		ok   bool
+		wait  time.Duration
+		freed map[string]map[string][]int32
+		ok    bool
 	}
 	ch := make(chan res, 1)
 	s := e.shardFor(group)
@@ -47,12 +58,40 @@ func (e *Engine) HandBack(group string) (time.Duration, bool) {
 		}
 		wait := g.rebalanceTimeout()
 		g.startHandBack()
-		ch <- res{wait, true}
+		ch <- res{wait, g.replaceMovedStatic(moved), true}
 	}) {
-		return 0, false
+		return 0, nil, false
 	}
 	r := <-ch
-	return r.wait, r.ok
+	return r.wait, r.freed, r.ok
+}
+
+// replaceMovedStatic takes the static members of g whose instance ids
+// are in moved out of g, which is being handed back, and returns what
+// each was assigned, by instance id (only those assigned a partition).
+func (g *classicGroup) replaceMovedStatic(moved []string) map[string]map[string][]int32 {
+	var freed map[string]map[string][]int32
+	if g.protocolType != "consumer" {
+		moved = nil // not consumer protocol assignments: nothing to give
+	}
+	for _, inst := range moved {
+		m := g.members[g.static[inst]]
+		if m == nil {
+			continue
+		}
+		owned := sortedOwned(decodeOwned(m.assignment))
+		g.removeAndUpdate(m, EventMemberLeft, CauseHandedBack, CauseHandedBack)
+		g.s.e.log.Info("groupstate: a static member moved back to the cluster's coordinator: replaced there", "group", g.id,
+			"instance_id", inst, "member", m.id, "partitions", len(owned))
+		if len(owned) == 0 {
+			continue
+		}
+		if freed == nil {
+			freed = make(map[string]map[string][]int32)
+		}
+		freed[inst] = owned
+	}
+	return freed
 }
 
 // startHandBack marks g handed back and starts its rebalance; the

@@ -1,6 +1,8 @@
 package groupstate
 
 import (
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,11 +19,11 @@ import (
 func TestHandBack(t *testing.T) {
 	h := newHarness(t)
 	ids, gen := h.stableGroup("g", 2)
-	wait, ok := h.e.HandBack("g")
-	if !ok || wait != 30*time.Second {
-		t.Fatalf("HandBack: %v %v, want 30s true", wait, ok)
+	wait, freed, ok := h.e.HandBack("g", nil)
+	if !ok || wait != 30*time.Second || freed != nil {
+		t.Fatalf("HandBack: %v %v %v, want 30s nil true", wait, freed, ok)
 	}
-	if _, ok := h.e.HandBack("nobody"); ok {
+	if _, _, ok := h.e.HandBack("nobody", nil); ok {
 		t.Fatal("a group the engine does not hold was handed back")
 	}
 	for _, id := range ids {
@@ -51,5 +53,64 @@ func TestHandBack(t *testing.T) {
 	h.flush()
 	if g, ok := h.e.Group("g"); !ok || len(g.Members) != 0 || g.State != "Empty" {
 		t.Fatalf("after every member's join: %s with %+v", g.State, g.Members)
+	}
+}
+
+// TestHandBackReplacesMovedStatic: a static member the cluster's group
+// holds already (restarted against the brokers) is replaced when the
+// hand-back starts: it leaves the engine's group, its old member id is
+// unknown from then on (the process kproxy knew it by is fenced), and
+// HandBack returns what it was assigned, by instance id, for the anchor
+// to give it at once. Another static member and the dynamic one stay
+// until they follow; an instance id the group does not list is ignored.
+func TestHandBackReplacesMovedStatic(t *testing.T) {
+	h := newHarness(t)
+	ra := joinResp(t, h.send(jr{group: "g", instance: "a", version: 9}.req()), 0)
+	cb := h.send(jr{group: "g", instance: "b", version: 9}.req())
+	cb.parked(h)
+	cc := h.do(jr{group: "g", version: 9}.req()).(*kmsg.JoinGroupResponse)
+	if cc.ErrorCode != errMemberIDRequired {
+		t.Fatalf("dynamic member's handshake: %v", errName(cc.ErrorCode))
+	}
+	c := h.send(jr{group: "g", member: cc.MemberID, version: 9}.req())
+	ca := h.send(jr{group: "g", member: ra.MemberID, instance: "a", version: 9}.req())
+	ra, rb, rc := joinResp(t, ca, 0), joinResp(t, cb, 0), joinResp(t, c, 0)
+	ids := []string{ra.LeaderID}
+	for _, id := range []string{ra.MemberID, rb.MemberID, rc.MemberID} {
+		if id != ra.LeaderID {
+			ids = append(ids, id)
+		}
+	}
+	assign := map[string][]byte{
+		ra.MemberID: assignment("t", 0, 3),
+		rb.MemberID: assignment("t", 1),
+		rc.MemberID: assignment("t", 2),
+	}
+	h.syncAll("g", ra.Generation, ids, assign)
+
+	_, freed, ok := h.e.HandBack("g", []string{"a", "gone"})
+	if !ok {
+		t.Fatal("HandBack: false")
+	}
+	if want := map[string]map[string][]int32{"a": {"t": {0, 3}}}; !reflect.DeepEqual(freed, want) {
+		t.Fatalf("freed %v, want %v", freed, want)
+	}
+	h.flush()
+	g, _ := h.e.Group("g")
+	var left []string
+	for _, m := range g.Members {
+		left = append(left, m.MemberID)
+	}
+	slices.Sort(left)
+	want := []string{rb.MemberID, rc.MemberID}
+	slices.Sort(want)
+	if !slices.Equal(left, want) {
+		t.Fatalf("members after the hand-back began: %v, want %v", left, want)
+	}
+	if code := h.heartbeat("g", ra.MemberID, ra.Generation); code != errUnknownMemberID {
+		t.Fatalf("heartbeat of the replaced member: %v, want UNKNOWN_MEMBER_ID", kerr.ErrorForCode(code))
+	}
+	if code := h.heartbeat("g", rb.MemberID, ra.Generation); code != errRebalanceInProgress {
+		t.Fatalf("heartbeat of the other static member: %v, want REBALANCE_IN_PROGRESS", kerr.ErrorForCode(code))
 	}
 }

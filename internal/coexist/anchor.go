@@ -163,9 +163,13 @@ type AnchorOptions struct {
 	// coordinator (anchor_handback.go): a member reached the cluster's group
 	// directly. ok false means the engine cannot, and the anchor rejoins
 	// as leader holding kproxy's partitions instead; otherwise wait is
-	// how long the engine's members may take to follow. It runs on the
-	// anchor's worker and must return promptly.
-	OnHandBack func(group string) (wait time.Duration, ok bool)
+	// how long the engine's members may take to follow. moved are the
+	// instance ids of kproxy's static members the cluster's group holds
+	// already (restarted against the brokers); freed is what the engine
+	// took from each (groupstate.Engine.HandBack), which the anchor
+	// hands them at once. It runs on the anchor's worker and must
+	// return promptly.
+	OnHandBack func(group string, moved []string) (wait time.Duration, freed map[string]map[string][]int32, ok bool)
 }
 
 // Anchors are the anchors of a kafkastore.Store: EnableAnchors hands
@@ -257,6 +261,10 @@ type anchor struct {
 	// (anchor_handback.go).
 	handbackCheck bool
 	handback      *handback
+	// handOver, when set, is what a hand-back's first join assigns the
+	// static members moved back, by instance id (anchor_handback.go);
+	// cleared by that join.
+	handOver map[string]map[string][]int32
 	// watchUntil, while in the future, has watchRebalances describe the
 	// group every leaveWatchEvery: a member left kproxy's group then.
 	watchUntil time.Time
@@ -535,9 +543,12 @@ func (a *anchor) nextOpLocked(now time.Time) (anchorOp, bool) {
 	case a.forgotten || a.state == anchorFenced || !a.wanted:
 		return 0, false
 	case a.handback != nil:
-		// Handing the group back: no rejoin and no leave but the
-		// hand-back's, heartbeats to keep the session.
+		// Handing the group back: no rejoin but the one handing
+		// static members moved back their partitions, no leave but
+		// the hand-back's, heartbeats to keep the session.
 		switch {
+		case a.handOver != nil && a.state == anchorIn:
+			return opJoin, true
 		case !now.Before(a.handback.nextCheck) || a.state != anchorIn:
 			return opHandback, true
 		case !now.Before(a.nextHeartbeat):
@@ -937,6 +948,11 @@ func (as *Anchors) join(a *anchor) error {
 	}
 	plan := a.takeover
 	a.takeover = nil
+	handOver := a.handOver
+	a.handOver = nil
+	if handOver != nil {
+		want.Owned = withoutOwned(want.Owned, handOver)
+	}
 	a.rejoin, a.rejoinKnown = false, false
 	a.broadcastLocked()
 	a.mu.Unlock()
@@ -1032,12 +1048,20 @@ func (as *Anchors) join(a *anchor) error {
 		owned := a.want.Owned
 		heldVersion = a.want.Version
 		a.mu.Unlock()
+		if handOver != nil {
+			owned = withoutOwned(owned, handOver)
+		}
 		for _, m := range jr.Members {
 			ga := kmsg.NewSyncGroupRequestGroupAssignment()
 			ga.MemberID = m.MemberID
-			if m.MemberID == jr.MemberID {
+			switch {
+			case m.MemberID == jr.MemberID:
 				ga.MemberAssignment = consumerAssignment(owned)
-			} else {
+			case m.InstanceID != nil && handOver[*m.InstanceID] != nil:
+				// A static member of kproxy's moved back: what it
+				// was assigned there (anchor_handback.go).
+				ga.MemberAssignment = consumerAssignment(handOver[*m.InstanceID])
+			default:
 				// A member that reached the cluster directly: the
 				// partitions are kproxy's members' (see above).
 				ga.MemberAssignment = consumerAssignment(nil)
@@ -1086,7 +1110,7 @@ func (as *Anchors) join(a *anchor) error {
 	if !jr.SkipAssignment && as.opts.OnHeld != nil {
 		as.opts.OnHeld(a.group, heldVersion)
 	}
-	if others := len(jr.Members) - 1; others > 0 && plan == nil && handsBack {
+	if others := len(jr.Members) - 1; others > 0 && plan == nil && handsBack && handOver == nil {
 		// A member reached the cluster's group directly and joined
 		// this generation (given nothing above): hand the group back.
 		// The engine's members joining the cluster's group start the

@@ -51,8 +51,10 @@ type Engine interface {
 	Unload(match func(group string) bool)
 	// HandBack starts handing group back to the cluster's coordinator:
 	// how long its members may take to rejoin there, false if the
-	// engine does not hand it back.
-	HandBack(group string) (time.Duration, bool)
+	// engine does not hand it back; freed is what the static members
+	// of instance ids moved (restarted against the brokers) were
+	// assigned, the engine having replaced them.
+	HandBack(group string, moved []string) (wait time.Duration, freed map[string]map[string][]int32, ok bool)
 	// ConsumerTakeoverRecord builds the engine's record of a KIP-848
 	// group taken over from the cluster.
 	ConsumerTakeoverRecord(groupstate.ConsumerTakeover) ([]byte, error)
@@ -157,21 +159,21 @@ func Enable(cfg Config) *Coexist {
 			}
 			log.Info("group handed to the cluster's coordinator", "group", group, "why", why.String())
 		},
-		OnHandBack: func(group string) (time.Duration, bool) {
+		OnHandBack: func(group string, moved []string) (time.Duration, map[string]map[string][]int32, bool) {
 			e := c.attached()
 			if e == nil {
-				return 0, false
+				return 0, nil, false
 			}
 			// Forwarding first: the members' JoinGroups after the
 			// engine's REBALANCE_IN_PROGRESS go to the cluster.
 			fw.handBack(group)
-			wait, ok := e.HandBack(group)
+			wait, freed, ok := e.HandBack(group, moved)
 			if !ok {
 				fw.set(group, forwardEntry{at: time.Now()})
-				return 0, false
+				return 0, nil, false
 			}
 			log.Info("a member reached the cluster's group directly: handing the group back", "group", group)
-			return wait, true
+			return wait, freed, true
 		},
 		OnLive: func(group string) {
 			if !fw.Forwarded(group) {
