@@ -1115,7 +1115,10 @@ func (as *Anchors) join(a *anchor) error {
 		// this generation (given nothing above): hand the group back.
 		// The engine's members joining the cluster's group start the
 		// rebalance the anchor then waits in (anchor_handback.go).
-		as.beginHandback(a, as.joinView(jr))
+		// The member's join is answered already (with nothing), so
+		// no join hands it its partitions: the anchor's would start a
+		// rebalance waiting for its next heartbeat.
+		as.beginHandback(a, as.joinView(jr), false)
 	}
 	as.log.Debug("group anchored", "group", a.group, "member", jr.MemberID, "generation", jr.Generation)
 	return nil

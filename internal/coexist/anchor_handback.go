@@ -144,7 +144,7 @@ func (as *Anchors) checkHandback(a *anchor) error {
 			a.mu.Unlock()
 			return err
 		}
-		if !as.beginHandback(a, v) {
+		if !as.beginHandback(a, v, true) {
 			a.mu.Lock()
 			a.rejoin, a.rejoinKnown = true, true
 			a.broadcastLocked()
@@ -195,7 +195,8 @@ func (as *Anchors) handsBack(a *anchor) bool {
 
 // beginHandback asks the engine to hand a's group back, the cluster's
 // group holding v besides the anchor, and reports whether it does: the
-// anchor then waits for the engine's members there.
+// anchor then waits for the engine's members there. joinNow says the
+// cluster's rebalance waits for the anchor's join.
 //
 // A static member of kproxy's that v holds already was restarted
 // against the brokers, where directly it would take its instance id's
@@ -215,7 +216,7 @@ func (as *Anchors) handsBack(a *anchor) bool {
 // before rejoin at their next heartbeat, and then the engine's members
 // start another (tried: TestStaticMovesBackDuringHandBack's second
 // member consumed again after 2.0 s that way, 1.0 s without).
-func (as *Anchors) beginHandback(a *anchor, v memberView) bool {
+func (as *Anchors) beginHandback(a *anchor, v memberView, joinNow bool) bool {
 	a.mu.Lock()
 	members, static := a.want.Members, slices.Clone(a.want.InstanceIDs)
 	a.mu.Unlock()
@@ -234,7 +235,7 @@ func (as *Anchors) beginHandback(a *anchor, v memberView) bool {
 	a.mu.Lock()
 	a.handback = &handback{since: now, static: static, dynamic: v.dynamic + members - len(static),
 		deadline: now.Add(wait), nextCheck: now.Add(handbackCheckEvery)}
-	if handsOver(v, freed) {
+	if joinNow && handsOver(v, freed) {
 		a.handOver = freed
 	}
 	a.broadcastLocked()
