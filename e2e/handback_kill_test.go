@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/kproxy/kproxy/fleet"
-	"github.com/kproxy/kproxy/internal/coexist"
 )
 
 // TestHandBackOwnerKilled: the kproxy serving a classic group is
@@ -108,12 +107,9 @@ func handBackOwnerKilled(t *testing.T, point string) {
 	}
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	isAnchor := func(m kadm.DescribedGroupMember) bool {
-		return m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, coexist.DefaultAnchorInstanceID)
-	}
 	others := func(d kadm.DescribedGroup) (anchored bool, ids []string) {
 		for _, m := range d.Members {
-			if isAnchor(m) {
+			if isAnchorMember(m) {
 				anchored = true
 			} else {
 				ids = append(ids, m.ClientID+"/"+m.MemberID)
@@ -256,7 +252,7 @@ func handBackOwnerKilled(t *testing.T, point string) {
 			return false
 		}
 		for _, m := range d.Members {
-			if isAnchor(m) {
+			if isAnchorMember(m) {
 				return false
 			}
 		}

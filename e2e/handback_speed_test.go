@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
 )
 
 // TestHandBackAtDirectSpeed: the first member of an application moved
@@ -100,6 +102,14 @@ func handBackMove(t *testing.T, s *stack, balancer, via string, round int) (took
 	most = max(others, own.assignCalls("c-direct"))
 	t.Logf("%s: c-direct consumes again %s after it started; assign callbacks a %d, b %d, c-direct %d",
 		name, took.Round(time.Millisecond), own.assignCalls("a")-before["a"], own.assignCalls("b")-before["b"], own.assignCalls("c-direct"))
+	if via == "kproxy" {
+		// The hand-back ends: a and b follow c-direct into the
+		// cluster's group and the anchor leaves (a static c-direct
+		// consumes before that).
+		waitDirect(ctx, t, directAdmin(t, s), name, "a, b and c-direct in the cluster's group, the anchor gone", func(d kadm.DescribedGroup) bool {
+			return len(d.Members) == 3 && d.State == "Stable" && !slices.ContainsFunc(d.Members, isAnchorMember)
+		})
+	}
 	tr.finish(ctx, t, s)
 	return took, most, others
 }

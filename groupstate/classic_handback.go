@@ -81,9 +81,13 @@ func (g *classicGroup) replaceMovedStatic(moved []string) map[string]map[string]
 		}
 		owned := sortedOwned(decodeOwned(m.assignment))
 		g.removeAndUpdate(m, EventMemberLeft, CauseHandedBack, CauseHandedBack)
+		n := 0
+		for _, ps := range owned {
+			n += len(ps)
+		}
 		g.s.e.log.Info("groupstate: a static member moved back to the cluster's coordinator: replaced there", "group", g.id,
-			"instance_id", inst, "member", m.id, "partitions", len(owned))
-		if len(owned) == 0 {
+			"instance_id", inst, "member", m.id, "partitions", n)
+		if n == 0 {
 			continue
 		}
 		if freed == nil {
