@@ -63,8 +63,12 @@ func TestHandBack(t *testing.T) {
 // HandBack returns what it was assigned, by instance id, for the anchor
 // to give it at once. Another static member and the dynamic one stay
 // until they follow; an instance id the group does not list is ignored.
+// The Anchor the engine hands the store before HandBack returns no
+// longer holds the replaced member's partitions: the anchor, which
+// assigns them to the member at the cluster, keeps only the rest.
 func TestHandBackReplacesMovedStatic(t *testing.T) {
-	h := newHarness(t)
+	rec := &anchorRecorder{MemoryStore: NewMemoryStore(), last: make(map[string]Anchor)}
+	h := newHarness(t, func(c *Config) { c.Store = rec })
 	ra := joinResp(t, h.send(jr{group: "g", instance: "a", version: 9}.req()), 0)
 	cb := h.send(jr{group: "g", instance: "b", version: 9}.req())
 	cb.parked(h)
@@ -94,6 +98,9 @@ func TestHandBackReplacesMovedStatic(t *testing.T) {
 	}
 	if want := map[string]map[string][]int32{"a": {"t": {0, 3}}}; !reflect.DeepEqual(freed, want) {
 		t.Fatalf("freed %v, want %v", freed, want)
+	}
+	if got := rec.owned("g", "t"); !slices.Equal(got, []int32{1, 2}) {
+		t.Fatalf("the anchor's partitions once HandBack returned: %v, want [1 2]", got)
 	}
 	h.flush()
 	g, _ := h.e.Group("g")

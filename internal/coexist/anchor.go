@@ -948,11 +948,11 @@ func (as *Anchors) join(a *anchor) error {
 	}
 	plan := a.takeover
 	a.takeover = nil
+	// The engine took the static members handed over out of its group
+	// before handOver was set (groupstate.Engine.HandBack), so want, and
+	// the Anchor read again for the sync, no longer hold their partitions.
 	handOver := a.handOver
 	a.handOver = nil
-	if handOver != nil {
-		want.Owned = withoutOwned(want.Owned, handOver)
-	}
 	a.rejoin, a.rejoinKnown = false, false
 	a.broadcastLocked()
 	a.mu.Unlock()
@@ -1048,9 +1048,6 @@ func (as *Anchors) join(a *anchor) error {
 		owned := a.want.Owned
 		heldVersion = a.want.Version
 		a.mu.Unlock()
-		if handOver != nil {
-			owned = withoutOwned(owned, handOver)
-		}
 		for _, m := range jr.Members {
 			ga := kmsg.NewSyncGroupRequestGroupAssignment()
 			ga.MemberID = m.MemberID

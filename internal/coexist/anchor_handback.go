@@ -262,27 +262,3 @@ func handsOver(v memberView, freed map[string]map[string][]int32) bool {
 	}
 	return true
 }
-
-// withoutOwned returns owned without the partitions in any of given.
-func withoutOwned(owned map[string][]int32, given map[string]map[string][]int32) map[string][]int32 {
-	out := make(map[string][]int32, len(owned))
-	for t, ps := range owned {
-		var keep []int32
-		for _, p := range ps {
-			taken := false
-			for _, g := range given {
-				if slices.Contains(g[t], p) {
-					taken = true
-					break
-				}
-			}
-			if !taken {
-				keep = append(keep, p)
-			}
-		}
-		if len(keep) > 0 {
-			out[t] = keep
-		}
-	}
-	return out
-}
