@@ -48,13 +48,13 @@ func describeDirect(ctx context.Context, t testing.TB, adm *kadm.Client, group s
 	return d[group]
 }
 
-// waitDirect waits until the cluster's view of group satisfies ok.
 // isAnchorMember reports whether m, a member of a group on the cluster,
 // is an anchor of kproxy's.
 func isAnchorMember(m kadm.DescribedGroupMember) bool {
 	return m.InstanceID != nil && strings.HasPrefix(*m.InstanceID, coexist.DefaultAnchorInstanceID)
 }
 
+// waitDirect waits until the cluster's view of group satisfies ok.
 func waitDirect(ctx context.Context, t testing.TB, adm *kadm.Client, group, what string, ok func(kadm.DescribedGroup) bool) kadm.DescribedGroup {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)

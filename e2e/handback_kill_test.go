@@ -428,9 +428,15 @@ func reapGhosts(ctx context.Context, t testing.TB, cl *kgo.Client, adm *kadm.Cli
 // leave-lost, where c-direct starts at once, so that the owner is
 // killed before kproxy's group wrote c's leave: the next owner then
 // loads c as a member and the hand-back waits for it, up to its
-// 10 s bound, as for any member of kproxy's that does not follow.
+// 10 s bound, as for any member of kproxy's that does not follow;
+// members-silent, settled as the first, where the relay is stopped
+// (SIGSTOP) at the owner's kill until the next owner's anchor replaced
+// the dead one in the cluster's group: no request of a or b reaches the
+// next owner, as when they joined the cluster's group before the kill,
+// so the next owner loads the group when it claims its partition
+// (fleetrun JoinConfig.LoadMembered), not on a member's request.
 func TestHandBackOwnerKilledFleet(t *testing.T) {
-	for _, run := range []string{"settled", "leave-lost"} {
+	for _, run := range []string{"settled", "leave-lost", "members-silent"} {
 		t.Run(run, func(t *testing.T) { handBackOwnerKilledFleet(t, run) })
 	}
 }
@@ -497,7 +503,7 @@ func handBackOwnerKilledFleet(t *testing.T, run string) {
 
 	c.leave()
 	own.releaseAll("c")
-	if run == "settled" {
+	if run != "leave-lost" {
 		waitOwnersWithin(t, own, 30*time.Second, partitions, "a", "b")
 		time.Sleep(time.Second) // the generation's record written
 	}
@@ -523,6 +529,27 @@ func handBackOwnerKilledFleet(t *testing.T, run string) {
 		t.Fatal("the hand-back completed before the owner was killed: the test proves nothing")
 	}
 	t.Logf("killed %s, which began the hand-back %s after c-direct started", owner.name, killed.Sub(moved).Round(time.Millisecond))
+	if run == "members-silent" {
+		relay.signal(t, syscall.SIGSTOP)
+		defer relay.cmd.Process.Signal(syscall.SIGCONT) // stopped, it would not stop at the cleanup's SIGTERM
+		// The next owner's anchor replaces the dead one (same instance
+		// id, a new member id) with no request of a member's to load
+		// the group; then a and b go on.
+		var dead []string
+		for _, m := range describeDirect(ctx, t, adm, group).Members {
+			if isAnchorMember(m) {
+				dead = append(dead, m.MemberID)
+			}
+		}
+		d := waitDirectWithin(ctx, t, adm, group, "anchored by the next owner", fleetSession+5*time.Second, func(d kadm.DescribedGroup) bool {
+			return slices.ContainsFunc(d.Members, func(m kadm.DescribedGroupMember) bool {
+				return isAnchorMember(m) && !slices.Contains(dead, m.MemberID)
+			})
+		})
+		t.Logf("the next owner's anchor is in the cluster's group %s after the kill, the relay stopped (state %s, dead anchor %v)",
+			time.Since(killed).Round(time.Millisecond), d.State, dead)
+		relay.signal(t, syscall.SIGCONT)
+	}
 
 	// Within a fleet session and the hand-back (the lease's expiry, the
 	// claim and load, the anchor's join, the members' next heartbeat and

@@ -2,6 +2,7 @@ package groupstate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -88,6 +89,46 @@ func (s *shard) whenLoaded(id string, run func(), fail func(int16)) {
 		return
 	}
 	s.loading[id] = append(s.loading[id], parkedReq{run: run, fail: fail})
+}
+
+// Load loads the records of groups this engine owns and does not hold
+// yet, as the first request for each would, without waiting for one:
+// Kafka's coordinator loads every group of a partition it becomes the
+// leader of. An owner that claims a partition calls it for the groups
+// there that have members, so that what must run for them without a
+// request (their anchor at the cluster, docs/anchors.md; their members'
+// session timers) starts at once. Groups already held or loading are left
+// as they are; a failed load is logged and retried by the next request.
+func (e *Engine) Load(groups []string) {
+	for _, id := range groups {
+		if !e.owns(id) {
+			continue
+		}
+		s := e.shardFor(id)
+		s.post(func() {
+			if e.owns(id) {
+				s.whenLoaded(id, func() {}, func(int16) {})
+			}
+		})
+	}
+}
+
+// RecordHasMembers reports whether rec, a group's record as the engine
+// writes it, holds members: a classic or KIP-848 group that is not Empty.
+// A record it cannot read holds none.
+func RecordHasMembers(rec []byte) bool {
+	switch {
+	case IsShareGroupRecord(rec):
+		return false
+	case isConsumerRecord(rec):
+		var r struct {
+			Members []json.RawMessage `json:"members"`
+		}
+		return json.Unmarshal(rec[2:], &r) == nil && len(r.Members) > 0
+	default:
+		v, err := decodeGroupRecord(rec)
+		return err == nil && len(v.Members) > 0
+	}
 }
 
 // loadPending reports whether group id still has to be loaded, starting

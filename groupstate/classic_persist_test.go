@@ -2,8 +2,10 @@ package groupstate
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -694,5 +696,80 @@ func BenchmarkSettlePersistCost(b *testing.B) {
 				h.syncAll(group, gen, ids, nil)
 			}
 		})
+	}
+}
+
+// TestLoadWithoutARequest: Engine.Load installs a stored group with its
+// members and their session timers as a first request would, with no
+// request for it (an owner claiming the group's partition); a group it
+// does not own, or already holds, is left alone.
+func TestLoadWithoutARequest(t *testing.T) {
+	h1, store := newMetaHarness(t, nil)
+	ids, gen := h1.stableGroup("g", 2)
+	h1.stableGroup("not-owned", 1)
+	h1.e.Close()
+
+	h2, _ := newMetaHarness(t, store, func(c *Config) { c.Owns = func(g string) bool { return g != "not-owned" } })
+	h2.e.Load([]string{"g", "not-owned"})
+	deadline := time.Now().Add(5 * time.Second)
+	snap, ok := h2.e.Group("g")
+	for !ok && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+		snap, ok = h2.e.Group("g")
+	}
+	if !ok || snap.State != "Stable" || snap.Generation != gen || len(snap.Members) != 2 {
+		t.Fatalf("group after Load: %+v (held %v)", snap, ok)
+	}
+	if _, ok := h2.e.Group("not-owned"); ok {
+		t.Fatal("Load installed a group the engine does not own")
+	}
+	if _, _, loads := store.counts("not-owned"); loads != 1 {
+		t.Fatalf("loads of the group not owned: %d, want 1 (the first engine's)", loads)
+	}
+	h2.e.Load([]string{"g"})
+	h2.flush()
+	time.Sleep(50 * time.Millisecond) // a load started would have reached the store
+	if _, _, loads := store.counts("g"); loads != 2 {
+		t.Fatalf("loads of g: %d, want 2 (one per engine)", loads)
+	}
+	// The members' sessions run from the load: silent, they expire.
+	h2.advance(11 * time.Second)
+	snap, _ = h2.e.Group("g")
+	if len(snap.Members) != 0 {
+		t.Fatalf("members %v did not expire after a load with no request: %+v", ids, snap)
+	}
+}
+
+func TestRecordHasMembers(t *testing.T) {
+	classic := func(members int) []byte {
+		v := kmsg.NewGroupMetadataValue()
+		v.Version, v.ProtocolType, v.Generation = groupRecordVersion, "consumer", 3
+		v.Protocol = kmsg.StringPtr("range")
+		for i := range members {
+			m := kmsg.NewGroupMetadataValueMember()
+			m.MemberID, m.SessionTimeoutMillis = "m"+strconv.Itoa(i), 10_000
+			v.Members = append(v.Members, m)
+		}
+		return v.AppendTo(nil)
+	}
+	consumer := func(doc string) []byte {
+		return append(binary.BigEndian.AppendUint16(nil, consumerRecordMagic), doc...)
+	}
+	for _, c := range []struct {
+		name string
+		rec  []byte
+		want bool
+	}{
+		{"classic with members", classic(2), true},
+		{"classic empty", classic(0), false},
+		{"consumer with members", consumer(`{"version":1,"epoch":4,"members":[{"id":"x"}]}`), true},
+		{"consumer empty", consumer(`{"version":1,"epoch":4,"members":[]}`), false},
+		{"share", binary.BigEndian.AppendUint16(nil, shareRecordMagic), false},
+		{"unreadable", []byte{0, 3, 0xff}, false},
+		{"consumer unreadable", consumer(`{`), false},
+	} {
+		if got := RecordHasMembers(c.rec); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

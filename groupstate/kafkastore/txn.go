@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -227,6 +228,29 @@ func (s *Store) Claimed(p int32) bool {
 	tp.mu.Lock()
 	defer tp.mu.Unlock()
 	return tp.state == partClaimed
+}
+
+// ClaimedGroups returns the groups of claimed partition p whose last
+// committed record match accepts, sorted; nil if p is not claimed here.
+// It reads the claim's index (nothing is fetched).
+func (s *Store) ClaimedGroups(p int32, match func(record []byte) bool) []string {
+	tp := s.part(p)
+	if tp == nil {
+		return nil
+	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	if tp.state != partClaimed {
+		return nil
+	}
+	var out []string
+	for group, rec := range tp.index {
+		if match(rec) {
+			out = append(out, group)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // part returns the current claim of p, or nil.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -684,5 +685,54 @@ func TestTxnRestartLoadsCommitted(t *testing.T) {
 		if err != nil || found != (want[g] != "") || string(rec) != want[g] {
 			t.Fatalf("load %s: %q %v %v", g, rec, found, err)
 		}
+	}
+}
+
+// TestTxnClaimedGroups: a claim's index answers which of its groups a
+// record filter accepts, as the next owner finds them after a handover;
+// a partition not claimed here has none.
+func TestTxnClaimedGroups(t *testing.T) {
+	tc := newTxnCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	const p = 2
+	first, _ := tc.store(0)
+	if err := first.Claim(ctx, p, []byte("kproxy-a")); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	gs := groupsIn(p, 4, "g")
+	for i, g := range gs {
+		rec := "empty"
+		if i%2 == 0 {
+			rec = "members"
+		}
+		if err := first.SaveGroupMetadata(ctx, g, []byte(rec)); err != nil {
+			t.Fatalf("save %s: %v", g, err)
+		}
+	}
+	if err := first.DeleteGroupMetadata(ctx, gs[2]); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	withMembers := func(rec []byte) bool { return string(rec) == "members" }
+	if got, want := first.ClaimedGroups(p, withMembers), []string{gs[0]}; !slices.Equal(got, want) {
+		t.Fatalf("groups with members, first owner: %v, want %v", got, want)
+	}
+	first.Release(ctx, p)
+	if got := first.ClaimedGroups(p, withMembers); got != nil {
+		t.Fatalf("groups of a released partition: %v", got)
+	}
+
+	next, _ := tc.store(0)
+	if err := next.Claim(ctx, p, []byte("kproxy-b")); err != nil {
+		t.Fatalf("claim by the next owner: %v", err)
+	}
+	if got, want := next.ClaimedGroups(p, withMembers), []string{gs[0]}; !slices.Equal(got, want) {
+		t.Fatalf("groups with members, next owner: %v, want %v", got, want)
+	}
+	if got := next.ClaimedGroups(p, func([]byte) bool { return true }); len(got) != 3 {
+		t.Fatalf("every group of the claim: %v, want 3 (one tombstoned)", got)
+	}
+	if got := next.ClaimedGroups(p+1, withMembers); got != nil {
+		t.Fatalf("groups of a partition not claimed: %v", got)
 	}
 }
