@@ -6,4 +6,9 @@
 // invariants: no record lost, no partition owned by two members at once,
 // committed offsets survive rebalances and restarts, and the brokers
 // never see a group request.
+//
+// Tests that measure or bound a duration run one at a time. Those that
+// assert no timing call t.Parallel: Go runs them once every sequential
+// test of the package is done, -parallel (GOMAXPROCS) at a time, so
+// they never slow a timed test.
 package e2e

@@ -14,6 +14,7 @@ import (
 // leave, a killed member (session expiry) and more records, with eager and
 // cooperative balancers, all served by kproxy's engine.
 func TestFranzGroupLifecycle(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		balancer kgo.GroupBalancer

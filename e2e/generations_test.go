@@ -84,6 +84,7 @@ func (s *stack) checkGenerations(t *testing.T, group string) int {
 }
 
 func TestFranzGenerations(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		balancer kgo.GroupBalancer
@@ -227,6 +228,7 @@ func (h seenHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama
 // of their plans when there are more members than partitions, which the
 // engine must fill with a valid empty assignment (sarama #2290).
 func TestSaramaGenerations(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		strategy sarama.BalanceStrategy

@@ -113,6 +113,7 @@ type rollStep struct {
 // the poll loop), KPROXY_ROLL_SURGE=1 starts each new instance a second
 // before its old one stops.
 func TestMigrationRollsKeepEveryPartitionOwned(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []kproxy.GroupsMode{kproxy.GroupsLocal, kproxy.GroupsDistributed} {
 		t.Run(string(mode), func(t *testing.T) { testMigrationRollsOwned(t, mode) })
 	}

@@ -109,6 +109,7 @@ func (m *saramaMember) kill(own *ownership) {
 // through scale up, a clean leave and a killed member, served by kproxy's
 // engine.
 func TestSaramaGroupLifecycle(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		strategy sarama.BalanceStrategy

@@ -21,6 +21,7 @@ import (
 // holds the group at the end). Had it forwarded, the cluster would have
 // started the group over at share.auto.offset.reset.
 func TestShareGroupsAutoAfterUpgrade(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var closeOnce sync.Once
 	before, err := kproxy.NewDevCluster(3, 0, testLogger(), append(noShareCluster(), kfake.DataDir(dir))...)

@@ -31,6 +31,7 @@ import (
 // counts only rise and stay within the limit, both members got records;
 // through a survivor, every share-partition then starts at its log's end.
 func TestShareGroupsServedFleet(t *testing.T) {
+	t.Parallel()
 	t.Run("owner SIGKILLed", func(t *testing.T) { runShareFleet(t, ownerKilled) })
 	// A paused owner comes back after the fleet gave its groups to
 	// another: it must write nothing (the fleet's fencing) and the

@@ -466,6 +466,7 @@ func shareAdmin(t *testing.T, addr, group, topic string, partitions, n int, dele
 // whose accept was answered before the stop, and the records held at the
 // stop come back with their delivery count raised.
 func TestShareGroupsServedSurviveRestart(t *testing.T) {
+	t.Parallel()
 	s := newShareStack(t)
 	shareSurvivesRestart(t, s, func() {
 		// On fresh ports: a broker listener's port (the bootstrap port
@@ -829,6 +830,7 @@ func TestShareGroupsServedTopicGrows(t *testing.T) {
 // lock times out. Without the renew their locks time out (the client,
 // which keeps fetching, may acquire them again).
 func TestShareGroupsServedRenew(t *testing.T) {
+	t.Parallel()
 	for _, renew := range []bool{true, false} {
 		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
 			s := newShareStack(t, func(c *kproxy.Config) {
@@ -911,6 +913,7 @@ func TestShareGroupsServedRenew(t *testing.T) {
 // metadata, subscribes to it and fetches it) gets none of the other's;
 // one with DESCRIBE only on its group cannot join.
 func TestShareGroupsServedAuthorized(t *testing.T) {
+	t.Parallel()
 	e := newAuthzEnvWith(t, kproxy.GroupsLocal, noShareCluster(), func(c *kproxy.Config) {
 		c.Groups.ServeShares = true
 		c.Groups.Engine.ShareSettings = func(string) groupstate.ShareSettings {

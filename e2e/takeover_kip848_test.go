@@ -23,6 +23,7 @@ import (
 // members' callbacks), and committed offsets never go backwards. The
 // commits after the takeover are the interop row's (see the end).
 func TestTakeOverLiveKIP848Group(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := newStack(t, kip848Opts)

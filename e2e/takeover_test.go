@@ -24,6 +24,7 @@ import (
 // instead of the members, consumption and commits go on, committed
 // offsets never go backwards and nothing is lost. Eager and cooperative.
 func TestTakeOverLiveGroup(t *testing.T) {
+	t.Parallel()
 	for _, balancer := range []string{"eager", "cooperative"} {
 		t.Run(balancer, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
@@ -161,6 +162,7 @@ func sameOwners(a, b map[string][]int32) bool {
 // was written to the groups topic, so the members go on at the same
 // generation there too.
 func TestTakeOverLiveGroupFleet(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const group, topic, n = "takeover-fleet", "takeover-fleet-t", 900
