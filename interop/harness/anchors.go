@@ -1040,17 +1040,22 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		}
 		s.mu.Lock()
 		idles := len(m.owned) == 0
+		owning, owns := firstOwning(m, at)
 		s.mu.Unlock()
 		if idles {
 			idle++
 		}
 		took := time.Since(at)
 		slowest = max(slowest, took)
-		moves = append(moves, fmt.Sprintf("%s@%s %s%s", m.name, s.h.broker, fmtDur(took), map[bool]string{true: " (idle)"}[idles]))
+		own := ""
+		if owns && owning < took-50*time.Millisecond {
+			own = ", owning " + fmtDur(owning)
+		}
+		moves = append(moves, fmt.Sprintf("%s@%s %s%s%s", m.name, s.h.broker, fmtDur(took), own, map[bool]string{true: " (idle)"}[idles]))
 	}
 	settles = append(settles, fmtDur(time.Since(rolled)))
 	res.settle = strings.Join(settles, "/")
-	s.note("moves back (member@bootstrap settle): %s; settle column = initial/roll in/roll back", strings.Join(moves, ", "))
+	s.note("moves back (member@bootstrap settle, and when the member moved back owned a partition if that was sooner): %s; settle column = initial/roll in/roll back", strings.Join(moves, ", "))
 	if idle > 0 {
 		if s.path == "kproxy" && s.r.needs != kip848 {
 			// A classic group is handed back when its first member
@@ -1124,4 +1129,17 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 	}
 	res.pass = true
 	return res, out
+}
+
+// firstOwning returns how long after at member m, moved back, was first
+// given a partition (it consumes from then on), and false if it has not
+// been; s.mu is held. The group may settle later: another member may
+// still wait for its share.
+func firstOwning(m *member, at time.Time) (time.Duration, bool) {
+	for _, e := range m.events {
+		if e.ownershipChange() && len(e.Partitions) > 0 {
+			return time.UnixMilli(e.TS).Sub(at), true
+		}
+	}
+	return 0, false
 }

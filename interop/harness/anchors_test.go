@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // Output of Kafka 4.1.1's kafka-consumer-groups, for a group kproxy serves
 // (the anchor, a static member) and one the cluster serves.
@@ -63,5 +66,21 @@ func TestParseDescribeState(t *testing.T) {
 	}
 	if _, _, err := parseDescribeState("Consumer group 'g1' has no active members.", "g1"); err == nil {
 		t.Error("no state line: want an error")
+	}
+}
+
+func TestFirstOwning(t *testing.T) {
+	at := time.UnixMilli(1000)
+	gen := int64(4)
+	m := &member{events: []event{
+		{TS: 1100, Ev: "assigned", Generation: &gen, Partitions: nil},
+		{TS: 1350, Ev: "assigned", Generation: &gen, Partitions: []int32{5}},
+		{TS: 6000, Ev: "assigned", Generation: &gen, Partitions: []int32{4, 5}},
+	}}
+	if d, ok := firstOwning(m, at); !ok || d != 350*time.Millisecond {
+		t.Fatalf("first owning: %v %v, want 350ms", d, ok)
+	}
+	if _, ok := firstOwning(&member{events: m.events[:1]}, at); ok {
+		t.Fatal("a member given nothing owns nothing")
 	}
 }
