@@ -434,7 +434,7 @@ func reapGhosts(ctx context.Context, t testing.TB, cl *kgo.Client, adm *kadm.Cli
 // the dead one in the cluster's group: no request of a or b reaches the
 // next owner, as when they joined the cluster's group before the kill,
 // so the next owner loads the group when it claims its partition
-// (fleetrun JoinConfig.LoadMembered), not on a member's request.
+// (internal/fleetrun, onAssigned), not on a member's request.
 func TestHandBackOwnerKilledFleet(t *testing.T) {
 	for _, run := range []string{"settled", "leave-lost", "members-silent"} {
 		t.Run(run, func(t *testing.T) { handBackOwnerKilledFleet(t, run) })

@@ -64,9 +64,6 @@ type Runtime struct {
 	txnMetric metric.Float64Histogram
 
 	peer *proxy.PeerServer // set by Join, before the member runs
-	// loadMembered is JoinConfig.LoadMembered; set by Join, before the
-	// member runs.
-	loadMembered bool
 
 	// changedMu guards changed, closed and replaced whenever what Locate
 	// answers may have changed: the fleet's table, or a partition
@@ -177,16 +174,7 @@ type JoinConfig struct {
 	// would hold up the others on the same connection).
 	Client *kgo.Client
 	// Relay makes this kproxy own no partition.
-	Relay bool
-	// LoadMembered makes a claim load, at once, the groups of the
-	// partition that have members (groupstate.Engine.Load), rather than
-	// on their next request. Set it when groups are anchored at the
-	// cluster (docs/anchors.md): a group being handed back may have no
-	// member left that talks to kproxy, and only its load here makes
-	// this kproxy's anchor replace the previous owner's in the cluster's
-	// group, whose rebalance would otherwise wait out the dead anchor's
-	// session.
-	LoadMembered                      bool
+	Relay                             bool
 	SessionTimeout, HeartbeatInterval time.Duration
 }
 
@@ -195,7 +183,7 @@ type JoinConfig struct {
 // over and stops the member; call it before the engine and the peer
 // server close.
 func (f *Runtime) Join(jc JoinConfig) (leave func(context.Context) error, err error) {
-	f.engine, f.peer, f.loadMembered = jc.Engine, jc.Peer, jc.LoadMembered
+	f.engine, f.peer = jc.Engine, jc.Peer
 	advertise := jc.Advertise
 	if advertise == "" {
 		advertise = jc.Peer.Addr()
@@ -368,11 +356,16 @@ func (f *Runtime) onAssigned(ctx context.Context, gen int32, gained []int32) {
 			f.moved(ctx, "claimed")
 			claimed.Add(1)
 			f.log.Debug("fleet: partition claimed", "partition", p, "generation", gen, "took", time.Since(start))
-			if f.loadMembered {
-				if groups := f.store.ClaimedGroups(p, groupstate.RecordHasMembers); len(groups) > 0 {
-					f.engine.Load(groups)
-					f.log.Debug("fleet: loading the groups with members of a claimed partition", "partition", p, "groups", len(groups))
-				}
+			// The groups with members load now, not on their next
+			// request, as Kafka's coordinator loads a partition's groups
+			// when it becomes its leader: what must run for them without
+			// a request starts at once (the members' session timers; their
+			// anchor, which replaces the previous owner's in the cluster's
+			// group even when no member talks to kproxy any more, as in a
+			// hand-back, docs/anchors.md).
+			if groups := f.store.ClaimedGroups(p, groupstate.RecordHasMembers); len(groups) > 0 {
+				f.engine.Load(groups)
+				f.log.Debug("fleet: loading the groups with members of a claimed partition", "partition", p, "groups", len(groups))
 			}
 		}()
 	}

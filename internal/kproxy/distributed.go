@@ -99,7 +99,6 @@ func startFleet(ctx context.Context, w *Server, cfg Config, engCfg groupstate.Co
 		Advertise:         fc.PeerAdvertise,
 		Client:            fcl,
 		Relay:             fc.Relay,
-		LoadMembered:      w.coexist != nil,
 		SessionTimeout:    fc.SessionTimeout,
 		HeartbeatInterval: fc.HeartbeatInterval,
 	})

@@ -1048,7 +1048,7 @@ func (s *scenario) runAdoption(ctx context.Context, bin string, basePort int, pr
 		took := time.Since(at)
 		slowest = max(slowest, took)
 		own := ""
-		if owns && owning < took-50*time.Millisecond {
+		if owns && owning < took && fmtDur(owning) != fmtDur(took) {
 			own = ", owning " + fmtDur(owning)
 		}
 		moves = append(moves, fmt.Sprintf("%s@%s %s%s%s", m.name, s.h.broker, fmtDur(took), own, map[bool]string{true: " (idle)"}[idles]))
