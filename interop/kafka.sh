@@ -25,6 +25,9 @@
 # group.initial.rebalance.delay.ms is 0 unless
 # KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS says otherwise (Kafka's own default
 # is 3000; e2e's BenchmarkAnchorFirstCommit runs against that).
+# KAFKA_EXTRA_PROPERTIES, lines of key=value, is appended to every node's
+# server.properties last, so it overrides the lines above (an experiment's
+# broker settings, e.g. a shorter group.consumer.heartbeat.interval.ms).
 #
 # --security sasl_ssl (one node only): the client port is a SASL_SSL
 # listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
@@ -228,6 +231,7 @@ num.network.threads=2
 num.io.threads=2
 background.threads=2
 log.retention.hours=2
+${KAFKA_EXTRA_PROPERTIES:-}
 EOF
 	cat >"$dir/log4j2.xml" <<EOF
 <?xml version="1.0" encoding="UTF-8"?>
