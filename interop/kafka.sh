@@ -28,6 +28,9 @@
 # KAFKA_EXTRA_PROPERTIES, lines of key=value, is appended to every node's
 # server.properties last, so it overrides the lines above (an experiment's
 # broker settings, e.g. a shorter group.consumer.heartbeat.interval.ms).
+# The request log keeps each request's first 320 characters (enough for
+# the API key counts the harness reads); KAFKA_REQUEST_LOG_MAXLEN keeps more,
+# e.g. 4000 to see whole group requests and their answers when tracing.
 #
 # --security sasl_ssl (one node only): the client port is a SASL_SSL
 # listener (SCRAM-SHA-256 and SCRAM-SHA-512) and the standard authorizer
@@ -242,7 +245,7 @@ EOF
       <PatternLayout pattern="[%d] %p %m (%c)%n"/>
     </File>
     <File name="requests" fileName="$dir/request.log" append="true" immediateFlush="true">
-      <PatternLayout pattern="[%d] %maxLen{%m}{320}%n"/>
+      <PatternLayout pattern="[%d] %maxLen{%m}{${KAFKA_REQUEST_LOG_MAXLEN:-320}}%n"/>
     </File>
   </Appenders>
   <Loggers>
