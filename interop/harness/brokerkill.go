@@ -157,6 +157,7 @@ func (h *harness) leaders(ctx context.Context, topic string) (map[int32]int32, e
 func (h *harness) restorePreferredLeaders(ctx context.Context, within time.Duration) (int, error) {
 	deadline := time.Now().Add(within)
 	moved := 0
+	var last error // the last election's refusal, for the error
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		tds, err := h.adm.ListTopicsWithInternal(cctx)
@@ -177,17 +178,20 @@ func (h *harness) restorePreferredLeaders(ctx context.Context, within time.Durat
 			return moved, nil
 		}
 		if time.Now().After(deadline) {
-			return moved, fmt.Errorf("%d partitions still not led by their preferred replica after %s: %v", n, within, off.Sorted())
+			return moved, fmt.Errorf("%d partitions still not led by their preferred replica after %s (last refusal: %v): %v", n, within, last, off.Sorted())
 		}
 		cctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		rs, err := h.adm.ElectLeaders(cctx, kadm.ElectPreferredReplica, off)
 		cancel()
-		if err == nil {
-			for _, ps := range rs {
-				for _, r := range ps {
-					if r.Err == nil {
-						moved++
-					}
+		if err != nil {
+			last = err
+		}
+		for _, ps := range rs {
+			for _, r := range ps {
+				if r.Err == nil {
+					moved++
+				} else {
+					last = fmt.Errorf("%s/%d: %w", r.Topic, r.Partition, r.Err)
 				}
 			}
 		}
