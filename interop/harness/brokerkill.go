@@ -142,18 +142,11 @@ func (h *harness) leaders(ctx context.Context, topic string) (map[int32]int32, e
 // restorePreferredLeaders hands the leadership of every partition of the
 // cluster back to its preferred replica (the first listed), retrying
 // within the given time while a replica catches up, and returns how
-// many partitions it moved. A killed broker's partitions are led by the
-// others until the controller's periodic election moves them back
-// (auto.leader.rebalance.enable, every
-// leader.imbalance.check.interval.seconds: 300 s by default, counted
-// from the controller's activation), which moves the coordinators of
-// the __consumer_offsets partitions among them at a moment no later row
-// chooses. In one CI run it landed in py-confluent-adoption's moves
-// back: a member's LeaveGroup was lost in the coordinator's move, the
-// new coordinator loaded the group with it, and the next member moved
-// back waited its 10 s session (10.7 s against 0.9 s on the other path,
-// which the election did not meet). Elected here, the move happens
-// before the next row starts.
+// many partitions it moved. Left to the controller's periodic election
+// (every leader.imbalance.check.interval.seconds, 300 s by default), the
+// killed broker's partitions, coordinators of __consumer_offsets among
+// them, would move back in the middle of a later row (interop/README.md,
+// py-confluent-adoption).
 func (h *harness) restorePreferredLeaders(ctx context.Context, within time.Duration) (int, error) {
 	deadline := time.Now().Add(within)
 	moved := 0
