@@ -44,6 +44,27 @@ func newTLSSource(t *testing.T, cfg TLSConfig, log *slog.Logger) *TLSSource {
 	return src
 }
 
+// startTLSProxy starts a proxy in front of c whose client listeners
+// speak TLS with the files of files; it logs into logs when not nil.
+func startTLSProxy(t *testing.T, c *kfake.Cluster, files TLSConfig, logs *logBuffer) *Proxy {
+	t.Helper()
+	src := newTLSSource(t, files, testLogger(t))
+	return startProxy(t, c.ListenAddrs(), func(cfg *Config) {
+		cfg.TLS = src
+		if logs != nil {
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+		}
+	})
+}
+
+// tlsRoundTrip is roundTrip by a TLS client that trusts ca, within 15s.
+func tlsRoundTrip(t *testing.T, addr string, ca *testcert.CA) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return roundTrip(t, ctx, addr, kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()}))
+}
+
 // roundTrip produces one record through cl and reads it back from the
 // start of a fresh single-partition topic, through every listener the
 // client is sent to.
@@ -82,16 +103,13 @@ func roundTrip(t *testing.T, ctx context.Context, addr string, opts ...kgo.Opt) 
 func TestTLSListener(t *testing.T) {
 	c := newCluster(t)
 	ca := testcert.NewCA(t, "listener CA")
-	src := newTLSSource(t, tlsFiles(t, ca, nil), testLogger(t))
-	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) { cfg.TLS = src })
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := roundTrip(t, ctx, p.Addr(), kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()})); err != nil {
+	p := startTLSProxy(t, c, tlsFiles(t, ca, nil), nil)
+	if err := tlsRoundTrip(t, p.Addr(), ca); err != nil {
 		t.Fatalf("TLS client through the proxy: %v", err)
 	}
 	// A client that does not trust the CA is refused.
-	short, cancel2 := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel2()
+	short, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
 	if err := roundTrip(t, short, p.Addr(), kgo.DialTLSConfig(&tls.Config{RootCAs: x509.NewCertPool()})); err == nil {
 		t.Fatal("a client that does not trust the listener's CA got through")
 	}
@@ -104,11 +122,7 @@ func TestMTLSListener(t *testing.T) {
 	ca := testcert.NewCA(t, "listener CA")
 	clients := testcert.NewCA(t, "client CA")
 	logs := &logBuffer{}
-	src := newTLSSource(t, tlsFiles(t, ca, clients), testLogger(t))
-	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) {
-		cfg.TLS = src
-		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
+	p := startTLSProxy(t, c, tlsFiles(t, ca, clients), logs)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	good := clients.Issue(t, "app")
@@ -254,11 +268,7 @@ func TestTLSWrongProtocol(t *testing.T) {
 	tlsLogs, plainLogs := &logBuffer{}, &logBuffer{}
 	cfg := tlsFiles(t, ca, nil)
 	cfg.HandshakeTimeout = 300 * time.Millisecond
-	src := newTLSSource(t, cfg, testLogger(t))
-	tp := startProxy(t, c.ListenAddrs(), func(cfg *Config) {
-		cfg.TLS = src
-		cfg.Logger = slog.New(slog.NewTextHandler(tlsLogs, nil))
-	})
+	tp := startTLSProxy(t, c, cfg, tlsLogs)
 	pp := startProxy(t, c.ListenAddrs(), func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(plainLogs, nil))
 	})
@@ -314,9 +324,7 @@ func TestTLSWrongProtocol(t *testing.T) {
 		t.Errorf("TLS-to-plaintext lines: %d, want 1:\n%s", n, plainLogs)
 	}
 	// Others are still served.
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := roundTrip(t, ctx, tp.Addr(), kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()})); err != nil {
+	if err := tlsRoundTrip(t, tp.Addr(), ca); err != nil {
 		t.Fatalf("TLS client after bad input: %v", err)
 	}
 	time.Sleep(100 * time.Millisecond)
@@ -349,11 +357,7 @@ func TestTLSClientCutWrite(t *testing.T) {
 	c := newCluster(t)
 	ca := testcert.NewCA(t, "CA")
 	logs := &logBuffer{}
-	src := newTLSSource(t, tlsFiles(t, ca, nil), testLogger(t))
-	p := startProxy(t, c.ListenAddrs(), func(cfg *Config) {
-		cfg.TLS = src
-		cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
-	})
+	p := startTLSProxy(t, c, tlsFiles(t, ca, nil), logs)
 	conn, err := tls.Dial("tcp", p.Addr(), &tls.Config{RootCAs: ca.Pool()})
 	if err != nil {
 		t.Fatal(err)
@@ -373,9 +377,7 @@ func TestTLSClientCutWrite(t *testing.T) {
 	if n := strings.Count(logs.String(), "closing client connection"); n != 1 {
 		t.Errorf("closing lines: %d, want 1:\n%s", n, logs)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	if err := roundTrip(t, ctx, p.Addr(), kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool()})); err != nil {
+	if err := tlsRoundTrip(t, p.Addr(), ca); err != nil {
 		t.Fatalf("another TLS client: %v", err)
 	}
 }
