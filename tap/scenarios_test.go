@@ -53,6 +53,7 @@ func newScenarioEngine(t *testing.T, tp *Tap, store *groupstate.MemoryStore) (*g
 		t.Fatalf("groupstate.New: %v", err)
 	}
 	t.Cleanup(e.Close)
+	clk.drainLoopsOf(e)
 	return e, clk
 }
 

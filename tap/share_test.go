@@ -119,6 +119,7 @@ func shareEngineTap(t *testing.T) (*groupstate.Engine, *Tap, *groupstate.MemoryS
 		t.Fatalf("groupstate.New: %v", err)
 	}
 	t.Cleanup(e.Close)
+	clk.drainLoopsOf(e)
 	tp.SetGroupSource(e)
 	return e, tp, store, clk, exp
 }

@@ -25,12 +25,17 @@ import (
 
 // manualClock is a groupstate.Clock that moves only when a test says so.
 // Timers fire from Advance, in due order; their functions only post to
-// the engine's loops.
+// the engine's loops. Advance waits for the loops (drain) before it moves
+// the clock and after each timer it fires, so whatever a loop does reads
+// the instant it was started at: the work a request set off (a loop
+// answers a request before it emits that request's events) and a
+// timer's handling alike.
 type manualClock struct {
 	mu     sync.Mutex // guards now, seq and timers
 	now    time.Time
 	seq    int
 	timers []*manualTimer
+	drain  func() // set by drainLoopsOf before the first Advance; then read-only
 }
 
 type manualTimer struct {
@@ -43,6 +48,12 @@ type manualTimer struct {
 
 func newManualClock() *manualClock {
 	return &manualClock{now: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
+}
+
+// drainLoopsOf makes Advance wait until e's loops have run what was
+// posted to them (a snapshot of every group runs on each loop after it).
+func (c *manualClock) drainLoopsOf(e *groupstate.Engine) {
+	c.drain = func() { e.Groups() }
 }
 
 func (c *manualClock) Now() time.Time {
@@ -70,6 +81,9 @@ func (t *manualTimer) Stop() bool {
 
 // Advance moves the clock by d, firing the timers due on the way.
 func (c *manualClock) Advance(d time.Duration) {
+	if c.drain != nil {
+		c.drain()
+	}
 	c.mu.Lock()
 	limit := c.now.Add(d)
 	c.mu.Unlock()
@@ -105,6 +119,9 @@ func (c *manualClock) Advance(d time.Duration) {
 		}
 		c.mu.Unlock()
 		due.f()
+		if c.drain != nil {
+			c.drain()
+		}
 	}
 }
 
@@ -128,6 +145,7 @@ func newClockedEngineTap(t *testing.T, initialDelay time.Duration, store *groups
 		t.Fatalf("groupstate.New: %v", err)
 	}
 	t.Cleanup(e.Close)
+	clk.drainLoopsOf(e)
 	tp.SetGroupSource(e)
 	return e, tp, exp, clk
 }
@@ -301,11 +319,7 @@ func TestEngineEmptiedGroupHasNoPhantomTrace(t *testing.T) {
 	// The loop arms the session timer after it answered the JoinGroup:
 	// a snapshot, taken on the loop, waits for that.
 	e.Group(g)
-	// To the 10s session's end exactly: the expiry timer fires with the
-	// clock at its deadline, and the clock stays there, so the loop reads
-	// the same instant whenever it handles the expiry. (Advancing past
-	// it let the loop read either the deadline or the later instant.)
-	clk.Advance(10 * time.Second)
+	clk.Advance(11 * time.Second) // past the 10s session
 	settle(t, e, tp, g)
 	if st := groupState(e, g); st != "Empty" {
 		t.Fatalf("group state %s, want Empty", st)
