@@ -127,6 +127,22 @@ func (m *Member) awaitJoin(ctx context.Context, answer <-chan kmsg.Response) (*k
 	}
 }
 
+// takeID sends a new member's first JoinGroup and keeps the id its
+// MEMBER_ID_REQUIRED answer gives.
+func (m *Member) takeID(ctx context.Context) error {
+	select {
+	case r := <-m.post(m.joinRequest()):
+		resp := r.(*kmsg.JoinGroupResponse)
+		if err := kerr.ErrorForCode(resp.ErrorCode); err != kerr.MemberIDRequired {
+			return fmt.Errorf("join group %s without a member id: %v, want MEMBER_ID_REQUIRED", m.Group, err)
+		}
+		m.ID = resp.MemberID
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for api key 11: %w", ctx.Err())
+	}
+}
+
 // post hands req to the engine and returns where its answer will be.
 func (m *Member) post(req kmsg.Request) <-chan kmsg.Response {
 	ch := make(chan kmsg.Response, 1)
@@ -290,7 +306,19 @@ func (m *Member) Leave(ctx context.Context) error {
 
 // Rebalance has every member (re)join concurrently, then sync, and
 // returns when all have their assignment for the new generation.
+//
+// New dynamic members first get their ids, all of them before any
+// rejoins: the engine then holds each as pending and completes the join
+// only when all have rejoined (as Kafka does), not with whichever member
+// rejoined before another's first JoinGroup arrived.
 func Rebalance(ctx context.Context, members ...*Member) error {
+	for _, m := range members {
+		if m.ID == "" && m.InstanceID == "" {
+			if err := m.takeID(ctx); err != nil {
+				return err
+			}
+		}
+	}
 	chans := make([]<-chan JoinResult, len(members))
 	for i, m := range members {
 		chans[i] = m.JoinAsync(ctx)
